@@ -1,0 +1,23 @@
+# Two entry points, both usable on a fresh machine: `make run` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+$(STAMP): setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[hf,dev]'
+	touch $(STAMP)
+
+.PHONY: setup run test bench
+setup: $(STAMP)
+
+run: $(STAMP)
+	$(PY) experiments/run.py $(ARGS)
+
+test: $(STAMP)
+	$(PY) -m pytest -q -n 2 --durations=15 tests
+
+bench: $(STAMP)
+	$(PY) bench/model.py

@@ -1,0 +1,384 @@
+"""Run configuration: frozen dataclasses, validated on construction.
+
+Every config error names the field and the offending value, so a typo in an experiment file fails
+at start-up with a sentence, not deep inside a jitted function. Configs are plain data: the RL
+math never receives them (it takes static scalars), which keeps the losses importable on their own.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Optional
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid. The message names the field and the value."""
+
+
+def _check(cond: bool, cls: str, field: str, value: Any, why: str) -> None:
+    if not cond:
+        raise ConfigError(f"{cls}.{field}={value!r}: {why}")
+
+
+def _positive(cls: str, **fields: Any) -> None:
+    for name, value in fields.items():
+        _check(value is not None and value > 0, cls, name, value, "must be > 0")
+
+
+def _choice(cls: str, field: str, value: Any, options: tuple) -> None:
+    _check(value in options, cls, field, value, f"must be one of {options}")
+
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeScaling:
+    """Llama-3 style frequency-dependent RoPE scaling (HF `rope_type: llama3`)."""
+
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+    def __post_init__(self):
+        _positive("RopeScaling", factor=self.factor, low_freq_factor=self.low_freq_factor,
+                  high_freq_factor=self.high_freq_factor,
+                  original_max_position_embeddings=self.original_max_position_embeddings)
+        _check(self.high_freq_factor > self.low_freq_factor, "RopeScaling", "high_freq_factor",
+               self.high_freq_factor, f"must exceed low_freq_factor={self.low_freq_factor}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """One dense decoder family: Llama-3.x, Qwen2.5 (qkv_bias), Qwen3 (qk_norm)."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: Optional[int] = None  # None: hidden_size // num_heads
+    rope_theta: float = 10000.0
+    rope_scaling: Optional[RopeScaling] = None
+    rms_norm_eps: float = 1e-6
+    tie_embeddings: bool = False
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    max_position_embeddings: int = 32768
+    param_dtype: str = "float32"
+    compute_dtype: str = "float32"
+    fp32_head: bool = True  # ScaleRL: LM head (and log-softmax) in fp32 on sampler and trainer
+    remat: bool = False  # rematerialise each block in the backward pass (memory for compute)
+    name: str = "custom"
+
+    def __post_init__(self):
+        c = "ModelConfig"
+        _positive(c, vocab_size=self.vocab_size, hidden_size=self.hidden_size,
+                  intermediate_size=self.intermediate_size, num_layers=self.num_layers,
+                  num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
+                  rope_theta=self.rope_theta, rms_norm_eps=self.rms_norm_eps,
+                  max_position_embeddings=self.max_position_embeddings)
+        _check(self.num_heads % self.num_kv_heads == 0, c, "num_kv_heads", self.num_kv_heads,
+               f"must divide num_heads={self.num_heads} (grouped-query attention)")
+        if self.head_dim is None:
+            _check(self.hidden_size % self.num_heads == 0, c, "hidden_size", self.hidden_size,
+                   f"must be divisible by num_heads={self.num_heads} when head_dim is not set")
+        else:
+            _positive(c, head_dim=self.head_dim)
+        _check(self.dim_per_head % 2 == 0, c, "head_dim", self.dim_per_head, "must be even (RoPE)")
+        _choice(c, "param_dtype", self.param_dtype, DTYPES)
+        _choice(c, "compute_dtype", self.compute_dtype, DTYPES)
+
+    @property
+    def dim_per_head(self) -> int:
+        return self.head_dim if self.head_dim is not None else self.hidden_size // self.num_heads
+
+    def num_params(self) -> int:
+        """Parameter count (embeddings included once when tied)."""
+        d, f, h, kv, hd = (self.hidden_size, self.intermediate_size, self.num_heads,
+                           self.num_kv_heads, self.dim_per_head)
+        attn = d * h * hd + 2 * d * kv * hd + h * hd * d
+        if self.qkv_bias:
+            attn += h * hd + 2 * kv * hd
+        if self.qk_norm:
+            attn += 2 * hd
+        block = attn + 3 * d * f + 2 * d
+        emb = self.vocab_size * d * (1 if self.tie_embeddings else 2)
+        return self.num_layers * block + emb + d
+
+    def replace(self, **kw) -> "ModelConfig":
+        return dataclasses.replace(self, **kw)
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    """How each host's devices split into trainer and sampler devices, and the trainer mesh shape.
+
+    `trainer_devices_per_host=None` with `colocate=False` gives half the local devices (rounded
+    up) to the trainer. With `colocate=True` trainer and sampler share all local devices.
+    Mesh axis sizes of -1 absorb the remaining trainer devices (at most one axis may be -1).
+    """
+
+    trainer_devices_per_host: Optional[int] = None
+    colocate: bool = False
+    data: int = 1
+    fsdp: int = -1
+    tensor: int = 1
+    sampler_tensor: int = -1  # tensor parallelism of each host-local sampler replica (-1: all)
+
+    def __post_init__(self):
+        c = "MeshConfig"
+        if self.trainer_devices_per_host is not None:
+            _positive(c, trainer_devices_per_host=self.trainer_devices_per_host)
+        sizes = {"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor}
+        for name, v in sizes.items():
+            _check(v == -1 or v > 0, c, name, v, "must be a positive size or -1 (fill)")
+        _check(sum(v == -1 for v in sizes.values()) <= 1, c, "data/fsdp/tensor", sizes,
+               "at most one axis may be -1")
+        _check(self.sampler_tensor == -1 or self.sampler_tensor > 0, c, "sampler_tensor",
+               self.sampler_tensor, "must be a positive size or -1 (all sampler devices)")
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplerConfig:
+    """Generation: slots, lengths, sampling, interruptions (DESIGN.md 'Sampler', 'Interruptions')."""
+
+    max_concurrent_decodes: int = 64  # decode slots per sampler replica
+    max_prefill_length: int = 2048
+    max_target_length: int = 14336  # KV-cache length: prompt + generation
+    max_new_tokens: int = 14336  # hard cap on generated tokens (truncation)
+    truncate_long_prompts: bool = False  # else a prompt over max_prefill_length is an error
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: off
+    interruptions: bool = True
+    think_min: int = 10000
+    think_max: int = 12000
+    answer_budget: int = 2048
+    think_close: str = "</think>"
+    interruption_phrase: str = (
+        "Okay, time is up. Let me stop thinking and formulate a final answer now. </think>")
+    decode_steps_per_call: int = 1  # generate() steps fused per host round trip
+
+    def __post_init__(self):
+        c = "SamplerConfig"
+        _positive(c, max_concurrent_decodes=self.max_concurrent_decodes,
+                  max_prefill_length=self.max_prefill_length,
+                  max_target_length=self.max_target_length, max_new_tokens=self.max_new_tokens,
+                  decode_steps_per_call=self.decode_steps_per_call)
+        _check(self.max_prefill_length < self.max_target_length, c, "max_prefill_length",
+               self.max_prefill_length, f"must be < max_target_length={self.max_target_length}")
+        _check(self.temperature >= 0, c, "temperature", self.temperature, "must be >= 0 (0: greedy)")
+        _check(0 < self.top_p <= 1, c, "top_p", self.top_p, "must be in (0, 1]")
+        _check(self.top_k >= 0, c, "top_k", self.top_k, "must be >= 0 (0: off)")
+        if self.interruptions:
+            _check(0 < self.think_min <= self.think_max, c, "think_min", self.think_min,
+                   f"must be in (0, think_max={self.think_max}]")
+            _check(self.answer_budget >= 0, c, "answer_budget", self.answer_budget, "must be >= 0")
+            _check(bool(self.interruption_phrase), c, "interruption_phrase",
+                   self.interruption_phrase, "must be non-empty when interruptions are on")
+
+
+LOSS_OBJECTIVES = ("cispo", "grpo", "dapo", "gspo", "tis")
+AGGREGATIONS = ("token", "sequence", "prompt", "constant")
+ADVANTAGE_NORMS = ("batch", "group", "none")
+
+
+@dataclasses.dataclass(frozen=True)
+class LossConfig:
+    """Objective and its static hyper-parameters. Defaults are ScaleRL's."""
+
+    objective: str = "cispo"
+    ratio_cap: float = 4.0  # CISPO: absolute cap on rho = pi_theta / pi_behaviour (not 1 + eps)
+    ratio_floor: Optional[float] = None  # CISPO optional lower cap (paper: none)
+    clip_eps_low: float = 0.2  # PPO-clip family: clip(rho, 1 - low, 1 + high)
+    clip_eps_high: float = 0.2  # DAPO clip-higher: 0.28 (paper's DAPO baseline: 0.26)
+    dual_clip: Optional[float] = None  # PPO dual clip constant c > 1 for negative advantages
+    gspo_eps_low: float = 3e-3
+    gspo_eps_high: float = 4e-3
+    tis_cap: float = 5.0  # REINFORCE + truncated importance sampling
+    aggregation: str = "prompt"
+    advantage_norm: str = "batch"
+    zero_variance_filter: bool = True
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"
+    entropy_coef: float = 0.0
+    reward_correct: float = 1.0  # paper: +-1 rewards
+    reward_incorrect: float = -1.0
+    length_penalty: bool = False  # LOO "length penalty instead of interruptions"
+    length_penalty_max: int = 14336  # L_max
+    length_penalty_cache: int = 2048  # L_cache
+
+    def __post_init__(self):
+        c = "LossConfig"
+        _choice(c, "objective", self.objective, LOSS_OBJECTIVES)
+        _choice(c, "aggregation", self.aggregation, AGGREGATIONS)
+        _choice(c, "advantage_norm", self.advantage_norm, ADVANTAGE_NORMS)
+        _choice(c, "kl_estimator", self.kl_estimator, ("k1", "k3"))
+        _positive(c, ratio_cap=self.ratio_cap, tis_cap=self.tis_cap,
+                  gspo_eps_low=self.gspo_eps_low, gspo_eps_high=self.gspo_eps_high)
+        _check(0 <= self.clip_eps_low < 1, c, "clip_eps_low", self.clip_eps_low, "must be in [0, 1)")
+        _check(self.clip_eps_high >= 0, c, "clip_eps_high", self.clip_eps_high, "must be >= 0")
+        if self.ratio_floor is not None:
+            _check(0 <= self.ratio_floor < self.ratio_cap, c, "ratio_floor", self.ratio_floor,
+                   f"must be in [0, ratio_cap={self.ratio_cap})")
+        if self.dual_clip is not None:
+            _check(self.dual_clip > 1, c, "dual_clip", self.dual_clip, "must be > 1")
+        _check(self.kl_coef >= 0, c, "kl_coef", self.kl_coef, "must be >= 0")
+        _check(self.reward_correct > self.reward_incorrect, c, "reward_correct",
+               self.reward_correct, f"must exceed reward_incorrect={self.reward_incorrect}")
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+    """AdamW. Paper: constant 5e-7 after 100 warm-up steps, eps 1e-15, weight decay 0.01, no KL.
+    Betas and clipping are not stated by the paper; these are common choices."""
+
+    learning_rate: float = 5e-7
+    warmup_steps: int = 100
+    schedule: str = "constant"  # after warm-up: constant | cosine
+    total_steps: int = 0  # needed by cosine
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-15
+    weight_decay: float = 0.01
+    max_grad_norm: Optional[float] = 1.0  # None: no clipping
+    micro_batches: int = 1  # gradient accumulation
+
+    def __post_init__(self):
+        c = "OptimConfig"
+        _positive(c, learning_rate=self.learning_rate, eps=self.eps,
+                  micro_batches=self.micro_batches)
+        _check(self.warmup_steps >= 0, c, "warmup_steps", self.warmup_steps, "must be >= 0")
+        _choice(c, "schedule", self.schedule, ("constant", "cosine"))
+        if self.schedule == "cosine":
+            _check(self.total_steps > self.warmup_steps, c, "total_steps", self.total_steps,
+                   f"cosine needs total_steps > warmup_steps={self.warmup_steps}")
+        for name in ("b1", "b2"):
+            v = getattr(self, name)
+            _check(0 <= v < 1, c, name, v, "must be in [0, 1)")
+        _check(self.weight_decay >= 0, c, "weight_decay", self.weight_decay, "must be >= 0")
+        if self.max_grad_norm is not None:
+            _positive(c, max_grad_norm=self.max_grad_norm)
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineConfig:
+    """Off-policy mode and batch shape. Paper: PipelineRL-8, 48 prompts x 16 generations."""
+
+    mode: str = "pipeline"  # pipeline | ppo_off_policy | sync
+    max_lag: int = 8  # k: trainer waits when this many versions ahead of its oldest data
+    prompts_per_step: int = 48
+    generations_per_prompt: int = 16
+    queue_groups: int = 256
+    no_positive_resampling: bool = True
+    retire_pass_rate: float = 0.9
+
+    def __post_init__(self):
+        c = "PipelineConfig"
+        _choice(c, "mode", self.mode, ("pipeline", "ppo_off_policy", "sync"))
+        _positive(c, max_lag=self.max_lag, prompts_per_step=self.prompts_per_step,
+                  queue_groups=self.queue_groups)
+        _check(self.generations_per_prompt >= 2, c, "generations_per_prompt",
+               self.generations_per_prompt, "must be >= 2 (group-relative advantages)")
+        _check(0 < self.retire_pass_rate <= 1, c, "retire_pass_rate", self.retire_pass_rate,
+               "must be in (0, 1]")
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """Prompt source. `source` is a local .jsonl/.parquet path, `hf:NAME_OR_DIR`, `tfds:NAME`,
+    or `synthetic:TASK` for the CPU testbed."""
+
+    source: str = "synthetic:arithmetic"
+    split: str = "train"
+    prompt_field: str = "problem"
+    answer_field: str = "answer"
+    template: str = "{prompt}"  # or "chat": the tokenizer's chat template
+    system_prompt: Optional[str] = None
+    num_validation: int = 1000
+    max_bad_fraction: float = 0.01
+    seed: int = 0
+
+    def __post_init__(self):
+        c = "DataConfig"
+        _check(bool(self.source), c, "source", self.source, "must be non-empty")
+        _check(self.num_validation >= 0, c, "num_validation", self.num_validation, "must be >= 0")
+        _check(0 <= self.max_bad_fraction < 1, c, "max_bad_fraction", self.max_bad_fraction,
+               "must be in [0, 1)")
+        _check(self.template == "chat" or "{prompt}" in self.template, c, "template",
+               self.template, "must be 'chat' or contain '{prompt}'")
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+    """Held-out validation: mean@k pass rate every N steps (paper: 1,000 prompts, k=16, N=100)."""
+
+    every_steps: int = 100
+    k: int = 16
+    num_prompts: int = 1000
+    temperature: float = 1.0
+
+    def __post_init__(self):
+        _positive("EvalConfig", every_steps=self.every_steps, k=self.k,
+                  num_prompts=self.num_prompts)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    model: ModelConfig
+    mesh: MeshConfig = MeshConfig()
+    sampler: SamplerConfig = SamplerConfig()
+    loss: LossConfig = LossConfig()
+    optim: OptimConfig = OptimConfig()
+    pipeline: PipelineConfig = PipelineConfig()
+    data: DataConfig = DataConfig()
+    eval: EvalConfig = EvalConfig()
+    workdir: str = "runs/default"
+    seed: int = 0
+    steps: int = 1000
+    checkpoint_every: int = 50
+    keep_checkpoints: int = 3
+    keep_every: Optional[int] = None  # also keep every M-th step permanently
+    hf_checkpoint: Optional[str] = None  # initial weights (HF directory); None: random init
+
+    def __post_init__(self):
+        c = "RunConfig"
+        _positive(c, steps=self.steps, checkpoint_every=self.checkpoint_every,
+                  keep_checkpoints=self.keep_checkpoints)
+        if self.keep_every is not None:
+            _positive(c, keep_every=self.keep_every)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+
+def from_dict(cls, data: dict):
+    """Rebuild a (nested) config dataclass from `to_dict()` output; unknown keys are an error."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = set(data) - set(fields)
+    if unknown:
+        raise ConfigError(f"{cls.__name__}: unknown field(s) {sorted(unknown)}")
+    kwargs = {}
+    for name, value in data.items():
+        sub = _NESTED.get((cls, name))
+        kwargs[name] = from_dict(sub, value) if sub is not None and value is not None else value
+    return cls(**kwargs)
+
+
+_NESTED = {
+    (ModelConfig, "rope_scaling"): RopeScaling,
+    (RunConfig, "model"): ModelConfig,
+    (RunConfig, "mesh"): MeshConfig,
+    (RunConfig, "sampler"): SamplerConfig,
+    (RunConfig, "loss"): LossConfig,
+    (RunConfig, "optim"): OptimConfig,
+    (RunConfig, "pipeline"): PipelineConfig,
+    (RunConfig, "data"): DataConfig,
+    (RunConfig, "eval"): EvalConfig,
+}

@@ -1,0 +1,68 @@
+"""Named model shapes: real checkpoints' architectures and tiny sizes for tests and the testbed.
+
+Real presets match the published HF `config.json` of each family, so a random-init run has the
+same shapes (and cost) as fine-tuning the real model; loading real weights goes through `hf.py`.
+"""
+from __future__ import annotations
+
+from scalerl_jax.config import ModelConfig, RopeScaling
+
+_LLAMA31_ROPE = RopeScaling(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                            original_max_position_embeddings=8192)
+_LLAMA32_ROPE = RopeScaling(factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                            original_max_position_embeddings=8192)
+
+
+def _qwen2(name, d, f, layers, heads, kv, vocab=151936, tied=False):
+    return ModelConfig(name=name, vocab_size=vocab, hidden_size=d, intermediate_size=f,
+                       num_layers=layers, num_heads=heads, num_kv_heads=kv, rope_theta=1e6,
+                       rms_norm_eps=1e-6, tie_embeddings=tied, qkv_bias=True,
+                       max_position_embeddings=32768)
+
+
+def _qwen3(name, d, f, layers, heads, kv, tied=False):
+    return ModelConfig(name=name, vocab_size=151936, hidden_size=d, intermediate_size=f,
+                       num_layers=layers, num_heads=heads, num_kv_heads=kv, head_dim=128,
+                       rope_theta=1e6, rms_norm_eps=1e-6, tie_embeddings=tied, qk_norm=True,
+                       max_position_embeddings=40960)
+
+
+def _llama(name, d, f, layers, heads, kv, rope, tied=False):
+    return ModelConfig(name=name, vocab_size=128256, hidden_size=d, intermediate_size=f,
+                       num_layers=layers, num_heads=heads, num_kv_heads=kv, rope_theta=500000.0,
+                       rope_scaling=rope, rms_norm_eps=1e-5, tie_embeddings=tied,
+                       max_position_embeddings=131072)
+
+
+def _tiny(name, **kw):
+    base = dict(name=name, vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2,
+                num_heads=4, num_kv_heads=2, rope_theta=10000.0, rms_norm_eps=1e-6,
+                max_position_embeddings=2048)
+    base.update(kw)
+    return ModelConfig(**base)
+
+
+PRESETS: dict[str, ModelConfig] = {
+    "qwen2.5-0.5b": _qwen2("qwen2.5-0.5b", 896, 4864, 24, 14, 2, tied=True),
+    "qwen2.5-1.5b": _qwen2("qwen2.5-1.5b", 1536, 8960, 28, 12, 2, tied=True),
+    "qwen2.5-7b": _qwen2("qwen2.5-7b", 3584, 18944, 28, 28, 4, vocab=152064),
+    "qwen3-0.6b": _qwen3("qwen3-0.6b", 1024, 3072, 28, 16, 8, tied=True),
+    "qwen3-1.7b": _qwen3("qwen3-1.7b", 2048, 6144, 28, 16, 8, tied=True),
+    "qwen3-8b": _qwen3("qwen3-8b", 4096, 12288, 36, 32, 8),
+    "llama-3.2-1b": _llama("llama-3.2-1b", 2048, 8192, 16, 32, 8, _LLAMA32_ROPE, tied=True),
+    "llama-3.1-8b": _llama("llama-3.1-8b", 4096, 14336, 32, 32, 8, _LLAMA31_ROPE),
+    "llama-3.1-70b": _llama("llama-3.1-70b", 8192, 28672, 80, 64, 8, _LLAMA31_ROPE),
+    # Tiny shapes: unit tests and the CPU testbed.
+    "tiny-llama": _tiny("tiny-llama", rope_scaling=RopeScaling(factor=8.0, low_freq_factor=1.0,
+                                                               high_freq_factor=4.0,
+                                                               original_max_position_embeddings=64)),
+    "tiny-qwen2": _tiny("tiny-qwen2", qkv_bias=True, tie_embeddings=True),
+    "tiny-qwen3": _tiny("tiny-qwen3", qk_norm=True, head_dim=32),
+}
+
+
+def get(name: str, **overrides) -> ModelConfig:
+    if name not in PRESETS:
+        raise KeyError(f"unknown model preset {name!r}; known: {sorted(PRESETS)}")
+    cfg = PRESETS[name]
+    return cfg.replace(**overrides) if overrides else cfg

@@ -1,0 +1,141 @@
+"""The decoder policy: Llama-3.x, Qwen2.5 and Qwen3 dense models in one Flax NNX module.
+
+Two paths share the weights:
+* `model(tokens, positions, segment_ids)` -> final hidden states [B, T, D], for training. The LM
+  head is applied separately (`logits`, or chunked in the train step) so that [B, T, V] fp32
+  logits never need to exist at once.
+* `model.decode(tokens, positions, cache)` -> (hidden, cache), the KV-cache path for the sampler:
+  prefill writes a whole prompt, decode steps write one token per row.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from scalerl_jax.config import ModelConfig
+from scalerl_jax.models.layers import Block, RMSNorm, param
+
+
+class KVCache(NamedTuple):
+    """Per-layer keys and values, each [B, S, KV, head_dim]. Logical axes:
+    (cache_batch, cache_seq, kv_heads, head_dim)."""
+
+    k: tuple
+    v: tuple
+
+
+CACHE_AXES = ("cache_batch", "cache_seq", "kv_heads", "head_dim")
+
+
+def init_cache(cfg: ModelConfig, batch: int, length: int, dtype=None) -> KVCache:
+    dtype = jnp.dtype(dtype or cfg.compute_dtype)
+    shape = (batch, length, cfg.num_kv_heads, cfg.dim_per_head)
+    zeros = tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers))
+    return KVCache(zeros, tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)))
+
+
+class Transformer(nnx.Module):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        pd = jnp.dtype(cfg.param_dtype)
+        self.cfg = cfg
+        self.embed = param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), pd)
+        self.layers = nnx.List([Block(cfg, rngs) for _ in range(cfg.num_layers)])
+        self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pd, rngs)
+        if not cfg.tie_embeddings:
+            self.lm_head = param(rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), pd)
+
+    # -- shared pieces -------------------------------------------------------------------------
+    def _embed(self, tokens):
+        return jnp.take(self.embed.get_value(), tokens, axis=0).astype(self.cfg.compute_dtype)
+
+    def head_kernel(self):
+        """The LM head as a [D, V] matrix (the transposed embedding when tied)."""
+        if self.cfg.tie_embeddings:
+            return self.embed.get_value().T
+        return self.lm_head.get_value()
+
+    def logits(self, hidden):
+        """Logits for hidden states [..., D]: fp32 when `fp32_head` (ScaleRL), else compute dtype."""
+        dt = jnp.float32 if self.cfg.fp32_head else jnp.dtype(self.cfg.compute_dtype)
+        return jnp.einsum("...d,dv->...v", hidden.astype(dt), self.head_kernel().astype(dt),
+                          preferred_element_type=jnp.float32 if self.cfg.fp32_head else None)
+
+    # -- training path -------------------------------------------------------------------------
+    def __call__(self, tokens, positions=None, segment_ids=None):
+        """tokens, positions, segment_ids: [B, T] int. segment_ids == 0 marks padding; tokens
+        attend causally (by index) within their own segment, so packed sequences work too."""
+        b, t = tokens.shape
+        if positions is None:
+            positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+        if segment_ids is None:
+            segment_ids = jnp.ones((b, t), jnp.int32)
+        idx = jnp.arange(t)
+        causal = idx[:, None] >= idx[None, :]
+        same = segment_ids[:, :, None] == segment_ids[:, None, :]
+        mask = causal[None] & same & (segment_ids[:, None, :] > 0)
+        x = self._embed(tokens)
+        for block in self.layers:
+            if self.cfg.remat:
+                x = nnx.remat(lambda blk, h: blk(h, positions, mask)[0])(block, x)
+            else:
+                x, _ = block(x, positions, mask)
+        return self.final_norm(x)
+
+    # -- sampling path -------------------------------------------------------------------------
+    def decode(self, tokens, positions, cache: KVCache):
+        """tokens, positions: [B, T]; each row's positions are contiguous and its new keys are
+        written there. A row attends to cache entries at positions <= its own, so stale entries
+        beyond a row's length are never read (prefill padding is overwritten by later steps)."""
+        s = cache.k[0].shape[1]
+        mask = jnp.arange(s)[None, None, :] <= positions[:, :, None]
+        x = self._embed(tokens)
+        ks, vs = [], []
+        for block, ck, cv in zip(self.layers, cache.k, cache.v):
+            x, (ck, cv) = block(x, positions, mask, (ck, cv))
+            ks.append(ck)
+            vs.append(cv)
+        return self.final_norm(x), KVCache(tuple(ks), tuple(vs))
+
+
+def create(cfg: ModelConfig, seed: int = 0) -> Transformer:
+    """An unsharded model with random weights (tests, small runs)."""
+    return Transformer(cfg, nnx.Rngs(params=seed))
+
+
+def create_sharded(cfg: ModelConfig, mesh, seed: int = 0):
+    """(graphdef, params) with every parameter created directly in its mesh sharding.
+
+    Nothing is materialised unsharded: shapes come from `eval_shape`, then a jitted init with
+    `out_shardings` writes each shard on its own device.
+    """
+    from scalerl_jax import mesh as mesh_lib
+
+    abstract = nnx.eval_shape(lambda: Transformer(cfg, nnx.Rngs(params=seed)))
+    graphdef, abstract_state = nnx.split(abstract)
+    shardings = mesh_lib.state_shardings(abstract_state, mesh)
+
+    def init():
+        return nnx.state(Transformer(cfg, nnx.Rngs(params=seed)))
+
+    return graphdef, jax.jit(init, out_shardings=shardings)()
+
+
+def forward_logits(graphdef, params, tokens, positions=None, segment_ids=None):
+    """Full [B, T, V] logits. For tests and small models; training uses chunked log-probs."""
+    model = nnx.merge(graphdef, params)
+    return model.logits(model(tokens, positions, segment_ids))
+
+
+def num_flops_per_token(cfg: ModelConfig, seq_len: int, training: bool = True) -> float:
+    """Model FLOPs per token: 2·N (forward) or 6·N (forward+backward) for the matmul weights,
+    plus causal attention (scores and weighted sum: 2·2·T·hd·H per token forward, halved by
+    causality). Embedding lookups are not matmuls and are excluded."""
+    n = cfg.num_params() - cfg.vocab_size * cfg.hidden_size  # embedding table is a gather
+    if cfg.tie_embeddings:
+        n += cfg.vocab_size * cfg.hidden_size  # ... but a tied table is also the LM head
+    attn = 2 * cfg.num_layers * cfg.num_heads * cfg.dim_per_head * seq_len  # causal: half of 4·T
+    fwd = 2 * n + attn
+    return 3 * fwd if training else fwd

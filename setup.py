@@ -1,0 +1,35 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="scalerl_jax",
+    version="0.1.0",
+    description="JAX/TPU-native ScaleRL: CISPO training, PipelineRL sampling, RL scaling-curve fitting.",
+    python_requires=">=3.11",
+    packages=find_packages(include=["scalerl_jax", "scalerl_jax.*"]),
+    install_requires=[
+        "jax>=0.10",
+        "flax>=0.12",
+        "optax>=0.2.5",
+        "orbax-checkpoint>=0.11",
+        "numpy>=1.26",
+        "scipy>=1.13",
+        "sentencepiece>=0.2",
+        "matplotlib>=3.8",
+        "sympy>=1.12",
+        "pyarrow>=15",
+    ],
+    extras_require={
+        "hf": ["safetensors>=0.4", "tokenizers>=0.19"],
+        "tpu": ["jax[tpu]"],
+        "tfds": ["tensorflow-datasets"],
+        "dev": [
+            "pytest>=8",
+            "pytest-xdist>=3.5",
+            "hypothesis>=6.100",
+            "safetensors>=0.4",
+            "tokenizers>=0.19",
+            "torch==2.13.0",
+            "transformers>=4.50",
+        ],
+    },
+)
