@@ -22,6 +22,8 @@ setup(
         "hf": ["safetensors>=0.4", "tokenizers>=0.19"],
         "tpu": ["jax[tpu]"],
         "tfds": ["tensorflow-datasets"],
+        "data": ["datasets"],
+        "math": ["math-verify"],
         "dev": [
             "pytest>=8",
             "pytest-xdist>=3.5",

@@ -71,6 +71,9 @@ class ModelConfig:
     compute_dtype: str = "float32"
     fp32_head: bool = True  # ScaleRL: LM head (and log-softmax) in fp32 on sampler and trainer
     remat: bool = False  # rematerialise each block in the backward pass (memory for compute)
+    # Training path: causal attention in query chunks of this size, each seeing only the keys
+    # up to its end (skips ~half the score FLOPs, keeps score blocks cache-sized). 0: one block.
+    attention_chunk: int = 128
     name: str = "custom"
 
     def __post_init__(self):
@@ -90,6 +93,8 @@ class ModelConfig:
         _check(self.dim_per_head % 2 == 0, c, "head_dim", self.dim_per_head, "must be even (RoPE)")
         _choice(c, "param_dtype", self.param_dtype, DTYPES)
         _choice(c, "compute_dtype", self.compute_dtype, DTYPES)
+        _check(self.attention_chunk >= 0, c, "attention_chunk", self.attention_chunk,
+               "must be >= 0 (0: no chunking)")
 
     @property
     def dim_per_head(self) -> int:
@@ -296,6 +301,7 @@ class DataConfig:
     split: str = "train"
     prompt_field: str = "problem"
     answer_field: str = "answer"
+    id_field: Optional[str] = "id"  # stable prompt ids (curriculum); absent: hash of the prompt
     template: str = "{prompt}"  # or "chat": the tokenizer's chat template
     system_prompt: Optional[str] = None
     num_validation: int = 1000
@@ -310,6 +316,19 @@ class DataConfig:
                "must be in [0, 1)")
         _check(self.template == "chat" or "{prompt}" in self.template, c, "template",
                self.template, "must be 'chat' or contain '{prompt}'")
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardConfig:
+    """Verifier execution. Rewards run on a host pool; a crash or timeout scores as failure."""
+
+    workers: int = 8
+    timeout_s: float = 10.0
+    processes: bool = False  # spawn-process workers: a hung SymPy call is killed, not abandoned
+    require_think_close: bool = False  # no `</think>` -> no answer (templates that open <think>)
+
+    def __post_init__(self):
+        _positive("RewardConfig", workers=self.workers, timeout_s=self.timeout_s)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -335,6 +354,7 @@ class RunConfig:
     optim: OptimConfig = OptimConfig()
     pipeline: PipelineConfig = PipelineConfig()
     data: DataConfig = DataConfig()
+    reward: RewardConfig = RewardConfig()
     eval: EvalConfig = EvalConfig()
     workdir: str = "runs/default"
     seed: int = 0
@@ -380,5 +400,6 @@ _NESTED = {
     (RunConfig, "optim"): OptimConfig,
     (RunConfig, "pipeline"): PipelineConfig,
     (RunConfig, "data"): DataConfig,
+    (RunConfig, "reward"): RewardConfig,
     (RunConfig, "eval"): EvalConfig,
 }

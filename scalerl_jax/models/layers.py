@@ -119,22 +119,47 @@ class Attention(nnx.Module):
             ck = write(ck, k.astype(ck.dtype), start)
             cv = write(cv, v.astype(cv.dtype), start)
             k, v, cache = ck.astype(x.dtype), cv.astype(x.dtype), (ck, cv)
-        out = attend(q, k, v, mask)
+        # Without a cache the mask is causal by index (Transformer.__call__), so chunking holds.
+        out = attend(q, k, v, mask, self.cfg.attention_chunk if cache is None else 0)
         out = jnp.einsum("bthk,hkd->btd", out, self.o.get_value().astype(x.dtype))
         return out, cache
 
 
-def attend(q, k, v, mask):
-    """Grouped-query attention. q: [B, T, H, hd]; k, v: [B, S, KV, hd]; mask: [B, T, S]."""
+# Query chunks per sequence at most: the chunk loop is unrolled into the graph, so very long
+# sequences get bigger chunks rather than a huge program.
+_MAX_QUERY_CHUNKS = 16
+
+
+def attend(q, k, v, mask, query_chunk: int = 0):
+    """Grouped-query attention. q: [B, T, H, hd]; k, v: [B, S, KV, hd]; mask: [B, T, S].
+
+    `query_chunk > 0` requires S == T and a mask that is causal by index (the training path):
+    queries are then processed in chunks that read only the keys up to the chunk's end.
+    """
+    t = q.shape[1]
+    if query_chunk <= 0 or t <= query_chunk or k.shape[1] != t:
+        return _attend_block(q, k, v, mask)
+    chunk = max(query_chunk, -(-t // _MAX_QUERY_CHUNKS))
+    outs = []
+    for c0 in range(0, t, chunk):
+        c1 = min(t, c0 + chunk)
+        outs.append(_attend_block(q[:, c0:c1], k[:, :c1], v[:, :c1], mask[:, c0:c1, :c1]))
+    return jnp.concatenate(outs, axis=1)
+
+
+def _attend_block(q, k, v, mask):
     b, t, h, hd = q.shape
     kv = k.shape[2]
-    q = q.reshape(b, t, kv, h // kv, hd)
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
+    # Heads before time in q (small) gives XLA's CPU dots their batch-major layout (measured
+    # ~1.5x faster fwd+bwd than contracting the [B, T, KV, G, hd] layout directly); k and v
+    # stay as stored, so the decode path does not copy the cache.
+    q = q.reshape(b, t, kv, h // kv, hd).transpose(0, 2, 3, 1, 4)
+    scores = jnp.einsum("bkgtd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
     scores = scores * (1.0 / math.sqrt(hd))
     scores = jnp.where(mask[:, None, None, :, :], scores, _MASK_VALUE)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
-    return out.reshape(b, t, h, hd)
+    out = jnp.einsum("bkgts,bskd->bkgtd", probs, v)
+    return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, hd)
 
 
 class MLP(nnx.Module):

@@ -1,0 +1,402 @@
+"""Prompt datasets: rows, templates, a held-out validation split, per-host shards, epochs, cursor.
+
+`DataConfig.source` forms:
+  path.jsonl | path.json | path.parquet | a directory of them   local files (pyarrow for Parquet)
+  hf:NAME[:CONFIG] | hf:DIR                                     Hugging Face `datasets` (optional)
+  tfds:NAME                                                     TensorFlow Datasets (optional)
+  synthetic:TASK[?knob=value&...]                               CPU testbed (data/synthetic.py)
+
+Order of operations, all deterministic given the rows and `DataConfig.seed`:
+1. read records; map `prompt_field` / `answer_field` (dotted paths for nested keys, e.g.
+   "meta.question" or "messages.0.content"); malformed rows are skipped and counted, and more
+   than `max_bad_fraction` of them is an error naming the counts;
+2. give each row a stable id (the `id_field` value when present, else a hash of the problem
+   text); rows with an id seen before are dropped as duplicates;
+3. rank rows by hash(seed, id): the first `num_validation` are the validation split, the rest
+   train. The split does not depend on file order or host count;
+4. host p of P owns train[p::P] (disjoint, covering; sizes differ by at most one);
+5. each epoch visits the host's shard in a permutation seeded by (seed, epoch, p).
+
+The cursor is (epoch, position); the permutation is a pure function of (seed, epoch, p), so
+that pair is the whole RNG state. `state_dict()` also records what must match on resume (seed,
+host layout, a fingerprint of the training ids) and `load_state_dict` refuses a mismatch.
+Retired prompts (no-positive-resampling) are skipped through the `skip(prompt_id)` predicate;
+skipped rows still advance the cursor.
+"""
+from __future__ import annotations
+
+import dataclasses
+import glob
+import hashlib
+import json
+import os
+import random
+import urllib.parse
+from collections import Counter
+from typing import Any, Callable, Iterator, NamedTuple, Optional
+
+from scalerl_jax.config import DataConfig
+from scalerl_jax.data import synthetic
+
+
+class DataError(ValueError):
+    """The data cannot be used as configured. The message names the source and the numbers."""
+
+
+class Row(NamedTuple):
+    prompt_id: str
+    problem: str
+    answer: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Prompt:
+    prompt_id: str
+    problem: str  # the question as stored in the data
+    answer: str  # the reference answer given to the verifier
+    text: str  # what the sampler sees: the template (or chat template) applied to `problem`
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadStats:
+    records: int  # records read, bad ones included
+    kept: int
+    duplicates: int
+    bad: dict  # reason -> count
+    bad_examples: tuple  # (where, reason) of the first few bad records
+
+    @property
+    def num_bad(self) -> int:
+        return sum(self.bad.values())
+
+
+class _Invalid(NamedTuple):
+    reason: str
+
+
+# ---------------------------------------------------------------------------------- readers
+def read_records(source: str, split: str = "train") -> Iterator[tuple[str, Any]]:
+    """(where, record) pairs: `where` locates the record for error messages."""
+    if source.startswith("hf:"):
+        yield from _read_hf(source[3:], split)
+    elif source.startswith("tfds:"):
+        yield from _read_tfds(source[5:], split)
+    else:
+        yield from _read_local(source, split)
+
+
+def _read_local(path: str, split: str) -> Iterator[tuple[str, Any]]:
+    exts = (".jsonl", ".json", ".parquet")
+    if os.path.isdir(path):
+        files = sorted(f for f in glob.glob(os.path.join(path, "**", "*"), recursive=True)
+                       if f.endswith(exts))
+        # HF-style layouts keep splits side by side (data/train-00000.parquet, test-...).
+        in_split = [f for f in files if split in os.path.basename(f)]
+        files = in_split or files
+        if not files:
+            raise DataError(f"DataConfig.source={path!r}: directory holds no {exts} files")
+    elif not os.path.exists(path):
+        raise DataError(f"DataConfig.source={path!r}: no such file; expected a local {exts} "
+                        "path, or hf:NAME, tfds:NAME, synthetic:TASK")
+    elif not path.endswith(exts):
+        raise DataError(f"DataConfig.source={path!r}: unsupported file type; use {exts}")
+    else:
+        files = [path]
+    for f in files:
+        yield from (_read_parquet(f) if f.endswith(".parquet") else _read_json(f))
+
+
+def _read_json(path: str) -> Iterator[tuple[str, Any]]:
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        if path.endswith(".json"):
+            head = fh.read(1 << 12).lstrip()
+            fh.seek(0)
+            if head.startswith("["):  # a JSON array of records, not JSON lines
+                try:
+                    records = json.load(fh)
+                except json.JSONDecodeError as e:
+                    raise DataError(f"{path}: not valid JSON ({e})") from None
+                for i, record in enumerate(records):
+                    yield f"{path}[{i}]", record
+                return
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                yield f"{path}:{lineno}", json.loads(line)
+            except json.JSONDecodeError:
+                yield f"{path}:{lineno}", _Invalid("invalid JSON")
+
+
+def _read_parquet(path: str) -> Iterator[tuple[str, Any]]:
+    import pyarrow.parquet as pq
+
+    try:
+        parquet = pq.ParquetFile(path)
+    except Exception as e:  # pyarrow raises several types for unreadable files
+        raise DataError(f"{path}: not a readable Parquet file ({e})") from None
+    n = 0
+    for batch in parquet.iter_batches(batch_size=8192):
+        for record in batch.to_pylist():
+            yield f"{path}:row {n}", record
+            n += 1
+
+
+def _read_hf(spec: str, split: str) -> Iterator[tuple[str, Any]]:
+    try:
+        import datasets
+    except ImportError:
+        raise DataError(f"DataConfig.source='hf:{spec}' needs the Hugging Face `datasets` "
+                        "package, which is not installed: pip install datasets") from None
+    if os.path.isdir(spec) and any(os.path.exists(os.path.join(spec, f)) for f in
+                                   ("dataset_info.json", "dataset_dict.json", "state.json")):
+        ds = datasets.load_from_disk(spec)  # a save_to_disk directory
+        if isinstance(ds, datasets.DatasetDict):
+            ds = ds[split]
+    elif os.path.isfile(spec):
+        builder = "parquet" if spec.endswith(".parquet") else "json"
+        ds = datasets.load_dataset(builder, data_files=spec, split="train")
+    else:
+        name, _, config = spec.partition(":")
+        ds = datasets.load_dataset(name, config or None, split=split)
+    for i, record in enumerate(ds):
+        yield f"hf:{spec}[{split}][{i}]", record
+
+
+def _read_tfds(name: str, split: str) -> Iterator[tuple[str, Any]]:
+    try:
+        import tensorflow_datasets as tfds
+    except ImportError:
+        raise DataError(f"DataConfig.source='tfds:{name}' needs tensorflow-datasets, which is "
+                        "not installed: pip install 'scalerl_jax[tfds]'") from None
+    for i, record in enumerate(tfds.as_numpy(tfds.load(name, split=split))):
+        yield f"tfds:{name}[{split}][{i}]", _from_numpy(record)
+
+
+def _from_numpy(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _from_numpy(v) for k, v in value.items()}
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return value.item() if hasattr(value, "item") and getattr(value, "ndim", 1) == 0 else value
+
+
+# ----------------------------------------------------------------------------------- parsing
+_MISSING = object()
+
+
+def get_field(record: Any, path: str) -> Any:
+    """record["a"]["b"] for path "a.b"; integer parts index lists ("messages.0.content")."""
+    value = record
+    for key in path.split("."):
+        if isinstance(value, dict) and key in value:
+            value = value[key]
+        elif isinstance(value, (list, tuple)) and key.lstrip("-").isdigit() \
+                and -len(value) <= int(key) < len(value):
+            value = value[int(key)]
+        else:
+            return _MISSING
+    return value
+
+
+def _as_text(value: Any, field: str, numbers_ok: bool) -> tuple[Optional[str], Optional[str]]:
+    """(text, None) or (None, reason)."""
+    if value is _MISSING or value is None:
+        return None, f"missing {field!r}"
+    if isinstance(value, str):
+        return (value, None) if value.strip() else (None, f"empty {field!r}")
+    if numbers_ok and isinstance(value, (int, float)) and not isinstance(value, bool) \
+            and value == value:
+        return str(value), None
+    return None, f"wrong type of {field!r} ({type(value).__name__})"
+
+
+def _prompt_id(record: Any, id_field: Optional[str], problem: str) -> str:
+    if id_field:
+        value = get_field(record, id_field)
+        if isinstance(value, (str, int)) and not isinstance(value, bool) and str(value):
+            return str(value)
+    return "h" + hashlib.sha256(problem.encode("utf-8")).hexdigest()[:20]
+
+
+def parse_records(records: Iterator[tuple[str, Any]], prompt_field: str, answer_field: str,
+                  id_field: Optional[str] = "id") -> tuple[list[Row], LoadStats]:
+    """Rows from records; bad records are counted, not raised (see `check_bad_fraction`)."""
+    rows, seen, bad, examples = [], set(), Counter(), []
+    n = duplicates = 0
+    for where, record in records:
+        n += 1
+        reason = record.reason if isinstance(record, _Invalid) else None
+        if reason is None and not isinstance(record, dict):
+            reason = f"not an object ({type(record).__name__})"
+        if reason is None:
+            problem, reason = _as_text(get_field(record, prompt_field), prompt_field, False)
+        if reason is None:
+            answer, reason = _as_text(get_field(record, answer_field), answer_field, True)
+        if reason is not None:
+            bad[reason] += 1
+            if len(examples) < 3:
+                examples.append((where, reason))
+            continue
+        pid = _prompt_id(record, id_field, problem)
+        if pid in seen:
+            duplicates += 1
+            continue
+        seen.add(pid)
+        rows.append(Row(pid, problem, answer.strip()))
+    return rows, LoadStats(n, len(rows), duplicates, dict(bad), tuple(examples))
+
+
+def check_bad_fraction(stats: LoadStats, source: str, max_bad_fraction: float) -> None:
+    if stats.records == 0 or stats.kept == 0:
+        raise DataError(f"DataConfig.source={source!r}: no usable rows ({stats.records} records "
+                        f"read, {stats.num_bad} malformed: {stats.bad})")
+    fraction = stats.num_bad / stats.records
+    if fraction > max_bad_fraction:
+        reasons = ", ".join(f"{k}: {v}" for k, v in sorted(stats.bad.items()))
+        first = "; ".join(f"{w} ({r})" for w, r in stats.bad_examples)
+        raise DataError(f"DataConfig.source={source!r}: {stats.num_bad} of {stats.records} rows "
+                        f"are malformed ({fraction:.2%} > max_bad_fraction="
+                        f"{max_bad_fraction:.2%}): {reasons}. First: {first}")
+
+
+def _synthetic_rows(spec: str, seed: int) -> list[Row]:
+    task, _, query = spec.partition("?")
+    knobs: dict[str, Any] = {k: int(v) if v.lstrip("-").isdigit() else v
+                             for k, v in urllib.parse.parse_qsl(query, strict_parsing=bool(query))}
+    num = knobs.pop("num", 10_000)
+    return [Row(*r) for r in synthetic.generate(task, num, seed, **knobs)]
+
+
+def load_rows(config: DataConfig, id_field: Optional[str] = "id") -> tuple[list[Row], LoadStats]:
+    """All usable rows of `config.source`, in file order, and the load statistics."""
+    if config.source.startswith("synthetic:"):
+        try:
+            rows = _synthetic_rows(config.source[len("synthetic:"):], config.seed)
+        except (ValueError, TypeError) as e:
+            raise DataError(f"DataConfig.source={config.source!r}: {e}") from None
+        return rows, LoadStats(len(rows), len(rows), 0, {}, ())
+    rows, stats = parse_records(read_records(config.source, config.split), config.prompt_field,
+                                config.answer_field, id_field)
+    check_bad_fraction(stats, config.source, config.max_bad_fraction)
+    return rows, stats
+
+
+def format_prompt(problem: str, config: DataConfig, tokenizer: Any = None) -> str:
+    """The sampler's prompt text. Non-chat templates substitute `{prompt}` (and `{system}` when
+    present; otherwise a system prompt is put first, followed by a blank line)."""
+    system = config.system_prompt
+    if config.template == "chat":
+        messages = [{"role": "system", "content": system}] if system else []
+        messages.append({"role": "user", "content": problem})
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    text = config.template.replace("{prompt}", problem)
+    if "{system}" in text:
+        return text.replace("{system}", system or "")
+    return f"{system}\n\n{text}" if system else text
+
+
+# ------------------------------------------------------------------------------------ source
+def _rank(seed: int, prompt_id: str) -> bytes:
+    return hashlib.sha256(f"{seed}\x00{prompt_id}".encode("utf-8")).digest()
+
+
+class PromptSource:
+    """An endless, checkpointable stream of this host's training prompts, plus the validation
+    split. Iterate it (`next(source)`) or call `take(n)`; one consumer thread."""
+
+    def __init__(self, config: DataConfig, tokenizer: Any = None, *, process_index: int = 0,
+                 process_count: int = 1, skip: Optional[Callable[[str], bool]] = None,
+                 id_field: Optional[str] = "id"):
+        if config.template == "chat" and tokenizer is None:
+            raise DataError("DataConfig.template='chat' needs a tokenizer with apply_chat_template")
+        if not 0 <= process_index < process_count:
+            raise DataError(f"process_index={process_index} must be in [0, process_count="
+                            f"{process_count})")
+        self.config, self.tokenizer, self.skip = config, tokenizer, skip
+        self.process_index, self.process_count = process_index, process_count
+        rows, self.stats = load_rows(config, id_field)
+        ranked = sorted(rows, key=lambda r: _rank(config.seed, r.prompt_id))
+        n_val = config.num_validation
+        if n_val >= len(ranked):
+            raise DataError(f"DataConfig.num_validation={n_val} leaves no training prompts: "
+                            f"{config.source!r} has {len(ranked)} usable rows")
+        self._validation, train = ranked[:n_val], ranked[n_val:]
+        if len(train) < process_count:
+            raise DataError(f"{len(train)} training prompts cannot give each of process_count="
+                            f"{process_count} hosts one")
+        self.num_train = len(train)
+        self._shard = train[process_index::process_count]
+        self._fingerprint = hashlib.sha256(
+            "\n".join(r.prompt_id for r in train).encode("utf-8")).hexdigest()[:16]
+        self.epoch, self.position, self.num_skipped = 0, 0, 0
+        self._order = self._permutation(0)
+
+    @property
+    def shard_size(self) -> int:
+        return len(self._shard)
+
+    def shard_ids(self) -> list[str]:
+        """Prompt ids of this host's training shard (in base order)."""
+        return [r.prompt_id for r in self._shard]
+
+    def validation(self, shard: bool = False) -> list[Prompt]:
+        """The held-out prompts; `shard=True` gives this host's part (v[p::P])."""
+        rows = self._validation[self.process_index::self.process_count] if shard \
+            else self._validation
+        return [self._prompt(r) for r in rows]
+
+    def _permutation(self, epoch: int) -> list[int]:
+        order = list(range(len(self._shard)))
+        random.Random(f"{self.config.seed}:{epoch}:{self.process_index}").shuffle(order)
+        return order
+
+    def _prompt(self, row: Row) -> Prompt:
+        return Prompt(row.prompt_id, row.problem, row.answer,
+                      format_prompt(row.problem, self.config, self.tokenizer))
+
+    def __iter__(self) -> "PromptSource":
+        return self
+
+    def __next__(self) -> Prompt:
+        skipped = 0
+        while True:
+            if self.position >= len(self._order):
+                self.epoch, self.position = self.epoch + 1, 0
+                self._order = self._permutation(self.epoch)
+            row = self._shard[self._order[self.position]]
+            self.position += 1
+            if self.skip is None or not self.skip(row.prompt_id):
+                return self._prompt(row)
+            skipped += 1
+            self.num_skipped += 1
+            if skipped >= len(self._shard):
+                raise DataError(f"all {len(self._shard)} prompts of host {self.process_index}'s "
+                                "shard are retired by the skip predicate (no-positive-resampling)")
+
+    def take(self, n: int) -> list[Prompt]:
+        return [next(self) for _ in range(n)]
+
+    # ------------------------------------------------------------------------------- cursor
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "position": self.position, "num_skipped": self.num_skipped,
+                "seed": self.config.seed, "process_index": self.process_index,
+                "process_count": self.process_count, "num_train": self.num_train,
+                "fingerprint": self._fingerprint}
+
+    def load_state_dict(self, state: dict) -> None:
+        expected = {"seed": self.config.seed, "process_index": self.process_index,
+                    "process_count": self.process_count, "num_train": self.num_train,
+                    "fingerprint": self._fingerprint}
+        for key, value in expected.items():
+            if state.get(key) != value:
+                raise DataError(f"data cursor does not fit this run: saved {key}="
+                                f"{state.get(key)!r}, now {value!r} (same data, seed and host "
+                                "layout are needed to resume exactly)")
+        epoch, position = int(state["epoch"]), int(state["position"])
+        if epoch < 0 or not 0 <= position <= len(self._shard):
+            raise DataError(f"data cursor epoch={epoch}, position={position} out of range for a "
+                            f"shard of {len(self._shard)} prompts")
+        self.epoch, self.position = epoch, position
+        self.num_skipped = int(state.get("num_skipped", 0))
+        self._order = self._permutation(epoch)

@@ -1,0 +1,405 @@
+"""Hugging Face interop: `config.json` -> ModelConfig, safetensors -> sharded params, and back.
+
+Loading reads each tensor lazily (memory-mapped safetensors) and builds every parameter with
+`jax.make_array_from_callback` in its target sharding: each device's callback reads exactly the
+slice that device holds, so no full host copy of the model (nor of a tensor, per device) is made.
+Export gathers one parameter at a time and streams it into the safetensors file, whose header is
+computed up front from shapes alone.
+
+Layouts: HF linear weights are [out, in]; ours are [in, ..., out] with heads split out, e.g.
+`q_proj.weight` [H*hd, D] <-> `q` [D, H, hd]. HF Llama/Qwen checkpoints already use the
+half-split (`rotate_half`) RoPE convention that `layers.apply_rope` implements, so no row
+permutation is needed.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import glob
+import json
+import math
+import os
+import struct
+from typing import Any, Optional, Union
+
+import jax
+import ml_dtypes  # noqa: F401 - registers bfloat16 with numpy: safetensors' numpy reader needs it
+import numpy as np
+from flax import nnx
+
+from scalerl_jax.config import DTYPES, ModelConfig, RopeScaling
+from scalerl_jax.models.transformer import Transformer
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+_MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                "qwen3": "Qwen3ForCausalLM"}
+_ST_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16", "float64": "F64"}
+
+
+class HFError(ValueError):
+    """An HF checkpoint does not fit: unknown architecture, missing/unexpected tensor, bad shape."""
+
+
+# -- config -------------------------------------------------------------------------------------
+def read_hf_config(path_or_dict: Union[str, os.PathLike, dict]) -> dict:
+    if isinstance(path_or_dict, dict):
+        return dict(path_or_dict)
+    path = os.fspath(path_or_dict)
+    if os.path.isdir(path):
+        path = os.path.join(path, "config.json")
+    if not os.path.exists(path):
+        raise HFError(f"no HF config at {path}")
+    with open(path) as f:
+        return json.load(f)
+
+
+def _dir_name(path_or_dict) -> Optional[str]:
+    if isinstance(path_or_dict, dict):
+        return None
+    path = os.path.abspath(os.fspath(path_or_dict))
+    return os.path.basename(path if os.path.isdir(path) else os.path.dirname(path))
+
+
+def _architecture(hf: dict) -> str:
+    archs = hf.get("architectures") or []
+    arch = archs[0] if archs else _MODEL_TYPES.get(hf.get("model_type"), hf.get("model_type"))
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise HFError(f"unsupported architecture {arch!r} (config.json architectures={archs}, "
+                      f"model_type={hf.get('model_type')!r}); supported: {SUPPORTED_ARCHITECTURES}")
+    return arch
+
+
+def _rope(hf: dict) -> tuple[float, Optional[RopeScaling]]:
+    # transformers < 5 writes `rope_theta` + `rope_scaling`; >= 5 writes `rope_parameters`
+    # (holding rope_theta too). Either may be absent or null.
+    params = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+    theta = float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind in (None, "default"):
+        return theta, None
+    if kind != "llama3":
+        raise HFError(f"rope type {kind!r} is not supported (only 'default' and 'llama3'); "
+                      f"rope settings: {params}")
+    return theta, RopeScaling(
+        factor=float(params["factor"]), low_freq_factor=float(params["low_freq_factor"]),
+        high_freq_factor=float(params["high_freq_factor"]),
+        original_max_position_embeddings=int(params["original_max_position_embeddings"]))
+
+
+def config_from_hf(path_or_dict, **overrides) -> ModelConfig:
+    """ModelConfig from an HF `config.json` (a checkpoint directory, the file, or its dict).
+
+    `overrides` replace fields afterwards (e.g. `param_dtype="bfloat16"`). Features this decoder
+    does not implement (output-projection or MLP biases, sliding windows, other activations or
+    RoPE types) fail here rather than loading into a silently different model.
+    """
+    hf = read_hf_config(path_or_dict)
+    arch = _architecture(hf)
+    # Qwen2 always has q/k/v biases and no `attention_bias` key; elsewhere that key also adds
+    # an o_proj bias, which this decoder does not have.
+    for key, ok in (("hidden_act", "silu"), ("attention_bias", False), ("mlp_bias", False),
+                    ("use_sliding_window", False)):
+        if hf.get(key, ok) != ok:
+            raise HFError(f"config.json {key}={hf[key]!r} is not supported for {arch} "
+                          f"(expected {ok!r})")
+    theta, scaling = _rope(hf)
+    d, heads = int(hf["hidden_size"]), int(hf["num_attention_heads"])
+    head_dim = hf.get("head_dim")
+    if head_dim is not None and int(head_dim) == d // heads and d % heads == 0:
+        head_dim = None  # the default; keeps configs equal to the presets
+    fields = dict(
+        name=hf.get("_name_or_path") or _dir_name(path_or_dict) or arch, vocab_size=int(hf["vocab_size"]), hidden_size=d,
+        intermediate_size=int(hf["intermediate_size"]), num_layers=int(hf["num_hidden_layers"]),
+        num_heads=heads, num_kv_heads=int(hf.get("num_key_value_heads") or heads),
+        head_dim=None if head_dim is None else int(head_dim), rope_theta=theta,
+        rope_scaling=scaling, rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        qkv_bias=arch == "Qwen2ForCausalLM", qk_norm=arch == "Qwen3ForCausalLM",
+        max_position_embeddings=int(hf.get("max_position_embeddings", 32768)))
+    fields.update(overrides)
+    return ModelConfig(**fields)
+
+
+def architecture_of(cfg: ModelConfig) -> str:
+    """The HF class that has exactly this config's features."""
+    if cfg.qk_norm and cfg.qkv_bias:
+        raise HFError("ModelConfig with both qk_norm and qkv_bias has no HF equivalent "
+                      "(Qwen3's attention_bias also adds an o_proj bias)")
+    if cfg.qk_norm:
+        return "Qwen3ForCausalLM"
+    return "Qwen2ForCausalLM" if cfg.qkv_bias else "LlamaForCausalLM"
+
+
+def config_to_hf(cfg: ModelConfig) -> dict:
+    arch = architecture_of(cfg)
+    out = dict(
+        architectures=[arch], model_type={v: k for k, v in _MODEL_TYPES.items()}[arch],
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size, num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
+        head_dim=cfg.dim_per_head, hidden_act="silu",
+        max_position_embeddings=cfg.max_position_embeddings, rms_norm_eps=cfg.rms_norm_eps,
+        tie_word_embeddings=cfg.tie_embeddings, torch_dtype=cfg.param_dtype,
+        # The transformers < 5 spelling; transformers >= 5 converts it on load.
+        rope_theta=cfg.rope_theta, rope_scaling=None)
+    if cfg.rope_scaling is not None:
+        out["rope_scaling"] = dict(rope_type="llama3", **dataclasses.asdict(cfg.rope_scaling))
+    if arch != "Qwen2ForCausalLM":
+        out["attention_bias"] = False
+    if arch == "LlamaForCausalLM":
+        out["mlp_bias"] = False
+    else:
+        out["use_sliding_window"] = False
+    return out
+
+
+# -- tensor name and layout map -----------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class _Entry:
+    """One HF tensor <-> one of our params: ours = hf.reshape(concat(groups)).transpose(perm),
+    where HF dim j splits into the sizes `groups[j]` (e.g. H*hd -> (H, hd))."""
+
+    hf_name: str
+    path: tuple
+    groups: tuple
+    perm: tuple
+
+    @property
+    def hf_shape(self) -> tuple:
+        return tuple(math.prod(g) for g in self.groups)
+
+    @property
+    def shape(self) -> tuple:
+        split = [s for g in self.groups for s in g]
+        return tuple(split[p] for p in self.perm)
+
+
+def tensor_map(cfg: ModelConfig) -> list[_Entry]:
+    d, f, v = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+    h, kv, hd = cfg.num_heads, cfg.num_kv_heads, cfg.dim_per_head
+    entries = [_Entry("model.embed_tokens.weight", ("embed",), ((v,), (d,)), (0, 1)),
+               _Entry("model.norm.weight", ("final_norm", "scale"), ((d,),), (0,))]
+    if not cfg.tie_embeddings:
+        entries.append(_Entry("lm_head.weight", ("lm_head",), ((v,), (d,)), (1, 0)))
+    for i in range(cfg.num_layers):
+        p, us = f"model.layers.{i}.", ("layers", i)
+        entries += [
+            _Entry(p + "input_layernorm.weight", us + ("attn_norm", "scale"), ((d,),), (0,)),
+            _Entry(p + "post_attention_layernorm.weight", us + ("mlp_norm", "scale"), ((d,),),
+                   (0,)),
+            _Entry(p + "self_attn.q_proj.weight", us + ("attn", "q"), ((h, hd), (d,)), (2, 0, 1)),
+            _Entry(p + "self_attn.k_proj.weight", us + ("attn", "k"), ((kv, hd), (d,)), (2, 0, 1)),
+            _Entry(p + "self_attn.v_proj.weight", us + ("attn", "v"), ((kv, hd), (d,)), (2, 0, 1)),
+            _Entry(p + "self_attn.o_proj.weight", us + ("attn", "o"), ((d,), (h, hd)), (1, 2, 0)),
+            _Entry(p + "mlp.gate_proj.weight", us + ("mlp", "gate"), ((f,), (d,)), (1, 0)),
+            _Entry(p + "mlp.up_proj.weight", us + ("mlp", "up"), ((f,), (d,)), (1, 0)),
+            _Entry(p + "mlp.down_proj.weight", us + ("mlp", "down"), ((d,), (f,)), (1, 0)),
+        ]
+        if cfg.qkv_bias:
+            entries += [
+                _Entry(p + "self_attn.q_proj.bias", us + ("attn", "q_bias"), ((h, hd),), (0, 1)),
+                _Entry(p + "self_attn.k_proj.bias", us + ("attn", "k_bias"), ((kv, hd),), (0, 1)),
+                _Entry(p + "self_attn.v_proj.bias", us + ("attn", "v_bias"), ((kv, hd),), (0, 1)),
+            ]
+        if cfg.qk_norm:
+            entries += [
+                _Entry(p + "self_attn.q_norm.weight", us + ("attn", "q_norm", "scale"), ((hd,),),
+                       (0,)),
+                _Entry(p + "self_attn.k_norm.weight", us + ("attn", "k_norm", "scale"), ((hd,),),
+                       (0,)),
+            ]
+    return entries
+
+
+def _is_ignorable(name: str, cfg: ModelConfig) -> bool:
+    # Old checkpoints store RoPE buffers; tied checkpoints sometimes store the head anyway
+    # (transformers ignores it then, and so do we).
+    return name.endswith("rotary_emb.inv_freq") or (cfg.tie_embeddings and name == "lm_head.weight")
+
+
+def _read_slice(handle, entry: _Entry, index: tuple, dtype) -> np.ndarray:
+    """Our-layout block `index` of `entry`, read from the checkpoint without reading the rest."""
+    ranges = [sl.indices(n)[:2] for sl, n in zip(index, entry.shape)]
+    split_ranges = [None] * len(ranges)
+    for i, p in enumerate(entry.perm):
+        split_ranges[p] = ranges[i]
+    hf_index, block_shape, post, k = [], [], [], 0
+    for g in entry.groups:
+        # Only the leading sub-dim of a split HF dim maps to a contiguous HF range; inner
+        # sub-dims (head_dim, never sharded by RULES) are read whole and sliced afterwards.
+        (lo, hi), inner = split_ranges[k], math.prod(g[1:])
+        hf_index.append(slice(lo * inner, hi * inner))
+        block_shape += [hi - lo, *g[1:]]
+        post += [slice(None)] + [slice(*split_ranges[k + j]) for j in range(1, len(g))]
+        k += len(g)
+    block = handle.get_slice(entry.hf_name)[tuple(hf_index)]
+    block = np.asarray(block).reshape(block_shape)[tuple(post)].transpose(entry.perm)
+    return np.ascontiguousarray(block, dtype=dtype)
+
+
+def _checkpoint_files(path: str) -> dict[str, str]:
+    """tensor name -> safetensors file."""
+    index = os.path.join(path, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index) as f:
+            weight_map = json.load(f)["weight_map"]
+        return {name: os.path.join(path, file) for name, file in weight_map.items()}
+    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    if not files:
+        raise HFError(f"no *.safetensors files (nor model.safetensors.index.json) in {path}")
+    from safetensors import safe_open
+    out = {}
+    for file in files:
+        with safe_open(file, framework="numpy") as h:
+            out.update({name: file for name in h.keys()})
+    return out
+
+
+def load_params(path, mesh=None, cfg: Optional[ModelConfig] = None, dtype=None):
+    """(cfg, graphdef, params) from an HF checkpoint directory, each param in its mesh sharding.
+
+    `cfg` defaults to `config_from_hf(path)`; `dtype` (e.g. "bfloat16") overrides its
+    `param_dtype`. Without a mesh, params go to the first local device. All names and shapes are
+    checked before any tensor is read. Host memory peaks at this host's blocks of one tensor
+    (blocks replicated across devices are read once and shared).
+    """
+    from safetensors import safe_open
+
+    from scalerl_jax import mesh as mesh_lib
+
+    path = os.fspath(path)
+    cfg = config_from_hf(path) if cfg is None else cfg
+    if dtype is not None:
+        cfg = cfg.replace(param_dtype=_dtype_name(dtype))
+    files = _checkpoint_files(path)
+    entries = tensor_map(cfg)
+    with contextlib.ExitStack() as stack:
+        handles = {f: stack.enter_context(safe_open(f, framework="numpy"))
+                   for f in sorted(set(files.values()))}
+        _check_names_and_shapes(entries, files, handles, cfg, path)
+        abstract = nnx.eval_shape(lambda: Transformer(cfg, nnx.Rngs(params=0)))
+        graphdef, state = nnx.split(abstract)
+        if mesh is not None:
+            shardings = dict(nnx.to_flat_state(mesh_lib.state_shardings(state, mesh)))
+        else:
+            one = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        variables = dict(nnx.to_flat_state(state))
+        np_dtype = np.dtype(cfg.param_dtype)
+        for e in entries:
+            sharding = shardings[e.path] if mesh is not None else one
+            handle = handles[files[e.hf_name]]
+            cache: dict = {}  # replicated shards read once per distinct block
+
+            def block(index, e=e, handle=handle, cache=cache):
+                key = tuple(sl.indices(n)[:2] for sl, n in zip(index, e.shape))
+                if key not in cache:
+                    cache[key] = _read_slice(handle, e, index, np_dtype)
+                return cache[key]
+
+            variables[e.path].set_value(jax.make_array_from_callback(e.shape, sharding, block))
+    return cfg, graphdef, state
+
+
+def _dtype_name(dtype) -> str:
+    name = np.dtype(dtype).name
+    if name not in DTYPES:
+        raise HFError(f"dtype {name!r} is not one of {DTYPES}")
+    return name
+
+
+def _check_names_and_shapes(entries, files, handles, cfg, path) -> None:
+    expected = {e.hf_name for e in entries}
+    for e in entries:
+        if e.hf_name not in files:
+            raise HFError(f"missing tensor {e.hf_name!r} (expected shape {e.hf_shape}) in {path}")
+        got = tuple(handles[files[e.hf_name]].get_slice(e.hf_name).get_shape())
+        if got != e.hf_shape:
+            raise HFError(f"tensor {e.hf_name!r}: checkpoint shape {got} != expected shape "
+                          f"{e.hf_shape} for config {cfg.name!r}")
+    extra = sorted(n for n in files if n not in expected and not _is_ignorable(n, cfg))
+    if extra:
+        shapes = {n: tuple(handles[files[n]].get_slice(n).get_shape()) for n in extra[:5]}
+        raise HFError(f"unexpected tensors in {path} (not used by this {architecture_of(cfg)} "
+                      f"config): {len(extra)} e.g. {shapes}")
+
+
+# -- export -------------------------------------------------------------------------------------
+def _to_host(x) -> np.ndarray:
+    if getattr(x, "is_fully_addressable", True):
+        return np.asarray(jax.device_get(x))
+    from jax.experimental import multihost_utils
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
+def _write_safetensors(file: str, entries: list, arrays_of) -> None:
+    """Stream tensors into one safetensors file: the header is built from shapes, then each
+    tensor is fetched (one at a time) and appended."""
+    header, offset = {}, 0
+    for e, dt in entries:
+        nbytes = math.prod(e.hf_shape) * np.dtype(dt).itemsize
+        header[e.hf_name] = {"dtype": _ST_DTYPES[np.dtype(dt).name], "shape": list(e.hf_shape),
+                             "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    header["__metadata__"] = {"format": "pt"}
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # data must start 8-byte aligned
+    with open(file, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)) + raw)
+        for e, dt in entries:
+            f.write(np.ascontiguousarray(arrays_of(e), dtype=dt).tobytes())
+
+
+def export(params, cfg: ModelConfig, out_dir, max_shard_bytes: int = 5_000_000_000,
+           dtype=None, extra_config: Optional[dict[str, Any]] = None) -> list[str]:
+    """Write `config.json` + safetensors (+ `model.safetensors.index.json` when sharded) that
+    `transformers` loads. `params`: the nnx.State (sharded or not). Each parameter is gathered
+    to the host on its own, so peak host memory is one tensor. In multi-process runs every
+    process must call this (the gathers are collective); only process 0 writes.
+    `extra_config` is merged into config.json (e.g. bos/eos token ids). Returns the files."""
+    out_dir = os.fspath(out_dir)
+    dt = np.dtype(dtype or cfg.param_dtype)
+    entries = tensor_map(cfg)
+    flat = dict(nnx.to_flat_state(params))
+    missing = [e.path for e in entries if e.path not in flat]
+    if missing:
+        raise HFError(f"params lack {missing[:5]} required by config {cfg.name!r}")
+    shards, size = [[]], 0
+    for e in entries:
+        nbytes = math.prod(e.hf_shape) * dt.itemsize
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append((e, dt))
+        size += nbytes
+    names = (["model.safetensors"] if len(shards) == 1 else
+             [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))])
+    writer = jax.process_index() == 0
+    if writer:
+        os.makedirs(out_dir, exist_ok=True)
+
+    def hf_array(e: _Entry) -> np.ndarray:
+        value = flat[e.path].get_value() if isinstance(flat[e.path], nnx.Variable) else flat[e.path]
+        ours = _to_host(value)
+        if ours.shape != e.shape:
+            raise HFError(f"param {'.'.join(map(str, e.path))}: shape {ours.shape} != "
+                          f"{e.shape} expected by config {cfg.name!r}")
+        return ours.transpose(np.argsort(e.perm)).reshape(e.hf_shape)
+
+    for name, shard in zip(names, shards):
+        if writer:
+            _write_safetensors(os.path.join(out_dir, name), shard, hf_array)
+        else:  # the gathers are collectives: take part without writing
+            for e, _ in shard:
+                hf_array(e)
+    if writer:
+        if len(shards) > 1:
+            total = sum(math.prod(e.hf_shape) * dt.itemsize for e in entries)
+            index = {"metadata": {"total_size": total},
+                     "weight_map": {e.hf_name: n for n, s in zip(names, shards) for e, _ in s}}
+            with open(os.path.join(out_dir, "model.safetensors.index.json"), "w") as f:
+                json.dump(index, f, indent=2)
+        hf_cfg = config_to_hf(cfg.replace(param_dtype=dt.name))
+        hf_cfg.update(extra_config or {})
+        with open(os.path.join(out_dir, "config.json"), "w") as f:
+            json.dump(hf_cfg, f, indent=2)
+    return [os.path.join(out_dir, n) for n in names]

@@ -1,0 +1,375 @@
+"""Policy-gradient objectives for LLMs: CISPO (ScaleRL), PPO-clip (GRPO, DAPO), GSPO, REINFORCE+TIS.
+
+All are pure functions of arrays with static Python hyper-parameters. They return
+``(loss, metrics)``: ``loss`` is an fp32 scalar to MINIMISE, ``metrics`` a dict of fp32 scalars.
+
+Inputs (N rows = sequences, T positions):
+
+* ``logp`` [N, T]: trainer log-probs of the taken tokens (differentiable; any float dtype).
+* ``behaviour_logp`` [N, T]: log-probs under the policy that sampled the tokens (the sampler), as
+  data. Every ratio here is ``rho = exp(logp - behaviour_logp)``, computed in fp32. This is
+  ScaleRL's pi_gen; for a classic PPO ratio against a recomputed pi_old, pass those log-probs.
+* ``advantages`` [N] (one per row, broadcast over T) or [N, T] (per token).
+* ``mask`` [N, T]: non-zero for policy-sampled completion tokens; 0 for prompt, padding and
+  forced (interruption) tokens. Treated as boolean.
+* ``prompt_index`` [N] int (optional except for aggregation='prompt'), with static
+  ``num_prompts``: rows outside [0, num_prompts) never count (so -1 can mark padding rows).
+* Optional ``ref_logp`` [N, T] (KL to a reference) and ``entropy`` [N, T] (per-token entropy of
+  the trainer policy, differentiable).
+
+The objective's per-token term is aggregated with `aggregation` (see ``rl/aggregation.py``:
+token / sequence / prompt / constant). With gradient accumulation, compute
+``token_weights(...)`` once over the WHOLE batch and pass each micro-batch its slice as
+``weights=`` (the aggregation arguments are then only used for the count metrics, and
+``normaliser`` is not reported): the micro-batch losses then sum to the full-batch loss, whereas
+per-micro-batch normalisers would not (prompt and token modes normalise across rows).
+
+Tokens that do not count never influence the loss or its gradient, even when their inputs are
+NaN or inf; an all-masked batch gives loss 0.0.
+``total = pg_loss + kl_coef * kl - entropy_coef * entropy``, all three aggregated the same way.
+
+Log-ratios are clamped to [-20, 20] before ``exp`` (as verl does) so that ratios stay finite; this
+only matters for |log rho| > 20, where the clamped ratio has zero gradient.
+
+Common metrics: ``tokens``, ``sequences``, ``prompts`` (when prompt_index is given),
+``normaliser`` (aggregation divisor), ``pg_loss``, ``ratio_mean`` / ``ratio_max`` (token mean /
+max over counted tokens of the ratio the objective uses), ``kl`` / ``entropy`` when given
+(aggregated like the loss), plus the objective's clip/cap fractions (token fractions).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+
+from scalerl_jax.rl.aggregation import (counted_mask, masked_max, masked_mean, token_weights,
+                                        weighted_sum)
+
+OBJECTIVES = ("cispo", "grpo", "dapo", "gspo", "tis")
+KL_ESTIMATORS = ("k1", "k3")
+LOG_RATIO_CLAMP = 20.0
+# Keyword names of `policy_loss` that share their name with a LossConfig field.
+HPARAM_NAMES = ("aggregation", "ratio_cap", "ratio_floor", "clip_eps_low", "clip_eps_high",
+                "dual_clip", "gspo_eps_low", "gspo_eps_high", "tis_cap", "kl_coef",
+                "kl_estimator", "entropy_coef")
+
+sg = jax.lax.stop_gradient
+
+
+class _Batch(NamedTuple):
+    logp: jax.Array  # fp32, 0 where not counted
+    behaviour_logp: jax.Array
+    advantages: jax.Array  # fp32 [N, T], 0 where not counted
+    counted: jax.Array  # bool [N, T]
+    weights: jax.Array  # aggregation weights [N, T]
+    metrics: dict
+
+
+def _f32(x, counted):
+    return jnp.where(counted, jnp.asarray(x).astype(jnp.float32), 0.0)
+
+
+def _prepare(logp, behaviour_logp, advantages, mask, prompt_index, num_prompts, aggregation,
+             max_length, weights, **optional) -> _Batch:
+    shape = tuple(jnp.shape(logp))
+    if len(shape) != 2:
+        raise ValueError(f"logp must be [N, T], got shape {shape}")
+    for name, x in (("behaviour_logp", behaviour_logp), ("mask", mask), ("weights", weights),
+                    *optional.items()):
+        if x is not None and tuple(jnp.shape(x)) != shape:
+            raise ValueError(f"{name} must have logp's shape {shape}, got {tuple(jnp.shape(x))}")
+    adv_shape = tuple(jnp.shape(advantages))
+    if adv_shape not in (shape, shape[:1]):
+        raise ValueError(f"advantages must be [N]=({shape[0]},) or [N, T]={shape}, got {adv_shape}")
+    agg_weights, metrics = token_weights(mask, prompt_index, aggregation=aggregation,
+                                         num_prompts=num_prompts, max_length=max_length)
+    counted = counted_mask(mask, prompt_index, num_prompts)
+    if weights is None:
+        weights = agg_weights
+    else:
+        # Weights computed over the whole batch and sliced per micro-batch: this call's own
+        # normaliser would be the micro-batch's, so it is not reported.
+        weights = sg(jnp.where(counted, jnp.asarray(weights).astype(jnp.float32), 0.0))
+        del metrics["normaliser"]
+    adv = jnp.asarray(advantages).astype(jnp.float32)
+    adv = jnp.broadcast_to(adv[:, None] if adv.ndim == 1 else adv, shape)
+    # Sanitising every input at uncounted positions keeps NaN out of the backward pass too
+    # (0 * inf in a product rule would otherwise leak through the weights).
+    return _Batch(_f32(logp, counted), _f32(behaviour_logp, counted), _f32(adv, counted),
+                  counted, weights, metrics)
+
+
+def _log_ratio(numerator, denominator):
+    return jnp.clip(numerator - denominator, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+
+
+def kl_penalty(logp: jax.Array, ref_logp: jax.Array, estimator: str = "k3") -> jax.Array:
+    """Per-token KL(pi_theta || pi_ref) estimate from samples of pi_theta, in fp32.
+
+    k1 = log pi - log pi_ref; k3 = exp(log pi_ref - log pi) - (log pi_ref - log pi) - 1 (>= 0,
+    Schulman's low-variance estimator; GRPO's choice). The difference is clamped like ratios.
+    """
+    if estimator not in KL_ESTIMATORS:
+        raise ValueError(f"kl_estimator={estimator!r}: must be one of {KL_ESTIMATORS}")
+    logp = jnp.asarray(logp).astype(jnp.float32)
+    ref_logp = jnp.asarray(ref_logp).astype(jnp.float32)
+    if estimator == "k1":
+        return logp - ref_logp
+    d = _log_ratio(ref_logp, logp)
+    return jnp.exp(d) - d - 1.0
+
+
+def _finish(b: _Batch, pg_tok, metrics, *, ref_logp, kl_coef, kl_estimator, entropy,
+            entropy_coef):
+    if kl_coef < 0 or entropy_coef < 0:
+        raise ValueError(f"kl_coef={kl_coef}, entropy_coef={entropy_coef}: must be >= 0")
+    if kl_estimator not in KL_ESTIMATORS:
+        raise ValueError(f"kl_estimator={kl_estimator!r}: must be one of {KL_ESTIMATORS}")
+    pg_loss = weighted_sum(pg_tok, b.weights)
+    loss = pg_loss
+    out = dict(b.metrics)
+    out.update(metrics)
+    out["pg_loss"] = pg_loss
+    if ref_logp is not None:
+        kl = weighted_sum(kl_penalty(b.logp, _f32(ref_logp, b.counted), kl_estimator), b.weights)
+        out["kl"] = kl
+        if kl_coef:
+            loss = loss + kl_coef * kl
+    elif kl_coef:
+        raise ValueError(f"kl_coef={kl_coef} needs ref_logp [N, T]")
+    if entropy is not None:
+        ent = weighted_sum(_f32(entropy, b.counted), b.weights)
+        out["entropy"] = ent
+        if entropy_coef:
+            loss = loss - entropy_coef * ent
+    elif entropy_coef:
+        raise ValueError(f"entropy_coef={entropy_coef} needs entropy [N, T]")
+    out["loss"] = loss
+    return loss, {k: jnp.asarray(v, jnp.float32) for k, v in out.items()}
+
+
+def _ratio_metrics(ratio, counted):
+    return {"ratio_mean": masked_mean(ratio, counted), "ratio_max": masked_max(ratio, counted)}
+
+
+def cispo_loss(logp, behaviour_logp, advantages, mask, prompt_index=None, *, aggregation: str,
+               num_prompts: Optional[int] = None, max_length: Optional[int] = None, weights=None,
+               ratio_cap: float = 4.0, ratio_floor: Optional[float] = None, ref_logp=None,
+               kl_coef: float = 0.0, kl_estimator: str = "k3", entropy=None,
+               entropy_coef: float = 0.0):
+    """CISPO (MiniMax-M1; ScaleRL's loss), per token ``-sg(w) * A * logp``.
+
+    ``w = min(rho, ratio_cap)``, or ``clip(rho, ratio_floor, ratio_cap)`` with a floor, and
+    ``rho = pi_theta / pi_behaviour`` in fp32; ``ratio_cap`` is an ABSOLUTE cap on rho (ScaleRL's
+    eps_max, TRL's ``epsilon_high`` for cispo), not an offset from 1 as in verl/slime's
+    ``clip(rho, 1 - lo, 1 + hi)``. ``ratio_floor`` (default none, as in the paper) is absolute too.
+    The gradient w.r.t. logp is ``-sg(w) * A * W`` with W the aggregation weights: every token
+    keeps its gradient, only its weight is capped.
+
+    Metrics: ``cap_frac`` (rho > ratio_cap), ``floor_frac`` (rho < ratio_floor; 0 without floor).
+    """
+    if not ratio_cap > 0:
+        raise ValueError(f"ratio_cap={ratio_cap}: must be > 0 (absolute cap on rho)")
+    if ratio_floor is not None and not 0 <= ratio_floor < ratio_cap:
+        raise ValueError(f"ratio_floor={ratio_floor}: must be in [0, ratio_cap={ratio_cap})")
+    b = _prepare(logp, behaviour_logp, advantages, mask, prompt_index, num_prompts, aggregation,
+                 max_length, weights, ref_logp=ref_logp, entropy=entropy)
+    rho = jnp.exp(_log_ratio(sg(b.logp), b.behaviour_logp))
+    w = jnp.minimum(rho, ratio_cap)
+    metrics = _ratio_metrics(rho, b.counted)
+    metrics["cap_frac"] = masked_mean(rho > ratio_cap, b.counted)
+    if ratio_floor is not None:
+        w = jnp.maximum(w, ratio_floor)
+        metrics["floor_frac"] = masked_mean(rho < ratio_floor, b.counted)
+    else:
+        metrics["floor_frac"] = jnp.float32(0.0)
+    pg_tok = -sg(w) * b.advantages * b.logp
+    return _finish(b, pg_tok, metrics, ref_logp=ref_logp, kl_coef=kl_coef,
+                   kl_estimator=kl_estimator, entropy=entropy, entropy_coef=entropy_coef)
+
+
+def _clipped_surrogate(ratio, adv, counted, eps_low, eps_high, dual_clip):
+    """PPO's pessimistic per-token loss max(-rho*A, -clip(rho, 1-lo, 1+hi)*A) (+ dual clip)."""
+    unclipped = -adv * ratio
+    clipped = -adv * jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high)
+    loss = jnp.maximum(unclipped, clipped)
+    low = (ratio < 1.0 - eps_low) & (adv < 0)
+    high = (ratio > 1.0 + eps_high) & (adv > 0)
+    metrics = {"clip_frac_low": masked_mean(low, counted),
+               "clip_frac_high": masked_mean(high, counted),
+               "clip_frac": masked_mean(low | high, counted)}
+    if dual_clip is not None:
+        # Dual clip (Ye et al. 2020; verl's clip_ratio_c): for A < 0 the loss is also bounded by
+        # -c*A, so a huge ratio on a bad token cannot blow up the update.
+        bound = -adv * dual_clip
+        dual = (adv < 0) & (bound < loss)
+        loss = jnp.where(dual, bound, loss)
+        metrics["dual_clip_frac"] = masked_mean(dual, counted)
+    else:
+        metrics["dual_clip_frac"] = jnp.float32(0.0)
+    return loss, metrics
+
+
+def _check_clip(name_low, low, name_high, high, dual_clip):
+    if not 0 <= low < 1:
+        raise ValueError(f"{name_low}={low}: must be in [0, 1)")
+    if not high >= 0:
+        raise ValueError(f"{name_high}={high}: must be >= 0")
+    if dual_clip is not None and not dual_clip > 1:
+        raise ValueError(f"dual_clip={dual_clip}: must be > 1")
+
+
+def ppo_clip_loss(logp, behaviour_logp, advantages, mask, prompt_index=None, *, aggregation: str,
+                  num_prompts: Optional[int] = None, max_length: Optional[int] = None, weights=None,
+                  clip_eps_low: float = 0.2, clip_eps_high: float = 0.2,
+                  dual_clip: Optional[float] = None, ref_logp=None, kl_coef: float = 0.0,
+                  kl_estimator: str = "k3", entropy=None, entropy_coef: float = 0.0):
+    """PPO-clip per token: ``max(-rho*A, -clip(rho, 1 - clip_eps_low, 1 + clip_eps_high)*A)``.
+
+    The eps are offsets from 1 (verl's clip_ratio_low/high, TRL's epsilon/epsilon_high). With
+    ``dual_clip=c`` (> 1) tokens with A < 0 are further bounded: ``min(that, -c*A)`` (verl).
+    Metrics: ``clip_frac_low`` (rho < 1-lo and A < 0), ``clip_frac_high`` (rho > 1+hi and A > 0),
+    ``clip_frac`` (either: tokens whose gradient clipping zeroed), ``dual_clip_frac``.
+    """
+    _check_clip("clip_eps_low", clip_eps_low, "clip_eps_high", clip_eps_high, dual_clip)
+    b = _prepare(logp, behaviour_logp, advantages, mask, prompt_index, num_prompts, aggregation,
+                 max_length, weights, ref_logp=ref_logp, entropy=entropy)
+    rho = jnp.exp(_log_ratio(b.logp, b.behaviour_logp))
+    pg_tok, metrics = _clipped_surrogate(rho, b.advantages, b.counted, clip_eps_low,
+                                         clip_eps_high, dual_clip)
+    metrics.update(_ratio_metrics(rho, b.counted))
+    return _finish(b, pg_tok, metrics, ref_logp=ref_logp, kl_coef=kl_coef,
+                   kl_estimator=kl_estimator, entropy=entropy, entropy_coef=entropy_coef)
+
+
+def grpo_loss(logp, behaviour_logp, advantages, mask, prompt_index=None, *, aggregation: str,
+              num_prompts: Optional[int] = None, max_length: Optional[int] = None, weights=None,
+              clip_eps: float = 0.2, dual_clip: Optional[float] = None, ref_logp=None,
+              kl_coef: float = 0.0, kl_estimator: str = "k3", entropy=None,
+              entropy_coef: float = 0.0):
+    """GRPO (DeepSeekMath): symmetric PPO-clip with ``clip_eps``; the paper aggregates by
+    'sequence' and uses k3 KL. See `ppo_clip_loss`."""
+    return ppo_clip_loss(logp, behaviour_logp, advantages, mask, prompt_index,
+                         aggregation=aggregation, num_prompts=num_prompts,
+                         max_length=max_length, weights=weights, clip_eps_low=clip_eps,
+                         clip_eps_high=clip_eps, dual_clip=dual_clip, ref_logp=ref_logp,
+                         kl_coef=kl_coef, kl_estimator=kl_estimator, entropy=entropy,
+                         entropy_coef=entropy_coef)
+
+
+def dapo_loss(logp, behaviour_logp, advantages, mask, prompt_index=None, *, aggregation: str,
+              num_prompts: Optional[int] = None, max_length: Optional[int] = None, weights=None,
+              clip_eps_low: float = 0.2, clip_eps_high: float = 0.28,
+              dual_clip: Optional[float] = None, ref_logp=None, kl_coef: float = 0.0,
+              kl_estimator: str = "k3", entropy=None, entropy_coef: float = 0.0):
+    """DAPO clip-higher: PPO-clip with eps_low 0.2, eps_high 0.28 (ScaleRL's DAPO baseline: 0.26);
+    DAPO aggregates by 'token'. See `ppo_clip_loss`."""
+    return ppo_clip_loss(logp, behaviour_logp, advantages, mask, prompt_index,
+                         aggregation=aggregation, num_prompts=num_prompts,
+                         max_length=max_length, weights=weights, clip_eps_low=clip_eps_low,
+                         clip_eps_high=clip_eps_high, dual_clip=dual_clip, ref_logp=ref_logp,
+                         kl_coef=kl_coef, kl_estimator=kl_estimator, entropy=entropy,
+                         entropy_coef=entropy_coef)
+
+
+def gspo_loss(logp, behaviour_logp, advantages, mask, prompt_index=None, *, aggregation: str,
+              num_prompts: Optional[int] = None, max_length: Optional[int] = None, weights=None,
+              eps_low: float = 3e-3, eps_high: float = 4e-3, ref_logp=None,
+              kl_coef: float = 0.0, kl_estimator: str = "k3", entropy=None,
+              entropy_coef: float = 0.0):
+    """GSPO: PPO-clip on the sequence ratio ``s_i = exp(mean_t(logp - behaviour_logp))``.
+
+    Implemented in the GSPO paper's token form (GSPO-token): per token
+    ``s_it = sg(s_i) * pi_theta(y_it) / sg(pi_theta(y_it))`` (value s_i, gradient
+    s_i * grad logp_it)
+    and the per-token loss ``max(-s_it*A_it, -clip(s_it, 1 - eps_low, 1 + eps_high)*A_it)``.
+    With per-row advantages this has the same value and gradient as the sequence form (the loss
+    min(s_i A_i, clip(s_i) A_i) broadcast to every token of row i, as TRL's
+    importance_sampling_level='sequence' does) under every aggregation mode, because each mode
+    weights all tokens of a row equally; with aggregation='sequence' it is the GSPO paper's
+    objective (mean over sequences). Per-token advantages are allowed (GSPO-token proper).
+    The sequence mean is over counted tokens; its log is clamped to [-20, 20].
+
+    Metrics: ``ratio_mean``/``ratio_max`` are of s_i over counted tokens; clip fractions as PPO's.
+    """
+    _check_clip("eps_low", eps_low, "eps_high", eps_high, None)
+    b = _prepare(logp, behaviour_logp, advantages, mask, prompt_index, num_prompts, aggregation,
+                 max_length, weights, ref_logp=ref_logp, entropy=entropy)
+    n = jnp.maximum(b.counted.sum(axis=1), 1).astype(jnp.float32)
+    seq_log_ratio = _log_ratio(jnp.sum(b.logp - b.behaviour_logp, axis=1) / n, 0.0)
+    s = jnp.exp(sg(seq_log_ratio)[:, None] + b.logp - sg(b.logp))
+    pg_tok, metrics = _clipped_surrogate(s, b.advantages, b.counted, eps_low, eps_high, None)
+    del metrics["dual_clip_frac"]
+    metrics.update(_ratio_metrics(s, b.counted))
+    return _finish(b, pg_tok, metrics, ref_logp=ref_logp, kl_coef=kl_coef,
+                   kl_estimator=kl_estimator, entropy=entropy, entropy_coef=entropy_coef)
+
+
+def tis_loss(logp, behaviour_logp, advantages, mask, prompt_index=None, *, aggregation: str,
+             num_prompts: Optional[int] = None, max_length: Optional[int] = None, weights=None,
+             tis_cap: float = 5.0, old_logp=None, ref_logp=None, kl_coef: float = 0.0,
+             kl_estimator: str = "k3", entropy=None, entropy_coef: float = 0.0):
+    """REINFORCE with truncated importance sampling: per token ``-w * A * logp``,
+    ``w = sg(min(pi_old / pi_behaviour, tis_cap))`` (Yao et al. 2025; PipelineRL caps at 5).
+
+    pi_old is the trainer's policy at the parameters that the step starts from. When the batch
+    gets a single optimiser step (PipelineRL, ScaleRL's sync/pipeline modes), pi_old and
+    pi_theta are the same parameters, so ``old_logp=None`` uses ``sg(logp)``: then w corrects
+    exactly the sampler/trainer mismatch and the loss equals `cispo_loss` with
+    ``ratio_cap=tis_cap`` (value and gradient). Pass ``old_logp`` (trainer log-probs recomputed
+    before the first of several updates on one batch) to keep w fixed across those updates.
+
+    Metrics: ``tis_frac`` (pi_old/pi_behaviour > tis_cap); ratio metrics are of that ratio.
+    """
+    if not tis_cap > 0:
+        raise ValueError(f"tis_cap={tis_cap}: must be > 0")
+    b = _prepare(logp, behaviour_logp, advantages, mask, prompt_index, num_prompts, aggregation,
+                 max_length, weights, old_logp=old_logp, ref_logp=ref_logp,
+                 entropy=entropy)
+    old = b.logp if old_logp is None else _f32(old_logp, b.counted)
+    ratio = jnp.exp(_log_ratio(sg(old), b.behaviour_logp))
+    w = sg(jnp.minimum(ratio, tis_cap))
+    metrics = _ratio_metrics(ratio, b.counted)
+    metrics["tis_frac"] = masked_mean(ratio > tis_cap, b.counted)
+    pg_tok = -w * b.advantages * b.logp
+    return _finish(b, pg_tok, metrics, ref_logp=ref_logp, kl_coef=kl_coef,
+                   kl_estimator=kl_estimator, entropy=entropy, entropy_coef=entropy_coef)
+
+
+def policy_loss(objective: str, logp, behaviour_logp, advantages, mask, prompt_index=None, *,
+                aggregation: str, num_prompts: Optional[int] = None,
+                max_length: Optional[int] = None, weights=None, ratio_cap: float = 4.0,
+                ratio_floor: Optional[float] = None, clip_eps_low: float = 0.2,
+                clip_eps_high: float = 0.2, dual_clip: Optional[float] = None,
+                gspo_eps_low: float = 3e-3, gspo_eps_high: float = 4e-3, tis_cap: float = 5.0,
+                old_logp=None, ref_logp=None, kl_coef: float = 0.0, kl_estimator: str = "k3",
+                entropy=None, entropy_coef: float = 0.0):
+    """Dispatch to one objective by name; keyword names equal LossConfig's fields.
+
+    ``objective`` in ("cispo", "grpo", "dapo", "gspo", "tis"). Hyper-parameters the objective
+    does not use are ignored, so a train step can pass all of ``HPARAM_NAMES`` from its
+    LossConfig. 'grpo' is the symmetric clip and rejects clip_eps_low != clip_eps_high (use
+    'dapo'). Mark everything but the arrays static under jit, e.g.
+    ``jax.jit(policy_loss, static_argnums=0, static_argnames=(...))``.
+    """
+    common = dict(aggregation=aggregation, num_prompts=num_prompts, max_length=max_length,
+                  weights=weights,
+                  ref_logp=ref_logp, kl_coef=kl_coef, kl_estimator=kl_estimator,
+                  entropy=entropy, entropy_coef=entropy_coef)
+    args = (logp, behaviour_logp, advantages, mask, prompt_index)
+    if objective == "cispo":
+        return cispo_loss(*args, ratio_cap=ratio_cap, ratio_floor=ratio_floor, **common)
+    if objective == "grpo":
+        if clip_eps_low != clip_eps_high:
+            raise ValueError(f"objective='grpo' clips symmetrically but clip_eps_low="
+                             f"{clip_eps_low} != clip_eps_high={clip_eps_high}; use 'dapo'")
+        return grpo_loss(*args, clip_eps=clip_eps_low, dual_clip=dual_clip, **common)
+    if objective == "dapo":
+        return dapo_loss(*args, clip_eps_low=clip_eps_low, clip_eps_high=clip_eps_high,
+                         dual_clip=dual_clip, **common)
+    if objective == "gspo":
+        return gspo_loss(*args, eps_low=gspo_eps_low, eps_high=gspo_eps_high, **common)
+    if objective == "tis":
+        return tis_loss(*args, tis_cap=tis_cap, old_logp=old_logp, **common)
+    raise ValueError(f"objective={objective!r}: must be one of {OBJECTIVES}")

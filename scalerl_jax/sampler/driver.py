@@ -1,0 +1,387 @@
+"""The sampler driver: continuous batching over a prompt stream, groups, interruptions, and
+in-flight weight updates, on top of `Engine`.
+
+One loop, run in a background thread (`start`) or in the caller's (`run` / `step`):
+  1. apply a pending `update_params` (a reference swap: KV caches are kept, nothing recompiles);
+  2. refill every free slot: the remaining samples of a partly inserted group first, else the next
+     prompt, prefilled once (padded to a power-of-two length bucket, so prefill compiles at most
+     log2(max_prefill_length) times) and bulk-inserted into up to G slots;
+  3. one `generate` call (`decode_steps_per_call` steps) and one host copy of its tokens;
+  4. per slot, per token: record token, log-prob, forced flag and params version; end the sample
+     on eos or its hard cap; interrupt it at its thinking budget.
+
+Interruptions (DESIGN.md). Each sample draws a thinking budget in [think_min, think_max]
+(generated tokens, counted from the first one: thinking is taken to be open from the start of
+the completion). If the think-close marker has not appeared among the first `budget` tokens, the
+phrase is queued as forced tokens and the sample gets at most `answer_budget` tokens after the
+phrase. The hard cap is min(max_new_tokens, room left in the KV cache); reaching it is
+"truncated". When a multi-step generate call ran past the budget, the slot is rewound to it (the
+extra tokens are dropped; exact, since entries past a slot's length are never read).
+
+Groups are emitted when all G samples are done, to `on_group` or to an internal bounded queue
+read with `get` / iteration. An exception in the driver thread (bad prompt, model error,
+callback error) stops the loop and is re-raised, as `DriverError` from the original, by the next
+`get`, iteration, `update_params` or `join` in the caller.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import queue
+import threading
+import time
+from typing import Any, Callable, Iterable, NamedTuple, Optional, Sequence
+
+import jax
+import numpy as np
+
+from scalerl_jax.config import SamplerConfig
+from scalerl_jax.sampler.engine import Engine
+from scalerl_jax.sampler.types import Completion, Group
+
+log = logging.getLogger(__name__)
+
+
+class Prompt(NamedTuple):
+    prompt_id: str
+    tokens: Sequence[int]
+    metadata: dict = {}
+
+
+class PromptTooLongError(ValueError):
+    """A prompt exceeds max_prefill_length and truncation is off."""
+
+
+class DriverError(RuntimeError):
+    """The driver thread failed; `__cause__` is the original exception."""
+
+
+def prefill_buckets(max_prefill_length: int, min_bucket: int = 16) -> list[int]:
+    """Padded prefill lengths: powers of two from min_bucket, capped by max_prefill_length."""
+    out, b = [], min_bucket
+    while b < max_prefill_length:
+        out.append(b)
+        b *= 2
+    return out + [max_prefill_length]
+
+
+@dataclasses.dataclass
+class _GroupWork:
+    prompt_id: str
+    tokens: np.ndarray
+    metadata: dict
+    truncated: bool
+    completions: list
+    prefix: Any = None  # device prefix, held until all G samples are inserted
+    inserted: int = 0
+    done: int = 0
+
+
+@dataclasses.dataclass
+class _Sample:
+    group: _GroupWork
+    index: int
+    cap: int  # hard cap on generated tokens
+    budget: Optional[int]  # thinking budget; None: no interruption
+    tokens: list = dataclasses.field(default_factory=list)
+    logprobs: list = dataclasses.field(default_factory=list)
+    forced: list = dataclasses.field(default_factory=list)
+    versions: list = dataclasses.field(default_factory=list)
+    think_open: bool = True
+    interrupted: bool = False
+
+
+class Driver:
+    """Continuous-batching sampler loop. See the module docstring.
+
+    prompts: iterable of `Prompt` or (prompt_id, token ids[, metadata]) tuples.
+    eos_ids / think_close_ids / phrase_ids: token ids, encoded by the caller's tokenizer.
+    continuous=False gives static batching (refill only when every slot is free): a baseline.
+    cfg: the driver-side fields (interruptions, think_min/max, answer_budget, max_new_tokens,
+    truncate_long_prompts) are read from it; default `engine.cfg`. Everything compiled (slots,
+    lengths, sampling) is the engine's, so drivers with different policies can share one engine.
+    """
+
+    def __init__(self, engine: Engine, params, prompts: Iterable, *, group_size: int,
+                 eos_ids: Sequence[int], think_close_ids: Sequence[int] = (),
+                 phrase_ids: Sequence[int] = (), version: int = 0,
+                 on_group: Optional[Callable[[Group], None]] = None, max_queued_groups: int = 64,
+                 seed: int = 0, continuous: bool = True, min_prefill_bucket: int = 16,
+                 cfg: Optional[SamplerConfig] = None):
+        cfg = engine.cfg if cfg is None else cfg
+        if group_size < 1:
+            raise ValueError(f"group_size={group_size} must be >= 1")
+        self._phrase = [int(t) for t in phrase_ids]
+        if cfg.interruptions:
+            if not self._phrase:
+                raise ValueError("SamplerConfig.interruptions is on but phrase_ids is empty: "
+                                 "pass the encoded interruption_phrase")
+            if len(self._phrase) > engine.max_forced_tokens:
+                raise ValueError(f"phrase_ids has {len(self._phrase)} tokens > engine "
+                                 f"max_forced_tokens={engine.max_forced_tokens}")
+        self.engine, self.cfg, self.group_size = engine, cfg, group_size
+        self._eos = frozenset(int(t) for t in eos_ids)
+        self._close = [int(t) for t in think_close_ids]
+        self._prompts = iter(prompts)
+        self._buckets = prefill_buckets(engine.max_prefill_length, min_prefill_bucket)
+        self._rng = np.random.default_rng(seed)
+        self._continuous = continuous
+        self._on_group = on_group
+        self._out: queue.Queue = queue.Queue(max_queued_groups)
+
+        self._params = engine.load_params(params)
+        self.version = int(version)
+        self._pending = None
+        self._lock = threading.Lock()
+        self._state = engine.init_decode_state()
+        self._slots: list[Optional[_Sample]] = [None] * engine.max_concurrent_decodes
+        self._partial: Optional[_GroupWork] = None
+        self._exhausted = False
+
+        self._thread: Optional[threading.Thread] = None
+        self._stop = threading.Event()
+        self._finished = threading.Event()
+        self._error: Optional[BaseException] = None
+        self.stats = dict.fromkeys(
+            ("prompts", "groups", "completions", "finish_eos", "finish_interrupted",
+             "finish_truncated", "interrupted", "truncated_prompts", "prefills",
+             "generate_calls", "decode_steps", "slot_steps", "tokens", "forced_tokens",
+             "weight_updates"), 0)
+        self.stats.update(time_generate=0.0, time_prefill=0.0, time_host=0.0)
+
+    # -- caller side ----------------------------------------------------------------------------
+    def update_params(self, params, version: int) -> None:
+        """Thread-safe: the new params take effect before the next generate call. Only the
+        latest pending update is kept. Validated and placed on the sampler mesh here, in the
+        caller's thread."""
+        self._raise_if_failed()
+        params = self.engine.load_params(params)
+        with self._lock:
+            self._pending = (params, int(version))
+
+    def start(self) -> "Driver":
+        if self._thread is not None:
+            raise RuntimeError("Driver.start() called twice")
+        self._thread = threading.Thread(target=self._thread_main, name="sampler-driver",
+                                        daemon=True)
+        self._thread.start()
+        return self
+
+    def get(self, timeout: Optional[float] = None) -> Optional[Group]:
+        """Next completed group; None once every prompt is done. Raises DriverError if the
+        driver failed, TimeoutError after `timeout` seconds without a group."""
+        if self._thread is None and not self._finished.is_set():
+            raise RuntimeError("Driver.get() before start(): nothing would ever produce a group")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            self._raise_if_failed()
+            try:
+                return self._out.get(timeout=0.05)
+            except queue.Empty:
+                pass
+            if self._finished.is_set() and self._out.empty():
+                self._raise_if_failed()
+                return None
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"no group from the sampler driver within {timeout} s "
+                                   f"(stats: {self.stats})")
+
+    def __iter__(self):
+        while (group := self.get()) is not None:
+            yield group
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop after the current step; samples in flight are dropped."""
+        self._stop.set()
+        self.join(timeout)
+
+    def join(self, timeout: float = 30.0) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                raise TimeoutError(f"sampler driver thread still running after {timeout} s")
+        self._raise_if_failed()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    @property
+    def utilisation(self) -> float:
+        """Useful tokens / slot-steps: the fraction of decode compute that produced tokens."""
+        return self.stats["tokens"] / max(self.stats["slot_steps"], 1)
+
+    def _raise_if_failed(self):
+        if self._error is not None:
+            raise DriverError(f"sampler driver failed: {self._error!r}") from self._error
+
+    # -- the loop -------------------------------------------------------------------------------
+    def _thread_main(self):
+        try:
+            self.run()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller, not swallowed
+            log.exception("sampler driver failed")
+            self._error = e
+        finally:
+            self._finished.set()
+
+    def run(self) -> None:
+        """Loop until every prompt is done or `stop` is called."""
+        while not self._stop.is_set() and self.step():
+            pass
+        self._finished.set()
+
+    def step(self) -> bool:
+        """One round (update, refill, generate, record). False once all work is done."""
+        with self._lock:
+            pending, self._pending = self._pending, None
+        if pending is not None:
+            self._params, self.version = pending
+            self.stats["weight_updates"] += 1
+        self._fill()
+        if all(s is None for s in self._slots):
+            return False  # _fill found no prompt left
+        version = self.version
+        t0 = time.perf_counter()
+        self._state, res = self.engine.generate(self._params, self._state)
+        res = jax.device_get(res)
+        t1 = time.perf_counter()
+        self._record(res, version)
+        k, b = res.tokens.shape
+        self.stats["generate_calls"] += 1
+        self.stats["decode_steps"] += k
+        self.stats["slot_steps"] += k * b
+        self.stats["time_generate"] += t1 - t0
+        self.stats["time_host"] += time.perf_counter() - t1
+        return True
+
+    def _fill(self):
+        free = [i for i, s in enumerate(self._slots) if s is None]
+        if not self._continuous and len(free) < len(self._slots):
+            return
+        while free:
+            if self._partial is None:
+                self._partial = self._next_group()
+                if self._partial is None:
+                    return
+            g = self._partial
+            take, free = free[:self.group_size - g.inserted], free[self.group_size - g.inserted:]
+            self._state = self.engine.bulk_insert(g.prefix, self._state, take)
+            cap = min(self.cfg.max_new_tokens, self.engine.max_target_length - len(g.tokens) + 1)
+            for slot in take:
+                budget = None
+                if self.cfg.interruptions:
+                    budget = int(self._rng.integers(self.cfg.think_min, self.cfg.think_max + 1))
+                self._slots[slot] = _Sample(g, g.inserted, cap, budget)
+                g.inserted += 1
+            if g.inserted == self.group_size:
+                g.prefix, self._partial = None, None
+
+    def _next_group(self) -> Optional[_GroupWork]:
+        if self._exhausted:
+            return None
+        try:
+            item = next(self._prompts)
+        except StopIteration:
+            self._exhausted = True
+            return None
+        prompt_id, tokens, metadata = (tuple(item) + ({},))[:3]
+        tokens = np.asarray(tokens, np.int32).reshape(-1)
+        limit = self.engine.max_prefill_length
+        if len(tokens) == 0:
+            raise ValueError(f"prompt {prompt_id!r} has no tokens")
+        truncated = len(tokens) > limit
+        if truncated:
+            if not self.cfg.truncate_long_prompts:
+                raise PromptTooLongError(
+                    f"prompt {prompt_id!r} has {len(tokens)} tokens > max_prefill_length={limit}"
+                    f" (set SamplerConfig.truncate_long_prompts=True to keep its last {limit})")
+            # Keep the end: it holds the question and the chat template's generation prompt.
+            tokens = tokens[-limit:]
+            self.stats["truncated_prompts"] += 1
+        n = len(tokens)
+        padded = np.zeros((next(b for b in self._buckets if b >= n),), np.int32)
+        padded[:n] = tokens
+        t0 = time.perf_counter()
+        prefix = self.engine.prefill(self._params, padded, n)
+        self.stats["time_prefill"] += time.perf_counter() - t0
+        self.stats["prefills"] += 1
+        self.stats["prompts"] += 1
+        return _GroupWork(str(prompt_id), tokens, dict(metadata or {}), truncated,
+                          [None] * self.group_size, prefix)
+
+    def _record(self, res, version: int):
+        k_steps = res.tokens.shape[0]
+        for slot, smp in enumerate(self._slots):
+            if smp is None:
+                continue
+            for k in range(k_steps):
+                if not res.valid[k, slot]:  # cache full: the cap normally ends it first
+                    self._finish(slot, smp, "truncated")
+                    break
+                tok, forced = int(res.tokens[k, slot]), bool(res.forced[k, slot])
+                smp.tokens.append(tok)
+                smp.logprobs.append(res.logprobs[k, slot])
+                smp.forced.append(forced)
+                smp.versions.append(version)
+                self.stats["tokens"] += 1
+                self.stats["forced_tokens"] += forced
+                n = len(smp.tokens)
+                if self._close and smp.think_open and smp.tokens[-len(self._close):] == self._close:
+                    smp.think_open = False
+                if not forced and tok in self._eos:
+                    self._finish(slot, smp, "interrupted" if smp.interrupted else "eos")
+                    break
+                if n >= smp.cap:
+                    self._finish(slot, smp, "truncated")
+                    break
+                if smp.budget == n and smp.think_open and not smp.interrupted:
+                    self._interrupt(slot, smp, rewind=k < k_steps - 1)
+                    break
+
+    def _interrupt(self, slot: int, smp: _Sample, rewind: bool):
+        smp.interrupted = True
+        smp.cap = min(smp.cap, len(smp.tokens) + len(self._phrase) + self.cfg.answer_budget)
+        self.stats["interrupted"] += 1
+        if rewind:  # this call ran past the budget: drop those steps
+            length = len(smp.group.tokens) - 1 + len(smp.tokens)
+            self._state = self.engine.rewind(self._state, slot, length, smp.tokens[-1])
+        self._state = self.engine.force_tokens(self._state, slot, self._phrase)
+
+    def _finish(self, slot: int, smp: _Sample, reason: str):
+        g = smp.group
+        g.completions[smp.index] = Completion(
+            tokens=np.asarray(smp.tokens, np.int32),
+            logprobs=np.asarray(smp.logprobs, np.float32),
+            forced=np.asarray(smp.forced, bool), versions=np.asarray(smp.versions, np.int32),
+            finish_reason=reason, interrupted=smp.interrupted)
+        self._slots[slot] = None
+        self._state = self.engine.free_resource(self._state, slot)
+        self.stats["completions"] += 1
+        self.stats[f"finish_{reason}"] += 1
+        g.done += 1
+        if g.done == self.group_size:
+            self.stats["groups"] += 1
+            self._emit(Group(g.prompt_id, g.tokens, g.completions, g.metadata, g.truncated))
+
+    def _emit(self, group: Group):
+        if self._on_group is not None:
+            self._on_group(group)
+            return
+        if threading.current_thread() is not self._thread:  # run()/step() in the caller's thread
+            try:
+                self._out.put_nowait(group)
+            except queue.Full:
+                raise RuntimeError(
+                    f"Driver output queue full ({self._out.maxsize} groups) while stepping in "
+                    "the caller's thread: read groups with get() between steps, pass on_group, "
+                    "or raise max_queued_groups") from None
+            return
+        while not self._stop.is_set():  # back-pressure: wait for the consumer, but stay stoppable
+            try:
+                self._out.put(group, timeout=0.1)
+                return
+            except queue.Full:
+                pass

@@ -1,0 +1,340 @@
+"""The JetStream Engine API, implemented in-house for our Flax decoder.
+
+A decode state holds `max_concurrent_decodes` slots, each with its own KV cache rows, length,
+next input token, PRNG key and forced-token queue, sharded over the sampler mesh (slots over
+`data`, KV heads over `tensor`). Every function is jitted once per static shape: `generate` has
+one program, `prefill` and `bulk_insert` one per prompt-length bucket.
+
+Slot invariant: the cache holds the slot's first `lengths` tokens; `next_token` is the token after
+them, not yet in the cache. A generate step feeds `next_token` at position `lengths`, samples (or
+takes the forced token) from the resulting logits, and makes the emitted token the next input.
+
+Differences from JetStream, on purpose:
+* `prefill` returns only the prefix (the KV of all prompt tokens but the last, and that last
+  token); the first generated token comes from the first `generate` step. This is what lets one
+  prefill serve the G slots of a group: each slot samples its own first token with its own key,
+  under the same params version and forced-token rules as every later token.
+* `params` is an argument of `generate`, so a weight update is a reference swap between two calls:
+  same shapes and shardings, no recompilation, KV caches kept (PipelineRL).
+* functions are pure: `insert`, `free_resource`, ... return the new decode state.
+* extra slot operations for the driver: `force_tokens` (queue tokens that are emitted and fed back
+  instead of samples, flagged as forced) and `rewind` (move a slot back to an earlier length, e.g.
+  when a multi-step `generate` call ran past an interruption point; entries past the length are
+  never read, so this is exact).
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from scalerl_jax import mesh as mesh_lib
+from scalerl_jax.config import ModelConfig, SamplerConfig
+from scalerl_jax.models.transformer import CACHE_AXES, KVCache, Transformer, init_cache
+from scalerl_jax.sampler import sampling
+
+
+class Prefix(NamedTuple):
+    """A prefilled prompt, ready to be inserted into any number of slots."""
+
+    cache: KVCache  # per layer [1, T, KV, hd], T = the padded (bucket) length
+    length: jax.Array  # () int32: prompt tokens in the cache (true_length - 1)
+    last_token: jax.Array  # () int32: the prompt's last token, fed by the first generate step
+
+
+class DecodeState(NamedTuple):
+    cache: KVCache  # per layer [B, S, KV, hd]
+    lengths: jax.Array  # [B] int32: tokens in the cache = position of the next fed token
+    next_token: jax.Array  # [B] int32
+    active: jax.Array  # [B] bool: slot holds a live sequence with room in its cache
+    rng: jax.Array  # [B, 2] uint32: one PRNG key per slot
+    queue: jax.Array  # [B, Q] int32: forced tokens, head first
+    queue_len: jax.Array  # [B] int32
+
+
+class ResultTokens(NamedTuple):
+    """One `generate` call's output, [K, B] for K = decode steps per call. Host-copy it once
+    with `jax.device_get`."""
+
+    tokens: jax.Array  # int32
+    logprobs: jax.Array  # fp32, see sampling.py for which distribution
+    forced: jax.Array  # bool: taken from the forced-token queue, not sampled
+    valid: jax.Array  # bool: the slot was active at that step
+
+
+class EngineError(ValueError):
+    """Bad input to the engine. The message names the argument and the numbers."""
+
+
+BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+
+
+@contextlib.contextmanager
+def count_compilations():
+    """Counts XLA backend compilations (any function) while the block runs: yields a list whose
+    length is the count, so it can be read during and after the block."""
+    events: list = []
+
+    def listener(event, duration, **kw):
+        if event == BACKEND_COMPILE_EVENT:
+            events.append(kw.get("fun_name", "?"))
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        yield events
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+
+
+class Engine:
+    """Decode slots over one host-local sampler mesh for a `Transformer` of `model_cfg`."""
+
+    def __init__(self, model_cfg: ModelConfig, mesh: Mesh, cfg: SamplerConfig = SamplerConfig(),
+                 *, max_forced_tokens: int = 64, seed: int = 0, cache_dtype=None):
+        if max_forced_tokens <= 0:
+            raise EngineError(f"max_forced_tokens={max_forced_tokens} must be > 0")
+        self.model_cfg, self.cfg, self._mesh = model_cfg, cfg, mesh
+        self.max_forced_tokens = max_forced_tokens
+        self.seed = seed
+        self.cache_dtype = jnp.dtype(cache_dtype or model_cfg.compute_dtype)
+        abstract = nnx.eval_shape(lambda: Transformer(model_cfg, nnx.Rngs(params=0)))
+        self.graphdef, self.abstract_params = nnx.split(abstract)
+        self.param_shardings = mesh_lib.state_shardings(self.abstract_params, mesh)
+        self._param_struct = jax.tree.structure(self.abstract_params)
+        self.traces: dict[str, int] = {}  # trace (= compile) count per jitted function
+
+        b, s, q = cfg.max_concurrent_decodes, cfg.max_target_length, max_forced_tokens
+        kv_shape = (b, s, model_cfg.num_kv_heads, model_cfg.dim_per_head)
+        slot = mesh_lib.named(mesh, "cache_batch", shape=(b,))
+        slot2 = mesh_lib.named(mesh, "cache_batch", None, shape=(b, 2))
+        cache_sh = mesh_lib.named(mesh, *CACHE_AXES, shape=kv_shape)
+        layers = model_cfg.num_layers
+        self.state_shardings = DecodeState(
+            cache=KVCache((cache_sh,) * layers, (cache_sh,) * layers), lengths=slot,
+            next_token=slot, active=slot, rng=slot2,
+            queue=mesh_lib.named(mesh, "cache_batch", None, shape=(b, q)), queue_len=slot)
+        self._replicated = NamedSharding(mesh, PartitionSpec())
+
+        st, rep = self.state_shardings, self._replicated
+        self._init = jax.jit(self._traced("init_decode_state", self._init_impl), out_shardings=st)
+        self._generate = jax.jit(self._traced("generate", self._generate_impl),
+                                 in_shardings=(self.param_shardings, st),
+                                 out_shardings=(st, rep), donate_argnums=(1,))
+        self._prefill = jax.jit(self._traced("prefill", self._prefill_impl),
+                                in_shardings=(self.param_shardings, rep, rep),
+                                out_shardings=self.get_prefix_destination_sharding())
+        self._insert = jax.jit(self._traced("bulk_insert", self._insert_impl),
+                               out_shardings=st, donate_argnums=(1,))
+        self._set_slot = jax.jit(self._traced("slot_update", self._set_slot_impl),
+                                 out_shardings=st, donate_argnums=(0,))
+
+    # -- JetStream properties -------------------------------------------------------------------
+    @property
+    def max_concurrent_decodes(self) -> int:
+        return self.cfg.max_concurrent_decodes
+
+    @property
+    def max_prefill_length(self) -> int:
+        return self.cfg.max_prefill_length
+
+    @property
+    def max_target_length(self) -> int:
+        return self.cfg.max_target_length
+
+    @property
+    def samples_per_slot(self) -> int:
+        return 1
+
+    @property
+    def decode_steps_per_call(self) -> int:
+        return self.cfg.decode_steps_per_call
+
+    @property
+    def mesh(self) -> Mesh:
+        return self._mesh
+
+    # -- JetStream methods ----------------------------------------------------------------------
+    def load_params(self, params):
+        """Validate params against the model's structure, shapes and dtypes and place them with
+        exactly the engine's shardings (a no-op for arrays already there), so `generate` never
+        recompiles for them."""
+        if jax.tree.structure(params) != self._param_struct:
+            raise EngineError("params tree does not match the engine's model "
+                              f"({self.model_cfg.name}): got {jax.tree.structure(params)}")
+        for (path, want), got in zip(jax.tree.leaves_with_path(self.abstract_params),
+                                     jax.tree.leaves(params)):
+            if tuple(got.shape) != tuple(want.shape) or got.dtype != want.dtype:
+                raise EngineError(f"param {jax.tree_util.keystr(path)} is {got.dtype}"
+                                  f"{list(got.shape)}, the engine expects {want.dtype}"
+                                  f"{list(want.shape)}")
+        return jax.device_put(params, self.param_shardings)
+
+    def init_decode_state(self) -> DecodeState:
+        return self._init()
+
+    def get_prefix_destination_sharding(self) -> Prefix:
+        kv = mesh_lib.named(self._mesh, None, "cache_seq", "kv_heads", "head_dim",
+                            shape=(1, 1, self.model_cfg.num_kv_heads, self.model_cfg.dim_per_head))
+        layers = self.model_cfg.num_layers
+        return Prefix(KVCache((kv,) * layers, (kv,) * layers), self._replicated, self._replicated)
+
+    def prefill(self, params, padded_tokens, true_length: int) -> Prefix:
+        """padded_tokens: [T] int (T <= max_prefill_length, one compile per T: pad to buckets);
+        true_length: the number of real tokens, in [1, T]."""
+        if np.ndim(padded_tokens) != 1:
+            raise EngineError(f"prefill: padded_tokens must be 1-D, got shape "
+                              f"{np.shape(padded_tokens)}")
+        t = int(np.shape(padded_tokens)[0])
+        if t > self.max_prefill_length:
+            raise EngineError(f"prefill: padded length {t} > max_prefill_length="
+                              f"{self.max_prefill_length}")
+        if not 1 <= int(true_length) <= t:
+            raise EngineError(f"prefill: true_length={int(true_length)} must be in [1, {t}]")
+        tokens = jnp.asarray(padded_tokens, jnp.int32)
+        return self._prefill(params, tokens, jnp.int32(true_length))
+
+    def insert(self, prefix: Prefix, decode_state: DecodeState, slot: int) -> DecodeState:
+        return self.bulk_insert(prefix, decode_state, [slot])
+
+    def bulk_insert(self, prefix: Prefix, decode_state: DecodeState,
+                    slots: Sequence[int]) -> DecodeState:
+        """Copy one prefix into several slots (the G samples of a group share one prefill). The
+        slots are written one after another in place; one compile per prefix length."""
+        b = self.max_concurrent_decodes
+        slots = [int(s) for s in slots]
+        if not slots or len(set(slots)) != len(slots) or not all(0 <= s < b for s in slots):
+            raise EngineError(f"bulk_insert: slots={slots} must be distinct, non-empty and in "
+                              f"[0, {b})")
+        padded = np.zeros((b,), np.int32)  # fixed size: one compile per prefix length
+        padded[:len(slots)] = slots
+        return self._insert(prefix, decode_state, jnp.asarray(padded), jnp.int32(len(slots)))
+
+    def generate(self, params, decode_state: DecodeState):
+        """`decode_steps_per_call` decode steps for all slots -> (decode_state, ResultTokens)."""
+        return self._generate(params, decode_state)
+
+    def free_resource(self, decode_state: DecodeState, slot: int) -> DecodeState:
+        """Deactivate a slot; its cache rows are simply overwritten by the next insert."""
+        return self._slot_update(decode_state, slot, active=False)
+
+    # -- slot operations for the driver ---------------------------------------------------------
+    def force_tokens(self, decode_state: DecodeState, slot: int, tokens) -> DecodeState:
+        """Replace the slot's forced-token queue: the next len(tokens) steps emit these tokens
+        (flagged forced) and feed them back, so the KV cache is exactly that of the sequence."""
+        tokens = np.asarray(tokens, np.int32).reshape(-1)
+        if not 0 < len(tokens) <= self.max_forced_tokens:
+            raise EngineError(f"force_tokens: {len(tokens)} tokens; must be in "
+                              f"[1, max_forced_tokens={self.max_forced_tokens}]")
+        queue = np.zeros((self.max_forced_tokens,), np.int32)
+        queue[:len(tokens)] = tokens
+        return self._slot_update(decode_state, slot, queue=queue, queue_len=len(tokens))
+
+    def rewind(self, decode_state: DecodeState, slot: int, length: int,
+               next_token: int) -> DecodeState:
+        """Put a live slot back at `length` cached tokens with `next_token` as the next input."""
+        if not 0 <= length < self.max_target_length:
+            raise EngineError(f"rewind: length={length} must be in [0, max_target_length="
+                              f"{self.max_target_length})")
+        return self._slot_update(decode_state, slot, active=True, length=length,
+                                 next_token=next_token)
+
+    def _slot_update(self, state, slot, *, active=None, length=None, next_token=None,
+                     queue=None, queue_len=None):
+        if not 0 <= int(slot) < self.max_concurrent_decodes:
+            raise EngineError(f"slot={slot} not in [0, {self.max_concurrent_decodes})")
+        # One compiled program for every kind of slot update: absent fields keep their value.
+        q = self.max_forced_tokens
+        args = dict(
+            set_active=active is not None, active=bool(active),
+            set_length=length is not None, length=int(length or 0),
+            next_token=int(next_token or 0),
+            set_queue=queue is not None,
+            queue=np.zeros((q,), np.int32) if queue is None else queue,
+            queue_len=int(queue_len or 0))
+        return self._set_slot(state, jnp.int32(slot), {k: jnp.asarray(v) for k, v in args.items()})
+
+    # -- jitted implementations -----------------------------------------------------------------
+    def _traced(self, name, fn):
+        @functools.wraps(fn)
+        def wrapper(*args):
+            self.traces[name] = self.traces.get(name, 0) + 1  # runs only when jax traces
+            return fn(*args)
+        return wrapper
+
+    def _init_impl(self):
+        b, q = self.max_concurrent_decodes, self.max_forced_tokens
+        zeros = jnp.zeros((b,), jnp.int32)
+        return DecodeState(
+            cache=init_cache(self.model_cfg, b, self.max_target_length, self.cache_dtype),
+            lengths=zeros, next_token=zeros, active=jnp.zeros((b,), bool),
+            rng=jax.random.split(jax.random.PRNGKey(self.seed), b),
+            queue=jnp.zeros((b, q), jnp.int32), queue_len=zeros)
+
+    def _prefill_impl(self, params, tokens, true_length):
+        model = nnx.merge(self.graphdef, params)
+        t = tokens.shape[0]
+        cache = init_cache(self.model_cfg, 1, t, self.cache_dtype)
+        # Padding past true_length - 1 writes garbage KV there; a slot never reads a cache entry
+        # beyond its length before overwriting it, so no masking is needed.
+        _, cache = model.decode(tokens[None], jnp.arange(t, dtype=jnp.int32)[None], cache)
+        return Prefix(cache, true_length - 1, tokens[true_length - 1])
+
+    def _insert_impl(self, prefix, state, slots, count):
+        # One slot at a time, in place: a scatter of the prefix broadcast to all slots would
+        # materialise [slots, T, KV, hd] per layer (gigabytes at 256 slots x 2k tokens).
+        def put(i, st):
+            slot = slots[i]
+
+            def rows(dst, src):
+                return jax.lax.dynamic_update_index_in_dim(dst, src[0].astype(dst.dtype), slot, 0)
+
+            return st._replace(
+                cache=KVCache(tuple(map(rows, st.cache.k, prefix.cache.k)),
+                              tuple(map(rows, st.cache.v, prefix.cache.v))),
+                lengths=st.lengths.at[slot].set(prefix.length),
+                next_token=st.next_token.at[slot].set(prefix.last_token),
+                active=st.active.at[slot].set(True), queue_len=st.queue_len.at[slot].set(0))
+        return jax.lax.fori_loop(0, count, put, state)
+
+    def _set_slot_impl(self, state, slot, a):
+        def upd(arr, flag, value):
+            return arr.at[slot].set(jnp.where(flag, value, arr[slot]))
+        return state._replace(
+            active=upd(state.active, a["set_active"], a["active"]),
+            lengths=upd(state.lengths, a["set_length"], a["length"]),
+            next_token=upd(state.next_token, a["set_length"], a["next_token"]),
+            queue=upd(state.queue, a["set_queue"], a["queue"]),
+            queue_len=upd(state.queue_len, a["set_queue"], a["queue_len"]))
+
+    def _generate_impl(self, params, state):
+        model = nnx.merge(self.graphdef, params)
+        cfg, s = self.cfg, self.max_target_length
+
+        def step(st: DecodeState, _):
+            hidden, cache = model.decode(st.next_token[:, None], st.lengths[:, None], st.cache)
+            logits = model.logits(hidden[:, 0])
+            keys = jax.vmap(jax.random.split)(st.rng)  # [B, 2, 2]
+            sampled, lp = sampling.sample(logits, keys[:, 1], temperature=cfg.temperature,
+                                          top_p=cfg.top_p, top_k=cfg.top_k)
+            valid = st.active
+            forced = valid & (st.queue_len > 0)
+            head = st.queue[:, 0]
+            forced_lp = sampling.token_logprob(logits, head, temperature=cfg.temperature)
+            out = jnp.where(forced, head, sampled)
+            lp = jnp.where(forced, forced_lp, lp)
+            lengths = st.lengths + valid.astype(jnp.int32)
+            shifted = jnp.concatenate([st.queue[:, 1:], jnp.zeros_like(st.queue[:, :1])], axis=1)
+            new = DecodeState(
+                cache=cache, lengths=lengths, next_token=jnp.where(valid, out, st.next_token),
+                active=valid & (lengths < s), rng=keys[:, 0],
+                queue=jnp.where(forced[:, None], shifted, st.queue),
+                queue_len=st.queue_len - forced.astype(jnp.int32))
+            return new, ResultTokens(out, lp, forced, valid)
+
+        return jax.lax.scan(step, state, None, length=cfg.decode_steps_per_call)

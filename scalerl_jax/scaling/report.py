@@ -1,0 +1,237 @@
+"""From run directories to a fit report: load curves, analyse, print a table, write fit/ outputs.
+
+A run directory holds `metrics.jsonl` (schema: scalerl_jax/metrics.py). A directory without one
+whose subdirectories have one is a multi-seed group: its seeds are pooled into one curve.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Optional, Sequence
+
+import numpy as np
+
+from scalerl_jax import metrics
+from scalerl_jax.scaling import alternatives, plot
+from scalerl_jax.scaling.bootstrap import Bootstrap, bootstrap_fit, fit_seeds, seed_spread
+from scalerl_jax.scaling.compare import Comparison, Extrapolation, compare_fits, extrapolate
+from scalerl_jax.scaling.fit import Curve, FitFailure, FitResult, FitSpec, fit_curve
+
+
+def _seed_dirs(run_dir: str) -> list:
+    if not os.path.isdir(run_dir):
+        raise FileNotFoundError(f"{run_dir}: not a directory")
+    if os.path.exists(os.path.join(run_dir, metrics.FILENAME)):
+        return [run_dir]
+    subs = sorted(os.path.join(run_dir, d) for d in os.listdir(run_dir)
+                  if os.path.exists(os.path.join(run_dir, d, metrics.FILENAME)))
+    if not subs:
+        raise FileNotFoundError(f"{run_dir}: no {metrics.FILENAME} in it or in its subdirectories")
+    return subs
+
+
+def load_curve(run_dirs: Sequence[str], name: Optional[str] = None,
+               x_key: str = "compute.device_hours", y_key: str = "pass_rate"
+               ) -> tuple[Curve, list]:
+    """One curve from run dirs (each a run or a group of seed runs); all seeds pooled.
+
+    Returns (curve, notes): notes report skipped malformed lines and an R0 not measured at 0.
+    """
+    xs, ys, seeds, notes = [], [], [], []
+    dirs = [d for run_dir in run_dirs for d in _seed_dirs(run_dir)]
+    for i, d in enumerate(dirs):
+        log = metrics.read_metrics(d)
+        if log.malformed:
+            notes.append(f"{log.path}: skipped {log.malformed} malformed line(s) "
+                         f"(line {', '.join(map(str, log.malformed_lines[:5]))})")
+        x, y = metrics.eval_xy(log, x_key, y_key)
+        if np.nanmin(x) > 0:
+            notes.append(f"{d}: first evaluation is at {x_key} = {np.nanmin(x):.4g}, not 0; "
+                         f"a measured R0 comes from it")
+        xs.append(x)
+        ys.append(y)
+        seeds.append(np.full(len(x), i))
+    name = name or os.path.basename(os.path.normpath(run_dirs[0]))
+    return Curve(name, np.concatenate(xs), np.concatenate(ys), np.concatenate(seeds),
+                 x_key=x_key, y_key=y_key), notes
+
+
+@dataclasses.dataclass
+class RunAnalysis:
+    curve: Curve
+    fit: FitResult
+    target: float
+    boot: Optional[Bootstrap] = None
+    extrap: Optional[object] = None  # Extrapolation or FitFailure
+    per_seed: Optional[dict] = None
+    alternatives: dict = dataclasses.field(default_factory=dict)
+    notes: list = dataclasses.field(default_factory=list)
+
+    def at_target(self) -> Optional[tuple]:
+        """(R, lo, hi) predicted at the target compute; lo/hi NaN without a bootstrap."""
+        if not self.fit.ok:
+            return None
+        r = float(self.fit.predict(self.target))
+        b = self.boot
+        if b is None or not np.isfinite(b.band_lo).all():
+            return r, float("nan"), float("nan")
+        at = np.log(self.target)
+        lo, hi = (float(np.interp(at, np.log(b.band_x), v)) for v in (b.band_lo, b.band_hi))
+        return r, lo, hi
+
+
+def analyse(curve: Curve, spec: FitSpec, *, n_boot: int = 200, level: float = 0.95,
+            block: int = 1, target: Optional[float] = None, extrapolate_fraction: float = 0.5,
+            with_alternatives: bool = False, seed: int = 0,
+            notes: Sequence[str] = ()) -> RunAnalysis:
+    positive = curve.x[(curve.x > 0) & np.isfinite(curve.x)]
+    target = float(target) if target else 2.0 * float(positive.max()) if len(positive) else 1.0
+    result = RunAnalysis(curve=curve, fit=fit_curve(curve, spec), target=target, notes=list(notes))
+    fit = result.fit
+    if fit.ok and n_boot:
+        band_x = np.geomspace(min(target, fit.x_range[0]), max(target, fit.x_range[1]), 120)
+        result.boot = bootstrap_fit(curve, spec, fit, n_boot=n_boot, level=level, seed=seed,
+                                    block=block, band_x=band_x)
+    if extrapolate_fraction:
+        result.extrap = extrapolate(curve, spec, fraction=extrapolate_fraction, n_boot=n_boot,
+                                    seed=seed)
+    if len(curve.seeds) > 1:
+        result.per_seed = fit_seeds(curve, spec)
+    if with_alternatives:
+        result.alternatives = {"power law": alternatives.fit_power_law(curve, spec),
+                               "log-linear (Tan)": alternatives.fit_log_linear(curve, spec)}
+    return result
+
+
+def _interval(fit: FitResult, boot: Optional[Bootstrap], name: str, fmt: str) -> str:
+    value = format(getattr(fit, name), fmt)
+    if boot is None or name not in boot.intervals:
+        return value
+    lo, hi = boot.intervals[name]
+    return f"{value} [{lo:{fmt}}, {hi:{fmt}}]"
+
+
+def _extrap_text(e) -> str:
+    if e is None:
+        return "-"
+    if isinstance(e, FitFailure):
+        return f"n/a: {e.reason}"
+    cover = "" if e.coverage is None else f", {100 * e.coverage:.0f}% in band"
+    return f"fit <= {e.split:.3g}: RMSE {e.rmse:.4f}, end err {e.final_err:+.4f}{cover}"
+
+
+def _columns(rows: list) -> str:
+    full = [r for r in rows if len(r) == len(rows[0])]
+    widths = [max(len(r[i]) for r in full) for i in range(len(rows[0]))]
+    out = []
+    for r in rows:
+        if len(r) == len(widths):
+            out.append("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+        else:  # a failure row: name, points, then the reason in one cell
+            out.append("  ".join([r[0].ljust(widths[0]), r[1].ljust(widths[1])] + list(r[2:])))
+    return "\n".join(out)
+
+
+def format_table(analyses: Sequence[RunAnalysis]) -> str:
+    level = next((a.boot.level for a in analyses if a.boot is not None), None)
+    ci = f" [{100 * level:.0f}% CI]" if level else ""
+    rows = [["run", "pts", "A" + ci, "B" + ci, "C_mid" + ci, "R0", "RMSE", "R at target C",
+             "extrapolation"]]
+    for a in analyses:
+        f = a.fit
+        if not f.ok:
+            rows.append([a.curve.name, str(f.n_points), f"no fit: {f.reason}"])
+            continue
+        r, lo, hi = a.at_target()
+        pred = f"{r:.3f}" + (f" [{lo:.3f}, {hi:.3f}]" if np.isfinite(lo) else "")
+        rows.append([a.curve.name, str(f.n_points), _interval(f, a.boot, "A", ".3f"),
+                     _interval(f, a.boot, "B", ".2f"), _interval(f, a.boot, "C_mid", ".3g"),
+                     f"{f.R0:.3f} ({f.r0_mode})", f"{f.rmse:.4f}",
+                     f"{pred} @ {a.target:.3g}", _extrap_text(a.extrap)])
+    text = [_columns(rows)]
+    for a in analyses:
+        if a.per_seed:
+            parts = [f"{s}: {f.A:.3f}" if f.ok else f"{s}: no fit" for s, f in a.per_seed.items()]
+            spread = seed_spread(a.per_seed)
+            extra = "" if spread is None else f" (half-range {spread:.3f}; paper's margin 0.02)"
+            text.append(f"{a.curve.name}: per-seed A = {', '.join(parts)}{extra}")
+    alt_rows = [["run", "form", "parameters", "RMSE", "R at target C", "note"]]
+    for a in analyses:
+        for form, fit in a.alternatives.items():
+            if not fit.ok:
+                alt_rows.append([a.curve.name, form, f"no fit: {fit.reason}"])
+                continue
+            params = (f"A={fit.A:.3f} B={fit.B:.3f} log D={fit.log_D:.3g}" if form == "power law"
+                      else f"k={fit.k:.4f} E={fit.E:.3f}")
+            alt_rows.append([a.curve.name, form, params, f"{fit.rmse:.4f}",
+                             f"{float(fit.predict(a.target)):.3f} @ {a.target:.3g}",
+                             getattr(fit, "note", "")])
+    if len(alt_rows) > 1:
+        text += ["", "alternative forms (same fit window):", _columns(alt_rows)]
+    for a in analyses:
+        text += [f"note: {n}" for n in a.notes]
+    return "\n".join(text)
+
+
+def compare_all(analyses: Sequence[RunAnalysis], spec: FitSpec, margin: float) -> list:
+    """Each run against the first (the baseline), by the paper's rule."""
+    base = analyses[0]
+    return [compare_fits(base.curve, a.curve, spec, fit_a=base.fit, fit_b=a.fit,
+                         margin=margin) for a in analyses[1:]]
+
+
+def format_comparisons(comparisons: Sequence, margin: float) -> str:
+    lines = [f"comparisons against the first run (paper's rule, A margin {margin}):"]
+    for c in comparisons:
+        lines.append(f"  {' vs '.join(c.names)}: {c.summary}" if isinstance(c, Comparison)
+                     else f"  {c.reason}")
+    return "\n".join(lines)
+
+
+def _plain(obj):
+    if dataclasses.is_dataclass(obj):
+        return {k: _plain(v) for k, v in dataclasses.asdict(obj).items()}
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return _plain(obj.tolist())
+    if isinstance(obj, (float, np.floating)):
+        return float(obj) if np.isfinite(obj) else None
+    if isinstance(obj, np.integer):
+        return int(obj)
+    return obj
+
+
+def to_json(a: RunAnalysis, spec: FitSpec) -> dict:
+    fit = {"ok": a.fit.ok, **_plain(a.fit)}
+    boot = None if a.boot is None else {"intervals": _plain(a.boot.intervals), "n_ok": a.boot.n_ok,
+                                        "n_boot": a.boot.n_boot, "level": a.boot.level}
+    extrap = None
+    if isinstance(a.extrap, Extrapolation):
+        extrap = {k: _plain(getattr(a.extrap, k)) for k in
+                  ("split", "fit", "n_heldout", "rmse", "max_abs_err", "final_err", "coverage")}
+    elif a.extrap is not None:
+        extrap = {"ok": False, "reason": a.extrap.reason}
+    return {"run": a.curve.name, "x_key": a.curve.x_key, "y_key": a.curve.y_key,
+            "seeds": len(a.curve.seeds), "spec": _plain(spec), "fit": fit, "bootstrap": boot,
+            "target": a.target, "at_target": _plain(a.at_target()), "extrapolation": extrap,
+            "per_seed": {str(s): {"ok": f.ok, **_plain(f)} for s, f in (a.per_seed or {}).items()},
+            "alternatives": {k: {"ok": v.ok, **_plain(v)} for k, v in a.alternatives.items()},
+            "notes": a.notes}
+
+
+def write_run(a: RunAnalysis, spec: FitSpec, out_dir: str, plots: bool = True) -> list:
+    os.makedirs(out_dir, exist_ok=True)
+    paths = [os.path.join(out_dir, "fit.txt"), os.path.join(out_dir, "fit.json")]
+    with open(paths[0], "w") as f:
+        f.write(format_table([a]) + "\n")
+    with open(paths[1], "w") as f:
+        json.dump(to_json(a, spec), f, indent=2)
+    if plots:
+        extrap = a.extrap if isinstance(a.extrap, Extrapolation) else None
+        paths.append(plot.plot_run(os.path.join(out_dir, "fit.png"), a.curve, spec, a.fit,
+                                   boot=a.boot, extrap=extrap, target=a.target))
+    return paths

@@ -1,0 +1,233 @@
+"""The train step `train_step(state, batch) -> (state, metrics)`, jitted once on the trainer mesh.
+
+Shardings are explicit: the state's come from the logical-axis rules (FSDP over `fsdp`, tensor
+parallel over `tensor`), the batch rows are split over (`data`, `fsdp`), metrics are
+replicated. The state is donated, so params and optimizer state are updated in place.
+
+Gradient accumulation is exact. The batch carries M micro-batches (leading axis) and a
+`lax.scan` runs over them. Every aggregation mode is "sum of weighted token losses / N" where
+the outer normaliser N (tokens, sequences, prompts, or sequences x max_length) is a sum over
+micro-batches of each micro-batch's own normaliser N_k, provided no prompt is split across
+micro-batches (TrainBatch guarantees it): a micro-batch's loss L_k is then its prompts' (or
+rows', or tokens') contribution divided by N_k, and the whole-batch loss is
+sum_k N_k L_k / sum_k N_k. So each micro-batch contributes the gradient of N_k L_k, and the sum
+is divided once by sum_k N_k at the end. Metrics are combined the same way (loss-like terms
+weighted by N_k, token fractions by tokens, maxima by max).
+
+The forward pass runs in the model's compute dtype (bf16 in production); log-probs and entropy
+come from `train.logprobs` in sequence chunks with an fp32 LM head when `fp32_head`. The
+objective is `rl.losses.policy_loss` selected by `LossConfig.objective`.
+
+Non-finite guard: when the loss or the gradient norm is not finite, params and optimizer state
+are kept as they were, `state.skipped` counts it and metric `skipped` is 1. `state.step` counts
+every batch consumed, skipped ones included; the learning-rate schedule follows the optimizer's
+own count of applied updates. A batch with no loss token (all groups dropped) applies no update
+either (AdamW would still move the weights through momentum and decay) and is not counted as
+skipped (metric `empty` is 1).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
+
+from scalerl_jax import mesh as mesh_lib
+from scalerl_jax.config import LossConfig, ModelConfig, OptimConfig
+from scalerl_jax.rl import losses as rl_losses
+from scalerl_jax.rl.aggregation import counted_mask, masked_mean
+from scalerl_jax.train.batch import TrainBatch, check_layout
+from scalerl_jax.train.logprobs import token_logprobs
+from scalerl_jax.train.optim import learning_rate, make_optimizer
+from scalerl_jax.train.state import TrainState
+
+sg = jax.lax.stop_gradient
+
+# How each per-micro-batch metric of rl.losses combines over micro-batches.
+_SUMMED = ("tokens", "sequences", "prompts", "normaliser", "seq_tokens")
+_LOSS_LIKE = ("loss", "pg_loss", "kl", "entropy")  # aggregated like the loss: weight N_k
+
+
+def batch_sharding(mesh) -> NamedSharding:
+    """One sharding for every TrainBatch leaf: rows (axis 1) over the batch mesh axes."""
+    return mesh_lib.named(mesh, None, "batch")
+
+
+def batch_shards(mesh) -> int:
+    """How many ways the rows of a micro-batch are split (R must be a multiple)."""
+    spec = batch_sharding(mesh).spec
+    axes = spec[1] if len(spec) > 1 and spec[1] is not None else ()
+    axes = (axes,) if isinstance(axes, str) else axes
+    return int(np.prod([mesh.shape[a] for a in axes]))
+
+
+def put_batch(batch: TrainBatch, mesh) -> TrainBatch:
+    """Place a host numpy batch on the trainer mesh.
+
+    Each process builds only its addressable shards from the global array it holds, so in a
+    multi-host job every process must pass the same global batch.
+    """
+    sharding = batch_sharding(mesh)
+
+    def put(x):
+        x = np.asarray(x)
+        return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
+
+    return jax.tree.map(put, batch)
+
+
+def _combine(ms: dict) -> dict:
+    """Per-micro-batch metrics (each [M]) -> whole-batch metrics (see module docstring)."""
+    norm, tokens = ms["normaliser"], ms["tokens"]
+    out = {}
+    for k, v in ms.items():
+        if k in _SUMMED:
+            out[k] = v.sum()
+        elif k in _LOSS_LIKE:
+            out[k] = (v * norm).sum() / jnp.maximum(norm.sum(), 1.0)
+        elif k.endswith("_max"):
+            out[k] = v.max()
+        else:  # token means (ratio_mean, clip/cap fractions, sampler-trainer KL)
+            out[k] = (v * tokens).sum() / jnp.maximum(tokens.sum(), 1.0)
+    return out
+
+
+def global_norm(tree) -> jax.Array:
+    """sqrt of the sum of squares of every leaf, in fp32."""
+    return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree)))
+
+
+def _schedule_count(opt_state):
+    """Applied-update count kept by optax's scale_by_schedule (drives the learning rate)."""
+    is_sched = lambda x: isinstance(x, optax.ScaleByScheduleState)  # noqa: E731
+    for x in jax.tree.leaves(opt_state, is_leaf=is_sched):
+        if is_sched(x):
+            return x.count
+    raise ValueError("optimizer state has no ScaleByScheduleState (not from make_optimizer?)")
+
+
+def make_train_step(graphdef, abstract_state: TrainState, mesh, *, model_cfg: ModelConfig,
+                    loss_cfg: LossConfig, optim_cfg: OptimConfig, num_prompts: int,
+                    max_length: Optional[int] = None, logprob_chunk: Optional[int] = 512,
+                    donate: bool = True):
+    """Build `train_step(state, batch) -> (state, metrics)`, jitted once.
+
+    abstract_state: from `train.state.abstract_train_state` (ShapeDtypeStructs with shardings).
+    num_prompts: the batch's static prompt capacity. max_length: the 'constant' aggregation's
+    divisor (Dr.GRPO: the max completion length; default T). logprob_chunk: positions per
+    log-prob chunk (None: all at once). The returned function checks a numpy batch on the host
+    and places it with `put_batch`; device batches go straight in. `train_step.jitted` is the
+    jitted function itself (for `.lower(...)`).
+    """
+    if loss_cfg.kl_coef > 0:
+        raise ValueError(f"LossConfig.kl_coef={loss_cfg.kl_coef}: the train step computes no "
+                         "reference-policy log-probs; KL to a reference is not supported here")
+    tx = make_optimizer(optim_cfg)
+    schedule = learning_rate(optim_cfg)
+    hparams = {name: getattr(loss_cfg, name) for name in rl_losses.HPARAM_NAMES}
+    state_sh = jax.tree.map(lambda s: s.sharding, abstract_state)
+    grad_sh = state_sh.params
+    replicated = NamedSharding(mesh, PartitionSpec())
+    # Activations: rows over the batch axes; the logits' vocab over `tensor` (as the LM head).
+    hidden_sh = mesh_lib.named(mesh, "batch", None, None)
+    logits_sh = mesh_lib.named(mesh, "batch", None, "vocab")
+
+    def micro_step(params, mb: TrainBatch):
+        def loss_fn(p):
+            model = nnx.merge(graphdef, p)
+            hidden = model(mb.tokens, mb.positions, mb.segment_ids)
+            hidden = jax.lax.with_sharding_constraint(hidden, hidden_sh)
+            logp, entropy = token_logprobs(hidden, model.head_kernel(), mb.targets,
+                                           chunk_size=logprob_chunk, fp32=model_cfg.fp32_head,
+                                           logits_sharding=logits_sh)
+            if not loss_cfg.entropy_coef:
+                entropy = sg(entropy)  # metric only: no backward through it
+            loss, m = rl_losses.policy_loss(
+                loss_cfg.objective, logp, mb.behaviour_logp, mb.advantages, mb.loss_mask,
+                mb.prompt_index, num_prompts=num_prompts, max_length=max_length,
+                entropy=entropy, **hparams)
+            # KL(sampler || trainer) from the sampler's own samples: k1 = log s - log t and
+            # k3 = t/s - log(t/s) - 1 (rl.losses.kl_penalty with the sampler as "policy").
+            counted = counted_mask(mb.loss_mask, mb.prompt_index, num_prompts)
+            lp = sg(logp)
+            m["kl_sampler_k1"] = masked_mean(mb.behaviour_logp - lp, counted)
+            m["kl_sampler_k3"] = masked_mean(
+                rl_losses.kl_penalty(mb.behaviour_logp, lp, "k3"), counted)
+            m["seq_tokens"] = jnp.sum(mb.segment_ids > 0).astype(jnp.float32)
+            # Scaled by this micro-batch's normaliser; the sum is divided once at the end.
+            return loss * sg(m["normaliser"]), m
+
+        grads, m = jax.grad(loss_fn, has_aux=True)(params)
+        return grads, m
+
+    def step_fn(state: TrainState, batch: TrainBatch):
+        params = state.params
+        zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+        zeros = jax.lax.with_sharding_constraint(zeros, grad_sh)
+
+        def body(acc, mb):
+            grads, m = micro_step(params, mb)
+            acc = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), acc, grads)
+            return jax.lax.with_sharding_constraint(acc, grad_sh), m
+
+        acc, per_micro = jax.lax.scan(body, zeros, batch)
+        metrics = _combine(per_micro)
+        scale = 1.0 / jnp.maximum(metrics["normaliser"], 1.0)
+        grads = jax.tree.map(lambda a, p: (a * scale).astype(p.dtype), acc, params)
+
+        grad_norm = global_norm(grads)
+        finite = jnp.isfinite(grad_norm) & jnp.isfinite(metrics["loss"])
+        nonempty = metrics["tokens"] > 0
+        apply = finite & nonempty
+        lr = schedule(_schedule_count(state.opt_state))
+        updates, new_opt = tx.update(grads, state.opt_state, params)
+        new_params = optax.apply_updates(params, updates)
+
+        def pick(new, old):
+            return jnp.where(apply, new, old)
+
+        new_state = TrainState(
+            params=jax.tree.map(pick, new_params, params),
+            opt_state=jax.tree.map(pick, new_opt, state.opt_state),
+            step=state.step + 1,
+            rng=jax.random.split(state.rng)[0],
+            skipped=state.skipped + (~finite).astype(jnp.int32))
+        metrics.update(
+            grad_norm=grad_norm,
+            param_norm=global_norm(new_state.params),
+            update_norm=jnp.where(apply, global_norm(updates), 0.0),
+            learning_rate=lr,
+            skipped=(~finite).astype(jnp.float32),
+            empty=(~nonempty).astype(jnp.float32),
+            skipped_total=new_state.skipped.astype(jnp.float32))
+        if optim_cfg.max_grad_norm is not None:
+            metrics["grad_clipped"] = (grad_norm > optim_cfg.max_grad_norm).astype(jnp.float32)
+        return new_state, {k: v.astype(jnp.float32) for k, v in metrics.items()}
+
+    jitted = jax.jit(step_fn, in_shardings=(state_sh, batch_sharding(mesh)),
+                     out_shardings=(state_sh, replicated),
+                     donate_argnums=(0,) if donate else ())
+    shards = batch_shards(mesh)
+
+    def train_step(state: TrainState, batch: TrainBatch):
+        m, r, _ = batch.shape
+        if batch.num_prompts != num_prompts:
+            raise ValueError(f"TrainBatch.num_prompts={batch.num_prompts} but the step was "
+                             f"built for num_prompts={num_prompts}")
+        if m != optim_cfg.micro_batches:
+            raise ValueError(f"TrainBatch has {m} micro-batches, OptimConfig.micro_batches="
+                             f"{optim_cfg.micro_batches}")
+        if r % shards:
+            raise ValueError(f"TrainBatch has {r} rows per micro-batch; must be a multiple of "
+                             f"the {shards} batch shards of the trainer mesh {dict(mesh.shape)}")
+        if isinstance(batch.tokens, np.ndarray):
+            check_layout(batch)
+            batch = put_batch(batch, mesh)
+        return jitted(state, batch)
+
+    train_step.jitted = jitted
+    return train_step

@@ -1,0 +1,228 @@
+"""Driver: continuous batching, groups, interruptions, in-flight weight updates, errors."""
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh
+
+from scalerl_jax.config import SamplerConfig
+from scalerl_jax.models import presets, transformer
+from scalerl_jax.sampler import (Driver, DriverError, Engine, Prompt, PromptTooLongError,
+                                 count_compilations)
+
+CFG = presets.get("tiny-qwen3")
+S = 96  # KV-cache length
+EOS = list(range(100, 148))  # 48 of 256 tokens: a random model stops after ~5 tokens on average
+PHRASE = [240, 241, 242]
+CLOSE = [250, 251]
+SCFG = SamplerConfig(max_concurrent_decodes=4, max_prefill_length=32, max_target_length=S,
+                     max_new_tokens=40, temperature=1.0, decode_steps_per_call=4,
+                     interruptions=True, think_min=6, think_max=6, answer_budget=6)
+
+
+@pytest.fixture(scope="module")
+def engine():
+    mesh = Mesh(np.array(jax.devices()[4:8]).reshape(2, 2), ("data", "tensor"))
+    return Engine(CFG, mesh, SCFG)
+
+
+def random_params(engine, seed, head_seed=None):
+    """Numpy random weights; with head_seed, the LM head alone is redrawn from it."""
+    rng = np.random.default_rng(seed)
+    head = np.random.default_rng(head_seed)
+
+    def init(path, a):
+        name = jax.tree_util.keystr(path)
+        if head_seed is not None and "lm_head" in name:
+            return head.normal(0, 0.05, a.shape).astype(a.dtype)
+        near_one = "scale" in name
+        return rng.normal(1.0 if near_one else 0.0, 0.1 if near_one else 0.05,
+                          a.shape).astype(a.dtype)
+    return engine.load_params(jax.tree.map_with_path(init, engine.abstract_params))
+
+
+@pytest.fixture(scope="module")
+def params(engine):
+    return random_params(engine, 1)
+
+
+@pytest.fixture(scope="module")
+def reference(engine):
+    fn = jax.jit(lambda p, t: jax.nn.log_softmax(
+        transformer.forward_logits(engine.graphdef, p, t), axis=-1))
+
+    def ref(p, groups):
+        """Per completion, the full-forward log-probs of its tokens under params p."""
+        rows = [(g.prompt_tokens, c) for g in groups for c in g.completions]
+        seqs = np.zeros((len(rows), S), np.int32)
+        for i, (prompt, c) in enumerate(rows):
+            seqs[i, :len(prompt) + len(c.tokens)] = np.concatenate([prompt, c.tokens])
+        lp = np.asarray(fn(p, jnp.asarray(seqs)))
+        return [lp[i, np.arange(len(prompt) - 1, len(prompt) - 1 + len(c.tokens)), c.tokens]
+                for i, (prompt, c) in enumerate(rows)]
+    return ref
+
+
+def prompts(n, lengths=(5, 9, 3, 20, 31, 12), seed=0):
+    rng = np.random.default_rng(seed)
+    return [Prompt(f"p{i}", rng.integers(150, 240, lengths[i % len(lengths)]).tolist(),
+                   {"answer": i}) for i in range(n)]
+
+
+def collect(engine, params, ps, **kw):
+    """Run a driver to the end in this thread; (groups, driver)."""
+    out = []
+    driver = Driver(engine, params, ps, on_group=out.append, **kw)
+    driver.run()
+    return out, driver
+
+
+def test_interruption_forces_the_phrase_at_the_budget_and_the_answer_follows(engine, params,
+                                                                             reference):
+    groups, _ = collect(engine, params, prompts(3), group_size=16, eos_ids=EOS,
+                        think_close_ids=CLOSE, phrase_ids=PHRASE, seed=3)
+    comps = [c for g in groups for c in g.completions]
+    assert len(comps) == 48
+    b, answer = SCFG.think_min, SCFG.answer_budget
+    for c in comps:
+        toks = c.tokens.tolist()
+        sampled_eos = [i for i, t in enumerate(toks) if t in EOS and not c.forced[i]]
+        if sampled_eos and sampled_eos[0] < b:  # ended while thinking
+            assert (c.finish_reason, c.interrupted, len(toks)) == ("eos", False, sampled_eos[0] + 1)
+            assert not c.forced.any()
+            continue
+        assert c.interrupted
+        assert toks[b:b + 3] == PHRASE
+        want_forced = [False] * b + [True] * 3 + [False] * (len(toks) - b - 3)
+        np.testing.assert_array_equal(c.forced, want_forced)
+        after = toks[b + 3:]
+        assert len(after) <= answer
+        if c.finish_reason == "interrupted":
+            assert after and after[-1] in EOS and not set(after[:-1]) & set(EOS)
+        else:
+            assert c.finish_reason == "truncated" and len(after) == answer
+    reasons = {c.finish_reason for c in comps}
+    assert reasons == {"eos", "interrupted", "truncated"}
+    # the KV cache saw exactly the recorded tokens (the budget falls inside a 4-step call, so the
+    # slot was rewound before the phrase): the answer's log-probs are the full forward's
+    for c, ref in zip(comps, reference(params, groups)):
+        np.testing.assert_allclose(c.logprobs, ref, atol=1e-5, rtol=0)
+
+
+def test_budgets_are_drawn_per_sample_within_range(engine, params):
+    cfg = dataclasses.replace(SCFG, think_min=4, think_max=9, answer_budget=2)
+    groups, _ = collect(engine, params, prompts(2), group_size=8, eos_ids=[],
+                        think_close_ids=CLOSE, phrase_ids=PHRASE, cfg=cfg, seed=5)
+    starts = []
+    for c in (c for g in groups for c in g.completions):
+        start = int(np.argmax(c.forced))
+        assert c.interrupted and c.finish_reason == "truncated"
+        assert c.tokens[start:start + 3].tolist() == PHRASE and c.forced.sum() == 3
+        assert len(c.tokens) == start + 3 + 2
+        starts.append(start)
+    assert min(starts) >= 4 and max(starts) <= 9 and len(set(starts)) >= 3
+
+
+def test_groups_with_more_samples_than_slots_and_uneven_lengths(engine, params, reference):
+    cfg = dataclasses.replace(SCFG, interruptions=False, max_new_tokens=24)
+    ps = prompts(7)
+    groups, driver = collect(engine, params, ps, group_size=6, eos_ids=EOS, cfg=cfg, seed=1)
+    assert sorted(g.prompt_id for g in groups) == [p.prompt_id for p in ps]
+    by_id = {p.prompt_id: p for p in ps}
+    for g in groups:
+        assert g.prompt_tokens.tolist() == by_id[g.prompt_id].tokens
+        assert g.metadata == by_id[g.prompt_id].metadata and not g.prompt_truncated
+        assert len(g.completions) == 6 and g.min_version == 0
+        for c in g.completions:
+            ends_eos = c.tokens[-1] in EOS and not set(c.tokens[:-1].tolist()) & set(EOS)
+            assert (c.finish_reason == "eos") == ends_eos
+            assert c.finish_reason == "eos" or len(c.tokens) == 24
+    lengths = [len(c.tokens) for g in groups for c in g.completions]
+    assert len(set(lengths)) > 5  # uneven
+    for got, ref in zip((c.logprobs for g in groups for c in g.completions),
+                        reference(params, groups)):
+        np.testing.assert_allclose(got, ref, atol=1e-5, rtol=0)
+    st = driver.stats
+    assert st["prefills"] == 7 and st["completions"] == 42 and st["tokens"] == sum(lengths)
+    assert 0 < driver.utilisation <= 1
+
+
+def test_weight_update_between_steps_tags_versions_without_recompiling(engine, params,
+                                                                       reference):
+    # Only the LM head changes, so the KV cache is the same under both versions and every
+    # token's log-prob must equal the full forward of the params version it is tagged with.
+    new = random_params(engine, 1, head_seed=9)
+    cfg = dataclasses.replace(SCFG, interruptions=False, max_new_tokens=30)
+    out = []
+    driver = Driver(engine, params, prompts(6, lengths=(10, 14)), group_size=3, eos_ids=EOS[:8],
+                    cfg=cfg, on_group=out.append)
+    for _ in range(3):
+        driver.step()
+    engine.free_resource(engine.init_decode_state(), 0)  # every program compiled before the window
+    with count_compilations() as compiles:
+        driver.update_params(new, version=1)
+        driver.run()
+    assert compiles == [] and driver.stats["weight_updates"] == 1
+    comps = [c for g in out for c in g.completions]
+    assert all((np.diff(c.versions) >= 0).all() for c in comps)
+    assert any(c.versions[0] == 0 and c.versions[-1] == 1 for c in comps)  # mid-sequence swap
+    ref = {0: reference(params, out), 1: reference(new, out)}
+    for i, c in enumerate(comps):
+        want = np.where(c.versions == 0, ref[0][i], ref[1][i])
+        np.testing.assert_allclose(c.logprobs, want, atol=1e-5, rtol=0)
+
+
+def test_thread_mode_streams_groups_and_takes_updates(engine, params):
+    cfg = dataclasses.replace(SCFG, interruptions=False, max_new_tokens=16)
+    # a one-group queue: the driver cannot run ahead of the consumer by more than a group
+    with Driver(engine, params, prompts(8), group_size=4, eos_ids=EOS, cfg=cfg,
+                max_queued_groups=1).start() as d:
+        first = d.get(timeout=60)
+        d.update_params(params, version=7)
+        rest = list(iter(lambda: d.get(timeout=60), None))
+    groups = [first] + rest
+    assert len(groups) == 8 and all(len(g.completions) == 4 for g in groups)
+    versions = np.concatenate([c.versions for g in groups for c in g.completions])
+    assert set(versions.tolist()) == {0, 7}
+
+
+def test_long_prompt_is_an_error_or_truncated_and_counted(engine, params):
+    long = Prompt("long", list(range(150, 190)))  # 40 tokens > 32
+    d = Driver(engine, params, [prompts(1)[0], long], group_size=2, eos_ids=EOS,
+               phrase_ids=PHRASE).start()
+    with pytest.raises(DriverError) as err:
+        while d.get(timeout=60) is not None:
+            pass
+    assert isinstance(err.value.__cause__, PromptTooLongError)
+    assert "'long' has 40 tokens > max_prefill_length=32" in str(err.value.__cause__)
+
+    cfg = dataclasses.replace(SCFG, truncate_long_prompts=True, interruptions=False)
+    (group,), d = collect(engine, params, [long], group_size=2, eos_ids=EOS, cfg=cfg)
+    assert group.prompt_truncated and group.prompt_tokens.tolist() == list(range(158, 190))
+    assert d.stats["truncated_prompts"] == 1
+
+
+def test_errors_in_the_driver_thread_reach_the_caller(engine, params):
+    def bad_prompts():
+        yield prompts(1)[0]
+        raise RuntimeError("prompt source broke")
+
+    cfg = dataclasses.replace(SCFG, interruptions=False, max_new_tokens=8)
+    d = Driver(engine, params, bad_prompts(), group_size=2, eos_ids=EOS, cfg=cfg).start()
+    with pytest.raises(DriverError, match="prompt source broke"):
+        for _ in range(10):
+            d.get(timeout=60)
+    with pytest.raises(DriverError):  # and it stays raised for every later call
+        d.update_params(params, 1)
+
+    def bad_callback(group):
+        raise ValueError("consumer broke")
+    d = Driver(engine, params, prompts(2), group_size=2, eos_ids=EOS, cfg=cfg,
+               on_group=bad_callback).start()
+    with pytest.raises(DriverError, match="consumer broke"):
+        d.join(timeout=60)
+
+    with pytest.raises(ValueError, match="phrase_ids is empty"):
+        Driver(engine, params, [], group_size=2, eos_ids=EOS)

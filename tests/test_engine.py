@@ -1,0 +1,216 @@
+"""Engine: exactness against the training forward, forced tokens, weight swaps, sampling."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, PartitionSpec
+
+from scalerl_jax.config import SamplerConfig
+from scalerl_jax.models import presets, transformer
+from scalerl_jax.sampler import sampling
+from scalerl_jax.sampler.engine import Engine, EngineError, count_compilations
+
+CFG = presets.get("tiny-qwen3")  # untied head: a head-only weight swap leaves the KV cache exact
+REF_LEN = 64  # reference forward padded to one length: one compile, causality keeps it exact
+
+
+def sampler_cfg(**kw):
+    base = dict(max_concurrent_decodes=4, max_prefill_length=16, max_target_length=REF_LEN,
+                max_new_tokens=48, interruptions=False, temperature=1.0)
+    base.update(kw)
+    return SamplerConfig(**base)
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    return Mesh(np.array(jax.devices()[4:8]).reshape(2, 2), ("data", "tensor"))
+
+
+@pytest.fixture(scope="module")
+def engine(mesh):
+    return Engine(CFG, mesh, sampler_cfg())
+
+
+def random_params(engine, seed):
+    """Random weights from numpy (norm scales near 1), placed by the engine: much cheaper to set
+    up on CPU than compiling the model's jitted initialiser."""
+    rng = np.random.default_rng(seed)
+
+    def init(path, a):
+        near_one = "scale" in jax.tree_util.keystr(path)
+        x = rng.normal(1.0 if near_one else 0.0, 0.1 if near_one else 0.05, a.shape)
+        return x.astype(a.dtype)
+    return engine.load_params(jax.tree.map_with_path(init, engine.abstract_params))
+
+
+@pytest.fixture(scope="module")
+def params(engine):
+    return random_params(engine, 1)
+
+
+@pytest.fixture(scope="module")
+def ref_logprobs(engine):
+    fn = jax.jit(lambda p, t: jax.nn.log_softmax(
+        transformer.forward_logits(engine.graphdef, p, t)[0], axis=-1))
+
+    def ref(p, seq):
+        """[len(seq)-1] log-probs of seq[1:] under the full training forward of params p."""
+        padded = np.zeros((1, REF_LEN), np.int32)
+        padded[0, :len(seq)] = seq
+        lp = np.asarray(fn(p, jnp.asarray(padded)))
+        return lp[np.arange(len(seq) - 1), np.asarray(seq[1:])]
+    return ref
+
+
+def prefill(engine, params, prompt):
+    padded = np.zeros((engine.max_prefill_length,), np.int32)
+    padded[:len(prompt)] = prompt
+    return engine.prefill(params, padded, len(prompt))
+
+
+def run(engine, params, state, slots, steps, seqs, lps, forced=None):
+    for _ in range(steps):
+        state, res = engine.generate(params, state)
+        res = jax.device_get(res)
+        for k in range(res.tokens.shape[0]):
+            for s in slots:
+                assert res.valid[k, s]
+                seqs[s].append(int(res.tokens[k, s]))
+                lps[s].append(float(res.logprobs[k, s]))
+                if forced is not None:
+                    forced[s].append(bool(res.forced[k, s]))
+    return state
+
+
+def test_greedy_equals_argmax_of_full_forward(mesh, params):
+    eng = Engine(CFG, mesh, sampler_cfg(temperature=0.0, decode_steps_per_call=3))
+    fwd = jax.jit(lambda p, t: transformer.forward_logits(eng.graphdef, p, t))
+    prompts = {0: [3, 1, 4, 1, 5, 9, 2, 6], 3: [27, 18, 28]}  # two slots, different lengths
+    state = eng.init_decode_state()
+    for slot, prompt in prompts.items():
+        state = eng.insert(prefill(eng, params, prompt), state, slot)
+    seqs = {s: list(p) for s, p in prompts.items()}
+    run(eng, params, state, list(prompts), 4, seqs, {s: [] for s in prompts})
+    for slot, prompt in prompts.items():
+        seq = seqs[slot]
+        assert len(seq) == len(prompt) + 12
+        logits = np.asarray(fwd(params, jnp.asarray([seq])))[0]
+        np.testing.assert_array_equal(seq[len(prompt):],
+                                      logits[len(prompt) - 1:-1].argmax(-1))
+
+
+def test_logprobs_equal_training_forward_and_slots_sample_independently(engine, params,
+                                                                        ref_logprobs):
+    prompt = [11, 12, 13, 14, 15]
+    state = engine.bulk_insert(prefill(engine, params, prompt), engine.init_decode_state(),
+                               [0, 1, 3])  # one prefill, three samples of the group
+    seqs = {s: list(prompt) for s in (0, 1, 3)}
+    lps = {s: [] for s in (0, 1, 3)}
+    run(engine, params, state, [0, 1, 3], 20, seqs, lps)
+    for s in (0, 1, 3):
+        ref = ref_logprobs(params, seqs[s])[len(prompt) - 1:]
+        np.testing.assert_allclose(lps[s], ref, atol=1e-5, rtol=0)
+    assert len({tuple(seqs[s][len(prompt):]) for s in (0, 1, 3)}) == 3
+
+
+def test_forced_tokens_and_rewind_keep_the_cache_exact(engine, params, ref_logprobs):
+    prompt = [40, 41, 42]
+    state = engine.insert(prefill(engine, params, prompt), engine.init_decode_state(), 2)
+    seqs, lps, forced = {2: list(prompt)}, {2: []}, {2: []}
+    state = run(engine, params, state, [2], 4, seqs, lps, forced)
+    # Rewind past the last two samples (as the driver does after a multi-step call overshot),
+    # then force a phrase: it must come out verbatim, flagged, and the cache must stay exact.
+    del seqs[2][-2:], lps[2][-2:], forced[2][-2:]
+    state = engine.rewind(state, 2, len(seqs[2]) - 1, seqs[2][-1])
+    phrase = [200, 201, 202, 203]
+    state = engine.force_tokens(state, 2, phrase)
+    state = run(engine, params, state, [2], 8, seqs, lps, forced)
+    gen = seqs[2][len(prompt):]
+    assert gen[2:6] == phrase
+    assert forced[2] == [False] * 2 + [True] * 4 + [False] * 4
+    ref = ref_logprobs(params, seqs[2])[len(prompt) - 1:]
+    mask = ~np.asarray(forced[2])
+    np.testing.assert_allclose(np.asarray(lps[2])[mask], ref[mask], atol=1e-5, rtol=0)
+    # forced tokens report the (full-support, temperature 1) policy log-prob of the phrase
+    np.testing.assert_allclose(np.asarray(lps[2])[~mask], ref[~mask], atol=1e-5, rtol=0)
+
+
+def test_weight_swap_mid_generation_uses_new_params_without_recompiling(engine, params,
+                                                                       ref_logprobs):
+    # New params differ in the LM head and final norm only: the KV cache written under the old
+    # params is then also the new params' cache, so later tokens must match the new params' full
+    # forward exactly (in general PipelineRL keeps the stale cache on purpose).
+    key = jax.random.PRNGKey(7)
+    new = jax.tree.map(lambda x: x, params)
+    new["lm_head"].set_value(0.05 * jax.random.normal(key, params["lm_head"].get_value().shape))
+    new["final_norm"]["scale"].set_value(params["final_norm"]["scale"].get_value() * 1.5)
+    new = engine.load_params(new)
+    prompt = [7, 8, 9, 10]
+    state = engine.insert(prefill(engine, params, prompt), engine.init_decode_state(), 1)
+    seqs, lps = {1: list(prompt)}, {1: []}
+    state = run(engine, params, state, [1], 1, seqs, lps)  # compiled before: a warm sampler
+    with count_compilations() as compiles:
+        state = run(engine, params, state, [1], 5, seqs, lps)
+        n_old = len(lps[1])
+        state = run(engine, engine.load_params(new), state, [1], 6, seqs, lps)
+    assert compiles == [] and engine.traces["generate"] == 1
+    p = len(prompt)
+    old_ref, new_ref = ref_logprobs(params, seqs[1])[p - 1:], ref_logprobs(new, seqs[1])[p - 1:]
+    got = np.asarray(lps[1])
+    np.testing.assert_allclose(got[:n_old], old_ref[:n_old], atol=1e-5, rtol=0)
+    np.testing.assert_allclose(got[n_old:], new_ref[n_old:], atol=1e-5, rtol=0)
+    assert np.abs(new_ref[n_old:] - old_ref[n_old:]).max() > 0.1  # the swap changed something
+
+
+def test_state_is_sharded_over_the_sampler_mesh(engine):
+    state = engine.init_decode_state()
+    assert state.cache.k[0].sharding.spec == PartitionSpec("data", None, "tensor", None)
+    assert state.lengths.sharding.spec == PartitionSpec("data")
+    assert state.cache.k[0].shape == (4, REF_LEN, CFG.num_kv_heads, CFG.dim_per_head)
+
+
+def test_engine_rejects_bad_input(engine, params):
+    with pytest.raises(EngineError, match="padded length 17 > max_prefill_length=16"):
+        engine.prefill(params, np.zeros(17, np.int32), 3)
+    with pytest.raises(EngineError, match=r"true_length=0 must be in \[1, 16\]"):
+        engine.prefill(params, np.zeros(16, np.int32), 0)
+    with pytest.raises(EngineError, match=r"slots=\[1, 1\]"):
+        engine.bulk_insert(None, None, [1, 1])
+    with pytest.raises(EngineError, match="max_forced_tokens=64"):
+        engine.force_tokens(None, 0, np.zeros(65, np.int32))
+    bad = jax.tree.map(lambda x: x, params)
+    bad["embed"].set_value(jnp.zeros((3, 3)))
+    with pytest.raises(EngineError, match=r"param .*embed.* float32\[3, 3\]"):
+        engine.load_params(bad)
+
+
+def test_top_k_top_p_support_and_renormalised_logprobs():
+    n = 2000
+    logits = jnp.log(jnp.array([[0.5, 0.3, 0.15, 0.05]] * n, jnp.float32))
+    keys = jax.random.split(jax.random.PRNGKey(0), n)
+
+    def draw(**kw):
+        tok, lp = jax.jit(lambda lg, k: sampling.sample(lg, k, **kw))(logits, keys)
+        return np.asarray(tok), np.asarray(lp)
+
+    tok, lp = draw(temperature=1.0, top_k=2)
+    assert set(np.unique(tok)) == {0, 1}
+    np.testing.assert_allclose(lp, np.log(np.array([0.5, 0.3]) / 0.8)[tok], atol=1e-6)
+    # nucleus 0.9: 0.5 + 0.3 < 0.9, so the third token (0.15) is still needed; the fourth is not
+    tok, lp = draw(temperature=1.0, top_p=0.9)
+    assert set(np.unique(tok)) == {0, 1, 2}
+    np.testing.assert_allclose(lp, np.log(np.array([0.5, 0.3, 0.15]) / 0.95)[tok], atol=1e-6)
+    freq = np.bincount(tok, minlength=4) / len(tok)
+    np.testing.assert_allclose(freq[:3], np.array([0.5, 0.3, 0.15]) / 0.95, atol=0.04)
+    # top-k then top-p over the renormalised top-k distribution: 0.5/0.8 < 0.6 needs token 1 too
+    tok, lp = draw(temperature=1.0, top_k=3, top_p=0.6)
+    assert set(np.unique(tok)) == {0, 1}
+    np.testing.assert_allclose(lp, np.log(np.array([0.5, 0.3]) / 0.8)[tok], atol=1e-6)
+    # temperature 2 flattens: log-prob is that of softmax(logits / 2)
+    tok, lp = draw(temperature=2.0)
+    np.testing.assert_allclose(lp, np.asarray(jax.nn.log_softmax(logits[0] / 2))[tok], atol=1e-6)
+    # greedy reports the untempered model log-prob; forced tokens the full-support one
+    tok, lp = draw(temperature=0.0)
+    assert (tok == 0).all() and np.allclose(lp, np.log(0.5))
+    flp = sampling.token_logprob(logits[:2], jnp.array([3, 2]), temperature=1.0)
+    np.testing.assert_allclose(flp, np.log([0.05, 0.15]), atol=1e-6)
