@@ -19,7 +19,7 @@ setup(
         "pyarrow>=15",
     ],
     extras_require={
-        "hf": ["safetensors>=0.4", "tokenizers>=0.19"],
+        "hf": ["safetensors>=0.4", "tokenizers>=0.19", "jinja2>=3.1"],
         "tpu": ["jax[tpu]"],
         "tfds": ["tensorflow-datasets"],
         "data": ["datasets"],
@@ -30,6 +30,7 @@ setup(
             "hypothesis>=6.100",
             "safetensors>=0.4",
             "tokenizers>=0.19",
+            "jinja2>=3.1",
             "torch==2.13.0",
             "transformers>=4.50",
         ],

@@ -251,11 +251,14 @@ class OptimConfig:
     weight_decay: float = 0.01
     max_grad_norm: Optional[float] = 1.0  # None: no clipping
     micro_batches: int = 1  # gradient accumulation
+    logprob_chunk: Optional[int] = 512  # sequence positions per fp32 log-prob chunk (None: all)
 
     def __post_init__(self):
         c = "OptimConfig"
         _positive(c, learning_rate=self.learning_rate, eps=self.eps,
                   micro_batches=self.micro_batches)
+        if self.logprob_chunk is not None:
+            _positive(c, logprob_chunk=self.logprob_chunk)
         _check(self.warmup_steps >= 0, c, "warmup_steps", self.warmup_steps, "must be >= 0")
         _choice(c, "schedule", self.schedule, ("constant", "cosine"))
         if self.schedule == "cosine":
@@ -278,6 +281,7 @@ class PipelineConfig:
     prompts_per_step: int = 48
     generations_per_prompt: int = 16
     queue_groups: int = 256
+    seq_bucket: int = 128  # train batches pad T to a multiple of this, so the step compiles once
     no_positive_resampling: bool = True
     retire_pass_rate: float = 0.9
 
@@ -285,7 +289,7 @@ class PipelineConfig:
         c = "PipelineConfig"
         _choice(c, "mode", self.mode, ("pipeline", "ppo_off_policy", "sync"))
         _positive(c, max_lag=self.max_lag, prompts_per_step=self.prompts_per_step,
-                  queue_groups=self.queue_groups)
+                  queue_groups=self.queue_groups, seq_bucket=self.seq_bucket)
         _check(self.generations_per_prompt >= 2, c, "generations_per_prompt",
                self.generations_per_prompt, "must be >= 2 (group-relative advantages)")
         _check(0 < self.retire_pass_rate <= 1, c, "retire_pass_rate", self.retire_pass_rate,

@@ -93,7 +93,8 @@ def run(cfg: RunConfig) -> dict:
     num_prompts = cfg.pipeline.prompts_per_step
     train_step = make_train_step(graphdef, abstract, trainer_mesh, model_cfg=model_cfg,
                                  loss_cfg=cfg.loss, optim_cfg=cfg.optim, num_prompts=num_prompts,
-                                 max_length=cfg.sampler.max_new_tokens)
+                                 max_length=cfg.sampler.max_new_tokens,
+                                 logprob_chunk=cfg.optim.logprob_chunk)
     checkpoints = ckpt_lib.Checkpointer(os.path.join(cfg.workdir, "checkpoints"),
                                         save_every=cfg.checkpoint_every,
                                         keep=cfg.keep_checkpoints, keep_every=cfg.keep_every)
@@ -176,7 +177,7 @@ def run(cfg: RunConfig) -> dict:
             batch, info = batch_lib.from_groups(
                 groups, rewards, loss_cfg=cfg.loss, num_prompts=num_prompts,
                 micro_batches=cfg.optim.micro_batches, row_multiple=batch_shards(trainer_mesh),
-                correct=correct, pad_id=tokenizer.pad_id)
+                seq_bucket=cfg.pipeline.seq_bucket, correct=correct, pad_id=tokenizer.pad_id)
             t1 = time.monotonic()
             state, step_metrics = train_step(state, batch)
             step_metrics = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
