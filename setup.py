@@ -12,6 +12,7 @@ setup(
         "optax>=0.2.5",
         "orbax-checkpoint>=0.11",
         "numpy>=1.26",
+        "ml_dtypes>=0.4",
         "scipy>=1.13",
         "sentencepiece>=0.2",
         "matplotlib>=3.8",

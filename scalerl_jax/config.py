@@ -148,7 +148,7 @@ class MeshConfig:
 
 @dataclasses.dataclass(frozen=True)
 class SamplerConfig:
-    """Generation: slots, lengths, sampling, interruptions (DESIGN.md 'Sampler', 'Interruptions')."""
+    """Generation: slots, lengths, sampling, interruptions (see DESIGN.md)."""
 
     max_concurrent_decodes: int = 64  # decode slots per sampler replica
     max_prefill_length: int = 2048
@@ -175,7 +175,8 @@ class SamplerConfig:
                   decode_steps_per_call=self.decode_steps_per_call)
         _check(self.max_prefill_length < self.max_target_length, c, "max_prefill_length",
                self.max_prefill_length, f"must be < max_target_length={self.max_target_length}")
-        _check(self.temperature >= 0, c, "temperature", self.temperature, "must be >= 0 (0: greedy)")
+        _check(self.temperature >= 0, c, "temperature", self.temperature,
+               "must be >= 0 (0: greedy)")
         _check(0 < self.top_p <= 1, c, "top_p", self.top_p, "must be in (0, 1]")
         _check(self.top_k >= 0, c, "top_k", self.top_k, "must be >= 0 (0: off)")
         if self.interruptions:
@@ -224,7 +225,8 @@ class LossConfig:
         _choice(c, "kl_estimator", self.kl_estimator, ("k1", "k3"))
         _positive(c, ratio_cap=self.ratio_cap, tis_cap=self.tis_cap,
                   gspo_eps_low=self.gspo_eps_low, gspo_eps_high=self.gspo_eps_high)
-        _check(0 <= self.clip_eps_low < 1, c, "clip_eps_low", self.clip_eps_low, "must be in [0, 1)")
+        _check(0 <= self.clip_eps_low < 1, c, "clip_eps_low", self.clip_eps_low,
+               "must be in [0, 1)")
         _check(self.clip_eps_high >= 0, c, "clip_eps_high", self.clip_eps_high, "must be >= 0")
         if self.ratio_floor is not None:
             _check(0 <= self.ratio_floor < self.ratio_cap, c, "ratio_floor", self.ratio_floor,

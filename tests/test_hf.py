@@ -1,4 +1,4 @@
-"""HF interop: tiny random transformers models -> our loader -> same logits; export -> transformers."""
+"""HF interop: tiny random transformers models -> our loader -> same logits, and export back."""
 import json
 
 import jax
@@ -51,7 +51,8 @@ def _batch():
 
 def _hf_logits(model, tokens, mask):
     with torch.no_grad():
-        return model(input_ids=torch.tensor(tokens), attention_mask=torch.tensor(mask)).logits.numpy()
+        out = model(input_ids=torch.tensor(tokens), attention_mask=torch.tensor(mask))
+    return out.logits.numpy()
 
 
 def _max_diff(a, b, mask):
@@ -179,6 +180,7 @@ def test_config_from_hf_reads_both_rope_spellings_and_matches_presets():
     (dict(rope_scaling=dict(rope_type="yarn", factor=4.0)), r"rope type 'yarn'"),
     (dict(attention_bias=True), r"attention_bias=True is not supported for LlamaForCausalLM"),
     (dict(hidden_act="gelu"), r"hidden_act='gelu'"),
+    (dict(intermediate_size=None), r"config.json has no 'intermediate_size'"),
 ])
 def test_config_from_hf_rejects_what_it_cannot_represent(change, match):
     base = dict(architectures=["LlamaForCausalLM"], vocab_size=128, hidden_size=64,

@@ -53,6 +53,12 @@ def read_hf_config(path_or_dict: Union[str, os.PathLike, dict]) -> dict:
         return json.load(f)
 
 
+def _required(hf: dict, key: str):
+    if hf.get(key) is None:
+        raise HFError(f"config.json has no {key!r} (keys: {sorted(hf)})")
+    return hf[key]
+
+
 def _dir_name(path_or_dict) -> Optional[str]:
     if isinstance(path_or_dict, dict):
         return None
@@ -103,13 +109,15 @@ def config_from_hf(path_or_dict, **overrides) -> ModelConfig:
             raise HFError(f"config.json {key}={hf[key]!r} is not supported for {arch} "
                           f"(expected {ok!r})")
     theta, scaling = _rope(hf)
-    d, heads = int(hf["hidden_size"]), int(hf["num_attention_heads"])
+    d, heads = int(_required(hf, "hidden_size")), int(_required(hf, "num_attention_heads"))
     head_dim = hf.get("head_dim")
     if head_dim is not None and int(head_dim) == d // heads and d % heads == 0:
         head_dim = None  # the default; keeps configs equal to the presets
     fields = dict(
-        name=hf.get("_name_or_path") or _dir_name(path_or_dict) or arch, vocab_size=int(hf["vocab_size"]), hidden_size=d,
-        intermediate_size=int(hf["intermediate_size"]), num_layers=int(hf["num_hidden_layers"]),
+        name=hf.get("_name_or_path") or _dir_name(path_or_dict) or arch,
+        vocab_size=int(_required(hf, "vocab_size")), hidden_size=d,
+        intermediate_size=int(_required(hf, "intermediate_size")),
+        num_layers=int(_required(hf, "num_hidden_layers")),
         num_heads=heads, num_kv_heads=int(hf.get("num_key_value_heads") or heads),
         head_dim=None if head_dim is None else int(head_dim), rope_theta=theta,
         rope_scaling=scaling, rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),

@@ -53,9 +53,9 @@ PRESETS: dict[str, ModelConfig] = {
     "llama-3.1-8b": _llama("llama-3.1-8b", 4096, 14336, 32, 32, 8, _LLAMA31_ROPE),
     "llama-3.1-70b": _llama("llama-3.1-70b", 8192, 28672, 80, 64, 8, _LLAMA31_ROPE),
     # Tiny shapes: unit tests and the CPU testbed.
-    "tiny-llama": _tiny("tiny-llama", rope_scaling=RopeScaling(factor=8.0, low_freq_factor=1.0,
-                                                               high_freq_factor=4.0,
-                                                               original_max_position_embeddings=64)),
+    "tiny-llama": _tiny("tiny-llama", rope_scaling=RopeScaling(
+        factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+        original_max_position_embeddings=64)),
     "tiny-qwen2": _tiny("tiny-qwen2", qkv_bias=True, tie_embeddings=True),
     "tiny-qwen3": _tiny("tiny-qwen3", qk_norm=True, head_dim=32),
 }

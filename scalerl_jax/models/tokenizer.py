@@ -210,7 +210,7 @@ def _chat_template(directory: str, config: dict) -> Optional[str]:
         with open(jinja) as f:
             return f.read()
     template = config.get("chat_template")
-    if isinstance(template, list):  # [{"name": "default", "template": ...}, {"name": "tool_use"...}]
+    if isinstance(template, list):  # [{"name": "default", "template": ...}, {"name": ...}, ...]
         named = {t.get("name"): t.get("template") for t in template}
         template = named.get("default", next(iter(named.values()), None))
     return template
@@ -223,7 +223,8 @@ def load_tokenizer(path) -> Tokenizer:
     directory = path if os.path.isdir(path) else os.path.dirname(path)
     if os.path.isdir(path):
         candidates = [os.path.join(path, "tokenizer.json"), os.path.join(path, "tokenizer.model")]
-        candidates += sorted(os.path.join(path, f) for f in os.listdir(path) if f.endswith(".model"))
+        candidates += sorted(os.path.join(path, f) for f in os.listdir(path)
+                             if f.endswith(".model"))
         file = next((c for c in candidates if os.path.exists(c)), None)
         if file is None:
             raise TokenizerError(f"no tokenizer.json or *.model (SentencePiece) in {path}")

@@ -58,7 +58,8 @@ class Transformer(nnx.Module):
         return self.lm_head.get_value()
 
     def logits(self, hidden):
-        """Logits for hidden states [..., D]: fp32 when `fp32_head` (ScaleRL), else compute dtype."""
+        """Logits for hidden states [..., D]: fp32 when `fp32_head` (ScaleRL), else compute
+        dtype."""
         dt = jnp.float32 if self.cfg.fp32_head else jnp.dtype(self.cfg.compute_dtype)
         return jnp.einsum("...d,dv->...v", hidden.astype(dt), self.head_kernel().astype(dt),
                           preferred_element_type=jnp.float32 if self.cfg.fp32_head else None)

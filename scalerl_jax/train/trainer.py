@@ -131,7 +131,8 @@ def run(cfg: RunConfig) -> dict:
     driver_kwargs = dict(eos_ids=tokenizer.eos_ids, think_close_ids=encode(cfg.sampler.think_close),
                          phrase_ids=encode(cfg.sampler.interruption_phrase) if
                          cfg.sampler.interruptions else ())
-    driver = Driver(engine, sync(state.params), feed, group_size=cfg.pipeline.generations_per_prompt,
+    driver = Driver(engine, sync(state.params), feed,
+                    group_size=cfg.pipeline.generations_per_prompt,
                     version=version, max_queued_groups=cfg.pipeline.queue_groups,
                     seed=cfg.seed + int(state.step), **driver_kwargs).start()
     max_lag = 0 if cfg.pipeline.mode == "sync" else cfg.pipeline.max_lag
