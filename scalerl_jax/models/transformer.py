@@ -130,13 +130,18 @@ def forward_logits(graphdef, params, tokens, positions=None, segment_ids=None):
     return model.logits(model(tokens, positions, segment_ids))
 
 
+def matmul_params(cfg: ModelConfig) -> int:
+    """Parameters used in matmuls per token: all but the embedding gather (a tied table still
+    counts once, as the LM head)."""
+    n = cfg.num_params()
+    return n if cfg.tie_embeddings else n - cfg.vocab_size * cfg.hidden_size
+
+
 def num_flops_per_token(cfg: ModelConfig, seq_len: int, training: bool = True) -> float:
     """Model FLOPs per token: 2·N (forward) or 6·N (forward+backward) for the matmul weights,
     plus causal attention (scores and weighted sum: 2·2·T·hd·H per token forward, halved by
     causality). Embedding lookups are not matmuls and are excluded."""
-    n = cfg.num_params() - cfg.vocab_size * cfg.hidden_size  # embedding table is a gather
-    if cfg.tie_embeddings:
-        n += cfg.vocab_size * cfg.hidden_size  # ... but a tied table is also the LM head
+    n = matmul_params(cfg)
     attn = 2 * cfg.num_layers * cfg.num_heads * cfg.dim_per_head * seq_len  # causal: half of 4·T
     fwd = 2 * n + attn
     return 3 * fwd if training else fwd

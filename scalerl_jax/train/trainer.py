@@ -19,6 +19,7 @@ from scalerl_jax import mesh as mesh_lib
 from scalerl_jax import metrics as metrics_lib
 from scalerl_jax.config import ConfigError, RunConfig
 from scalerl_jax.data.prompts import PromptSource
+from scalerl_jax.models.transformer import matmul_params
 from scalerl_jax.rewards import RewardPool, verifier_for_source
 from scalerl_jax.rl.curriculum import NoPositiveResampling
 from scalerl_jax.sampler.driver import Driver
@@ -52,11 +53,6 @@ def _check_supported(cfg: RunConfig) -> None:
     if cfg.pipeline.mode == "ppo_off_policy":
         raise ConfigError("PipelineConfig.mode='ppo_off_policy' is not available in this loop; "
                           "use 'pipeline' or 'sync'")
-
-
-def _matmul_params(cfg) -> int:
-    n = cfg.num_params()
-    return n if cfg.tie_embeddings else n - cfg.vocab_size * cfg.hidden_size
 
 
 def collect(driver: Driver, feed: PromptFeed, n: int, version: int, max_lag: int,
@@ -141,7 +137,7 @@ def run(cfg: RunConfig) -> dict:
     writer = metrics_lib.MetricsWriter(cfg.workdir)
     writer.run(cfg.to_dict(), step=int(state.step))
     evals = metrics_lib.read_metrics(cfg.workdir).of("eval")
-    meter = metrics_lib.ComputeMeter(_matmul_params(model_cfg), model_cfg.num_layers,
+    meter = metrics_lib.ComputeMeter(matmul_params(model_cfg), model_cfg.num_layers,
                                      model_cfg.num_heads * model_cfg.dim_per_head,
                                      initial=evals[-1]["compute"] if evals else None)
     n_train, n_sample = len(split.trainer), len(split.sampler)
