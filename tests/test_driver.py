@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh
 
+from _sampler_params import random_params
 from scalerl_jax.config import SamplerConfig
 from scalerl_jax.models import presets, transformer
 from scalerl_jax.sampler import (Driver, DriverError, Engine, Prompt, PromptTooLongError,
@@ -26,21 +27,6 @@ SCFG = SamplerConfig(max_concurrent_decodes=4, max_prefill_length=32, max_target
 def engine():
     mesh = Mesh(np.array(jax.devices()[4:8]).reshape(2, 2), ("data", "tensor"))
     return Engine(CFG, mesh, SCFG)
-
-
-def random_params(engine, seed, head_seed=None):
-    """Numpy random weights; with head_seed, the LM head alone is redrawn from it."""
-    rng = np.random.default_rng(seed)
-    head = np.random.default_rng(head_seed)
-
-    def init(path, a):
-        name = jax.tree_util.keystr(path)
-        if head_seed is not None and "lm_head" in name:
-            return head.normal(0, 0.05, a.shape).astype(a.dtype)
-        near_one = "scale" in name
-        return rng.normal(1.0 if near_one else 0.0, 0.1 if near_one else 0.05,
-                          a.shape).astype(a.dtype)
-    return engine.load_params(jax.tree.map_with_path(init, engine.abstract_params))
 
 
 @pytest.fixture(scope="module")

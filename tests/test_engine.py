@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, PartitionSpec
 
+from _sampler_params import random_params
 from scalerl_jax.config import SamplerConfig
 from scalerl_jax.models import presets, transformer
 from scalerl_jax.sampler import sampling
@@ -29,18 +30,6 @@ def mesh():
 @pytest.fixture(scope="module")
 def engine(mesh):
     return Engine(CFG, mesh, sampler_cfg())
-
-
-def random_params(engine, seed):
-    """Random weights from numpy (norm scales near 1), placed by the engine: much cheaper to set
-    up on CPU than compiling the model's jitted initialiser."""
-    rng = np.random.default_rng(seed)
-
-    def init(path, a):
-        near_one = "scale" in jax.tree_util.keystr(path)
-        x = rng.normal(1.0 if near_one else 0.0, 0.1 if near_one else 0.05, a.shape)
-        return x.astype(a.dtype)
-    return engine.load_params(jax.tree.map_with_path(init, engine.abstract_params))
 
 
 @pytest.fixture(scope="module")

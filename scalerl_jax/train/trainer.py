@@ -27,7 +27,7 @@ from scalerl_jax.sampler.engine import Engine
 from scalerl_jax.sampler.weight_sync import WeightSync
 from scalerl_jax.train import batch as batch_lib
 from scalerl_jax.train import state as state_lib
-from scalerl_jax.train.evaluate import evaluate
+from scalerl_jax.train.evaluate import evaluate, score_groups
 from scalerl_jax.train.feed import PromptFeed
 from scalerl_jax.train.step import batch_shards, make_train_step
 
@@ -127,7 +127,8 @@ def run(cfg: RunConfig) -> dict:
     driver_kwargs = dict(eos_ids=tokenizer.eos_ids, think_close_ids=encode(cfg.sampler.think_close),
                          phrase_ids=encode(cfg.sampler.interruption_phrase) if
                          cfg.sampler.interruptions else ())
-    driver = Driver(engine, sync(state.params), feed,
+    sampler_params = sync(state.params)  # re-synced once per step, shared with evaluation
+    driver = Driver(engine, sampler_params, feed,
                     group_size=cfg.pipeline.generations_per_prompt,
                     version=version, max_queued_groups=cfg.pipeline.queue_groups,
                     seed=cfg.seed + int(state.step), **driver_kwargs).start()
@@ -143,7 +144,7 @@ def run(cfg: RunConfig) -> dict:
     n_train, n_sample = len(split.trainer), len(split.sampler)
 
     def do_eval(step: int) -> dict:
-        result = evaluate(engine, sync(state.params), validation, tokenizer=tokenizer,
+        result = evaluate(engine, sampler_params, validation, tokenizer=tokenizer,
                           k=cfg.eval.k, verifier=verifier, pool=pool,
                           driver_kwargs=driver_kwargs, version=version)
         record = writer.eval(step, compute=meter.compute(), **result)
@@ -163,9 +164,7 @@ def run(cfg: RunConfig) -> dict:
             t0 = time.monotonic()
             groups, stale = collect(driver, feed, num_prompts, version, max_lag)
             t_wait = time.monotonic() - t0
-            items = [(tokenizer.decode(c.tokens, skip_special_tokens=True), g.metadata["answer"])
-                     for g in groups for c in g.completions]
-            scored = pool.score(verifier, items)
+            scored = score_groups(groups, tokenizer=tokenizer, verifier=verifier, pool=pool)
             g_size = cfg.pipeline.generations_per_prompt
             correct = np.asarray(scored.correct, bool).reshape(len(groups), g_size)
             rewards = np.asarray(scored.rewards, np.float32).reshape(len(groups), g_size)
@@ -180,7 +179,8 @@ def run(cfg: RunConfig) -> dict:
             step_metrics = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
             t_train = time.monotonic() - t1
             version += 1
-            driver.update_params(sync(state.params), version)
+            sampler_params = sync(state.params)
+            driver.update_params(sampler_params, version)
 
             # Compute: colocated devices are charged to whichever side used them.
             step_wall = time.monotonic() - t0
