@@ -18,6 +18,8 @@ setup(
         "matplotlib>=3.8",
         "sympy>=1.12",
         "pyarrow>=15",
+        "tqdm>=4.66",
+        "tensorboardX>=2.6",  # writes TensorBoard event files without TensorFlow
     ],
     extras_require={
         "hf": ["safetensors>=0.4", "tokenizers>=0.19", "jinja2>=3.1"],
@@ -25,6 +27,7 @@ setup(
         "tfds": ["tensorflow-datasets"],
         "data": ["datasets"],
         "math": ["math-verify"],
+        "wandb": ["wandb"],
         "dev": [
             "pytest>=8",
             "pytest-xdist>=3.5",
@@ -34,6 +37,7 @@ setup(
             "jinja2>=3.1",
             "torch==2.13.0",
             "transformers>=4.50",
+            "tensorboard>=2.14",  # tests read event files back the way TensorBoard does
         ],
     },
 )

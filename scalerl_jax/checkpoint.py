@@ -1,39 +1,73 @@
-"""Orbax checkpoints of the trainer: state arrays plus JSON items, async, retained, resumable.
+"""Orbax checkpoints of the trainer: state arrays plus JSON items, async, verified, resumable.
 
 A checkpoint at step S holds two items:
 * `state`: the TrainState (params, optimizer state, step, rng, skipped count) as a nested dict
   of arrays keyed by their pytree path (e.g. params/layers/0/attn/q/value), so the files do not
   depend on Python class names;
 * `meta`: one JSON object for the host-side rest: curriculum state, data cursor, policy
-  version, anything the trainer adds.
+  version, compute meter, anything the trainer adds.
 
 Saves are asynchronous (the call returns once the arrays are copied off the devices), every
-`save_every` steps, on SIGTERM and at the end. Retention: the last `keep` checkpoints plus,
-permanently, every step that is a multiple of `keep_every`. Restore reads straight into the
-target shardings of an abstract state (ShapeDtypeStructs with `.sharding`), so a run can resume
-on a different mesh shape. Resume = re-running the same command with the same workdir: the
-trainer calls `restore` and gets None on a fresh directory.
+`save_every` steps, on SIGTERM/SIGINT and at the end. Retention: the last `keep` checkpoints
+plus, permanently, every step that is a multiple of `keep_every`. Restore reads straight into
+the target shardings of an abstract state (ShapeDtypeStructs with `.sharding`), so a run can
+resume on a different mesh shape. Resume = re-running the same command with the same workdir:
+the trainer calls `restore` and gets None on a fresh directory.
 
-SIGTERM (preemption, `kill`, TPU maintenance) only sets a flag: JAX work cannot safely run
-inside a signal handler and the latest state may be mid-donation there. The loop calls
-`maybe_save` after every step; once the flag is set that call saves the current state, waits
-for the write to finish, and `preemption_saved` tells the loop to stop. With several processes the
-flag is OR-ed across them so that all save the same step.
+Verification. Orbax does not checksum what it reads back: flipped bytes in a data file restore
+as garbage (values near 3.4e38, NaNs). So once a save is committed, a background thread writes
+`S/scalerl_manifest.json` (size and CRC32 of every file of the step, written atomically and
+last). It costs one read of the checkpoint from the page cache at about 3 GB/s per core, off
+the training thread (zlib and file reads release the GIL); the only waits are in the next
+`save` (if that hash has not finished by then, as Orbax itself waits for the previous save) and
+in `wait`/`close`, which return once the manifest is written. `restore` walks the steps from
+the latest down and rejects one whose files disagree with its manifest, whose read fails in
+Orbax (truncated file, cut metadata JSON), or whose floating-point arrays hold a NaN/inf; it
+logs a WARNING naming the step, the file or array and why, and tries the previous step. A step
+without a manifest (killed between the commit and the hash) is accepted if it reads and is
+finite. The rejected steps newer than the one restored are moved to `checkpoints/rejected/` so
+the resumed run can save those steps again. If no step is usable, CheckpointError lists them
+all. Verification reads the checkpoint once more than the restore itself.
+
+Signals. SIGTERM (preemption, `kill`, TPU maintenance) and the first SIGINT (Ctrl-C) only set
+a flag: JAX work cannot safely run inside a signal handler and the latest state may be
+mid-donation there. The loop calls `maybe_save` after every step; once the flag is set that
+call saves the current state, waits for the write and its manifest, and `preemption_saved`
+tells the loop to stop; `stop_signal` says which signal it was, for the exit status. A second
+Ctrl-C raises KeyboardInterrupt at once, unsaved, as users expect.
+
+Multi-process. The stop flag is OR-ed across processes so that all save the same step.
+Process 0 alone hashes (all files, on the shared filesystem Orbax needs anyway) and alone
+verifies manifests and moves rejected steps; the verdicts are all-gathered so every process
+falls back to the same step. Hashing takes no barrier, so it cannot deadlock a save.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
+import re
 import signal
+import threading
+import time
 from typing import Callable, Optional, Union
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
+
+from scalerl_jax.rundir import manifest_files, verify_manifest, write_manifest
 
 log = logging.getLogger(__name__)
 
 Meta = Union[dict, Callable[[], dict]]
+REJECTED = "rejected"
+_SIGNALS = {"SIGTERM": 1, "SIGINT": 2}  # codes all-gathered across processes
+
+
+class CheckpointError(RuntimeError):
+    """No usable checkpoint; the message names every step tried and why it was refused."""
 
 
 def _key_name(key) -> str:
@@ -73,6 +107,56 @@ def from_nested(nested: dict, like):
     return treedef.unflatten(leaves)
 
 
+def _describe_error(step_dir: str, err: BaseException) -> str:
+    """An Orbax/TensorStore read error as 'FILE: what', finding the file when the error does
+    not say it (json.JSONDecodeError carries no file name)."""
+    chain, e = [], err
+    while e is not None and len(chain) < 5:
+        chain.append(f"{type(e).__name__}: {e}")
+        e = e.__cause__ or e.__context__
+    text = " <- ".join(chain)
+    first_line = text.splitlines()[0] if text else ""
+    what = first_line[:400] + (" ..." if len(first_line) > 400 else "")
+    for name in reversed(re.findall(r'file "([^"]+)"', text)):
+        if os.path.isfile(name):
+            return f"{os.path.relpath(name, step_dir)}: {what}"
+    for rel in manifest_files(step_dir):
+        parts = rel.split(os.sep)
+        if "d" in parts[:-1] or rel.endswith(".ocdbt") or parts[-1] == "commit_success.txt":
+            continue  # binary TensorStore data, not JSON
+        try:
+            with open(os.path.join(step_dir, rel), "rb") as f:
+                json.loads(f.read())
+        except ValueError as bad:
+            return f"{rel}: not valid JSON ({bad}); Orbax said {what}"
+        except OSError:
+            continue
+    named = re.findall(r'"([^"]+)"', first_line)
+    return f"{step_dir} ({', '.join(named[:2]) or 'no file named'}): {what}"
+
+
+@jax.jit
+def _nonfinite_counts(leaves):
+    return [jnp.sum(~jnp.isfinite(x)) for x in leaves]
+
+
+def _check_finite(state) -> Optional[str]:
+    """Which floating-point arrays of `state` hold NaN/inf, or None. A global jitted reduction,
+    so every process of a multi-process job reaches the same verdict."""
+    named = [("/".join(_key_name(k) for k in path), x)
+             for path, x in jax.tree_util.tree_flatten_with_path(state)[0]
+             if jax.dtypes.issubdtype(getattr(x, "dtype", np.int32), jnp.inexact)]
+    if not named:
+        return None
+    counts = jax.device_get(_nonfinite_counts([x for _, x in named]))
+    bad = [f"{name}: {int(n)} of {x.size} values non-finite"
+           for (name, x), n in zip(named, counts) if n]
+    if not bad:
+        return None
+    more = f" and {len(bad) - 3} more arrays" if len(bad) > 3 else ""
+    return "non-finite values in " + "; ".join(bad[:3]) + more
+
+
 class Checkpointer:
     """Orbax CheckpointManager for the train state and its JSON companions."""
 
@@ -88,9 +172,16 @@ class Checkpointer:
             enable_async_checkpointing=async_save)
         self._manager = ocp.CheckpointManager(self.directory, options=options,
                                               item_names=("state", "meta"))
-        self._sigterm = False
+        self._primary = jax.process_index() == 0
+        self._stop_signal: Optional[str] = None
         self._preemption_saved = False
-        self._previous_handler = None
+        self._previous_handlers: dict = {}
+        self._hasher: Optional[threading.Thread] = None
+        self.restored_step: Optional[int] = None
+        self.rejected: dict[int, str] = {}  # step -> why, from the last restore
+
+    def _step_dir(self, step: int) -> str:
+        return os.path.join(self.directory, str(step))
 
     # -- saving --------------------------------------------------------------------------------
     def save(self, step: int, state, meta: Meta) -> bool:
@@ -101,13 +192,46 @@ class Checkpointer:
         meta = meta() if callable(meta) else meta
         args = ocp.args.Composite(state=ocp.args.StandardSave(to_nested(state)),
                                   meta=ocp.args.JsonSave(meta))
+        # The previous step's hash must end before Orbax may delete that step (retention runs
+        # when this save commits); it has normally ended long ago.
+        self._join_hasher()
         self._manager.save(step, args=args, force=True)
-        log.info("checkpoint: saving step %d to %s", step, self.directory)
+        log.info("saving step %d to %s", step, self.directory)
+        if self._primary:
+            self._hasher = threading.Thread(target=self._hash_when_committed, args=(step,),
+                                            name=f"checkpoint-hash-{step}", daemon=True)
+            self._hasher.start()
         return True
 
+    def _hash_when_committed(self, step: int) -> None:
+        # Orbax renames the temporary directory to STEP as the last act of a commit, so its
+        # appearance means the files are final; if the save ended without it, it failed.
+        step_dir, delay = self._step_dir(step), 0.01
+        while not os.path.isdir(step_dir):
+            if not self._manager.is_saving_in_progress() and not os.path.isdir(step_dir):
+                log.warning("checkpoint step %d: %s absent after its save ended; no manifest",
+                            step, step_dir)
+                return
+            time.sleep(delay)
+            delay = min(2 * delay, 0.25)
+        t0 = time.monotonic()
+        try:
+            files = write_manifest(step_dir)["files"]
+        except OSError as err:
+            log.warning("checkpoint step %d: no manifest written (%s)", step, err)
+            return
+        log.info("checkpoint step %d: manifest of %d files, %.1f MB hashed in %.2f s", step,
+                 len(files), sum(f["size"] for f in files.values()) / 1e6,
+                 time.monotonic() - t0)
+
+    def _join_hasher(self) -> None:
+        if self._hasher is not None:
+            self._hasher.join()
+            self._hasher = None
+
     def maybe_save(self, step: int, state, meta: Meta) -> bool:
-        """Save every `save_every` steps; once SIGTERM was received, save this step, wait for
-        it and set `preemption_saved` (the loop's cue to stop). True when a save started."""
+        """Save every `save_every` steps; once a stop signal was received, save this step, wait
+        for it and set `preemption_saved` (the loop's cue to stop). True when a save started."""
         if self.preempted:
             saved = self.save(step, state, meta)
             self.wait()
@@ -119,20 +243,21 @@ class Checkpointer:
 
     @property
     def preemption_saved(self) -> bool:
-        """True once `maybe_save` has written the state after a SIGTERM: stop the loop now.
+        """True once `maybe_save` has written the state after a stop signal: stop the loop now.
 
         The loop checks this rather than `preempted`, so a signal landing between the two calls
         cannot end the run with the last step unsaved."""
         return self._preemption_saved
 
     def wait(self) -> None:
-        """Block until every started save is on disk (an acknowledged save)."""
+        """Block until every started save is on disk and has its manifest (acknowledged)."""
         self._manager.wait_until_finished()
+        self._join_hasher()
 
     def close(self) -> None:
         self.wait()
         self._manager.close()
-        self.uninstall_sigterm_handler()
+        self.uninstall_signal_handlers()
 
     # -- restoring -----------------------------------------------------------------------------
     def latest_step(self) -> Optional[int]:
@@ -142,40 +267,129 @@ class Checkpointer:
         return sorted(self._manager.all_steps())
 
     def restore(self, abstract_state, step: Optional[int] = None):
-        """(state, meta) of `step` (default: the latest), or None when there is no checkpoint.
+        """(state, meta) of the latest usable step, or None when there is no checkpoint; the
+        step restored is `restored_step`, the steps refused and why are `rejected`.
 
         abstract_state: ShapeDtypeStructs with `.sharding` (train.state.abstract_train_state):
-        every array is read directly into its target sharding.
+        every array is read directly into its target sharding. With `step` given, only that
+        step is tried (CheckpointError if it is unusable) and nothing is moved.
         """
-        step = self.latest_step() if step is None else int(step)
-        if step is None:
+        self.wait()
+        steps = self.all_steps()
+        self.restored_step, self.rejected = None, {}
+        if step is not None and int(step) not in steps:
+            raise CheckpointError(f"no checkpoint at step {step} in {self.directory} "
+                                  f"(steps there: {steps})")
+        candidates = [int(step)] if step is not None else steps[::-1]
+        for s in candidates:
+            restored, why = self._try_restore(s, abstract_state)
+            if why is None:
+                self.restored_step = s
+                if self.rejected:
+                    self._set_aside(sorted(self.rejected))
+                return restored
+            self.rejected[s] = why
+            log.warning("checkpoint step %d in %s is unusable: %s%s", s, self.directory, why,
+                        "; trying the previous step" if s != candidates[-1] else "")
+        if not candidates:
             return None
+        tried = "; ".join(f"step {s}: {why}" for s, why in self.rejected.items())
+        raise CheckpointError(
+            f"no usable checkpoint in {self.directory}; tried {tried}. Nothing was moved. To "
+            f"restart the run from step 0, move {self.directory} aside; or choose another "
+            "--workdir")
+
+    def _try_restore(self, step: int, abstract_state):
+        step_dir, why = self._step_dir(step), None
+        if self._primary:
+            try:
+                why = verify_manifest(step_dir)
+            except OSError as err:
+                why = f"{err.filename}: {err.strerror}"
+        why = self._agree(why)
+        if why is not None:
+            return None, why
         args = ocp.args.Composite(state=ocp.args.StandardRestore(to_nested(abstract_state)),
                                   meta=ocp.args.JsonRestore())
-        restored = self._manager.restore(step, args=args)
-        return from_nested(restored["state"], abstract_state), restored["meta"]
+        try:
+            restored = self._manager.restore(step, args=args)
+            state = from_nested(restored["state"], abstract_state)
+        except Exception as err:  # noqa: BLE001 - any failure to read makes the step unusable
+            why = _describe_error(step_dir, err)
+        else:
+            why = _check_finite(state)
+        why = self._agree(why)
+        return (None, why) if why is not None else ((state, restored["meta"]), None)
 
-    # -- preemption ----------------------------------------------------------------------------
-    def install_sigterm_handler(self) -> None:
-        """Route SIGTERM to a flag that `maybe_save` / `preempted` act on (main thread only)."""
+    def _agree(self, why: Optional[str]) -> Optional[str]:
+        """A step refused by any process is refused by all (they must restore the same step)."""
+        if jax.process_count() == 1:
+            return why
+        from jax.experimental import multihost_utils
+        flags = multihost_utils.process_allgather(np.array(why is not None))
+        if why is None and np.any(flags):
+            why = f"refused by process(es) {np.flatnonzero(flags).tolist()} (see their logs)"
+        return why
+
+    def _set_aside(self, steps: list[int]) -> None:
+        # A refused step newer than the restored one would block saving that step again
+        # (Orbax keeps existing steps) and be retried at every resume; keep it for a post-mortem.
+        if self._primary:
+            rejected = os.path.join(self.directory, REJECTED)
+            os.makedirs(rejected, exist_ok=True)
+            for step in steps:
+                dest = os.path.join(rejected, str(step))
+                if os.path.exists(dest):
+                    dest += f"-{int(time.time())}"
+                os.rename(self._step_dir(step), dest)
+                log.warning("moved unusable step %d to %s", step, dest)
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+            multihost_utils.sync_global_devices("scalerl_jax.checkpoint.set_aside")
+        self._manager.reload()
+
+    # -- stop signals --------------------------------------------------------------------------
+    def install_signal_handlers(self) -> None:
+        """Route SIGTERM and SIGINT to the stop flag that `maybe_save` acts on (main thread
+        only); a SIGINT after a stop was requested raises KeyboardInterrupt."""
         def handler(signum, frame):
-            log.warning("SIGTERM received: saving a checkpoint after the current step")
-            self._sigterm = True
-        self._previous_handler = signal.signal(signal.SIGTERM, handler)
+            name = signal.Signals(signum).name
+            if self._stop_signal is not None:
+                if signum == signal.SIGINT:
+                    raise KeyboardInterrupt(f"second stop signal ({name}): not saving")
+                log.warning("%s received; already stopping after %s", name, self._stop_signal)
+                return
+            self._stop_signal = name
+            log.warning("%s received: saving a checkpoint after the current step, then stopping "
+                        "(Ctrl-C again to abort without saving)", name)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._previous_handlers.setdefault(sig, signal.signal(sig, handler))
 
-    def uninstall_sigterm_handler(self) -> None:
-        if self._previous_handler is not None:
-            signal.signal(signal.SIGTERM, self._previous_handler)
-            self._previous_handler = None
+    install_sigterm_handler = install_signal_handlers  # the name older callers use
+
+    def uninstall_signal_handlers(self) -> None:
+        for sig, previous in self._previous_handlers.items():
+            signal.signal(sig, previous)
+        self._previous_handlers = {}
+
+    @property
+    def stop_signal(self) -> Optional[str]:
+        """'SIGTERM' or 'SIGINT' once one asked this run to stop (in a multi-process job: any
+        process, as of the last `preempted` check), else None. Exit with 128 + its number."""
+        return self._stop_signal
 
     @property
     def preempted(self) -> bool:
-        """SIGTERM seen by this process (or by any process of a multi-process job)."""
+        """A stop signal seen by this process (or by any process of a multi-process job)."""
         if jax.process_count() == 1:
-            return self._sigterm
+            return self._stop_signal is not None
         from jax.experimental import multihost_utils
-        flags = multihost_utils.process_allgather(np.array(self._sigterm))
-        return bool(np.any(flags))
+        code = _SIGNALS.get(self._stop_signal or "", 0)
+        codes = multihost_utils.process_allgather(np.array(code))
+        top = int(np.max(codes))
+        if top and self._stop_signal is None:
+            self._stop_signal = {v: k for k, v in _SIGNALS.items()}[top]
+        return bool(top)
 
 
 def export_hf(params, cfg, out_dir: str, **kwargs) -> list[str]:

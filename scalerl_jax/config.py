@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Optional
+import typing
+from typing import Any, Optional, Sequence
 
 
 class ConfigError(ValueError):
@@ -332,9 +333,13 @@ class RewardConfig:
     timeout_s: float = 10.0
     processes: bool = False  # spawn-process workers: a hung SymPy call is killed, not abandoned
     require_think_close: bool = False  # no `</think>` -> no answer (templates that open <think>)
+    verifier: Optional[str] = None  # "package.module:function"; None: by data source
 
     def __post_init__(self):
         _positive("RewardConfig", workers=self.workers, timeout_s=self.timeout_s)
+        if self.verifier is not None:
+            _check(":" in self.verifier, "RewardConfig", "verifier", self.verifier,
+                   "must be 'package.module:function'")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -349,6 +354,35 @@ class EvalConfig:
     def __post_init__(self):
         _positive("EvalConfig", every_steps=self.every_steps, k=self.k,
                   num_prompts=self.num_prompts)
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTConfig:
+    """Supervised warm-up that makes the RL stage's base policy (the paper RL-trains an SFT model).
+
+    `source`: demonstrations, `synthetic:TASK[?knobs]` (each problem with its worked thought) or
+    a local .jsonl/.parquet file whose rows hold `prompt_field` (the problem, formatted with the
+    RL data's template so the policy sees the same prompts in both stages) and
+    `completion_field` (the full target text, e.g. "<think>...</think>answer"). The RL
+    validation prompts are removed from the demonstrations. The loss is the mean token
+    cross-entropy of the completions (eos appended); demonstrations are packed into rows.
+    """
+
+    source: str = "synthetic:chain"
+    prompt_field: str = "prompt"
+    completion_field: str = "completion"
+    steps: int = 200
+    batch_size: int = 16  # rows per step, each packed with whole demonstrations
+    max_length: int = 256  # row length in tokens; longer demonstrations are skipped
+    optim: OptimConfig = OptimConfig(learning_rate=1e-3, warmup_steps=10, eps=1e-8,
+                                     weight_decay=0.0)
+    log_every: int = 10
+
+    def __post_init__(self):
+        c = "SFTConfig"
+        _check(bool(self.source), c, "source", self.source, "must be non-empty")
+        _positive(c, steps=self.steps, batch_size=self.batch_size, max_length=self.max_length,
+                  log_every=self.log_every)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -369,11 +403,13 @@ class RunConfig:
     keep_checkpoints: int = 3
     keep_every: Optional[int] = None  # also keep every M-th step permanently
     hf_checkpoint: Optional[str] = None  # initial weights (HF directory); None: random init
+    sft: Optional[SFTConfig] = None  # supervised warm-up before RL (from hf_checkpoint or init)
+    max_skipped_steps: int = 5  # stop after this many consecutive non-finite steps
 
     def __post_init__(self):
         c = "RunConfig"
         _positive(c, steps=self.steps, checkpoint_every=self.checkpoint_every,
-                  keep_checkpoints=self.keep_checkpoints)
+                  keep_checkpoints=self.keep_checkpoints, max_skipped_steps=self.max_skipped_steps)
         if self.keep_every is not None:
             _positive(c, keep_every=self.keep_every)
 
@@ -408,4 +444,99 @@ _NESTED = {
     (RunConfig, "data"): DataConfig,
     (RunConfig, "reward"): RewardConfig,
     (RunConfig, "eval"): EvalConfig,
+    (RunConfig, "sft"): SFTConfig,
+    (SFTConfig, "optim"): OptimConfig,
 }
+
+
+# ------------------------------------------------------------------------ command-line overrides
+def _parse_value(text: str) -> Any:
+    low = text.strip().lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("none", "null"):
+        return None
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _coerce(value: Any, hint: Any, key: str) -> Any:
+    """`value` as the field type `hint` (int, float, bool, str, Optional[...]), else an error."""
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) is typing.Union:  # Optional[X]
+        if value is None and type(None) in args:
+            return None
+        hint = next(a for a in args if a is not type(None))
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint is str and not isinstance(value, str):
+        return str(value)  # e.g. a numeric-looking string such as a run name "42"
+    if isinstance(hint, type) and isinstance(value, hint) and \
+            not (hint is int and isinstance(value, bool)):
+        return value
+    raise ConfigError(f"override {key}: expected {getattr(hint, '__name__', hint)}, got "
+                      f"{type(value).__name__}")
+
+
+def _apply(obj: Any, tree: dict, prefix: str) -> Any:
+    """`obj` with the overrides in `tree` ({field: text or subtree}), every field of one section
+    replaced at once, so that fields validated together (think_min <= think_max) can move
+    together."""
+    cls = type(obj)
+    fields = {f.name for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    changes = {}
+    for name, sub in tree.items():
+        key = prefix + name
+        if name not in fields:
+            raise ConfigError(f"override {key}: {cls.__name__} has no field {name!r}; fields: "
+                              f"{sorted(fields)}")
+        current = getattr(obj, name)
+        if not isinstance(sub, dict):
+            if _parse_value(sub) is None and type(None) in typing.get_args(hints[name]):
+                changes[name] = None  # e.g. sft=none turns an optional stage off
+                continue
+            if dataclasses.is_dataclass(current):
+                raise ConfigError(f"override {key}: {name!r} is a section; set one of its "
+                                  f"fields ({key}.<field>=...)")
+            changes[name] = _coerce(_parse_value(sub), hints[name], f"{key}={sub}")
+            continue
+        if current is None:  # an optional section that is off: start from its defaults
+            section = next((a for a in typing.get_args(hints[name])
+                            if dataclasses.is_dataclass(a)), None)
+            if section is None:
+                raise ConfigError(f"override {key}: {name!r} is not a section")
+            try:
+                current = section()
+            except TypeError:
+                raise ConfigError(f"override {key}: {name!r} is unset and has no defaults; set "
+                                  f"it in a recipe") from None
+        elif not dataclasses.is_dataclass(current):
+            raise ConfigError(f"override {key}: {name!r} is a value, not a section")
+        changes[name] = _apply(current, sub, key + ".")
+    return dataclasses.replace(obj, **changes)
+
+
+def apply_overrides(cfg: "RunConfig", overrides: Sequence[str]) -> "RunConfig":
+    """`cfg` with `key.path=value` overrides, e.g. `pipeline.mode=sync`,
+    `optim.learning_rate=3e-4`, `sft.steps=100`, `sampler.top_k=none`. Values are parsed as
+    bool / none / int / float / text and checked against the field's type; each changed section
+    is rebuilt once with all its new values and validated by its own dataclass, so a bad value
+    fails with the usual ConfigError. A later override of the same key wins."""
+    tree: dict = {}
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        path = key.strip().split(".")
+        if not sep or not all(path):
+            raise ConfigError(f"override {item!r}: expected key.path=value")
+        node = tree
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r}: {part!r} was set as a value")
+        node[path[-1]] = value
+    return _apply(cfg, tree, "") if tree else cfg

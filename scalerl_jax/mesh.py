@@ -57,6 +57,10 @@ def maybe_initialize_distributed(env=None) -> bool:
         missing = [k for k in ("SCALERL_NUM_PROCESSES", "SCALERL_PROCESS_ID") if k not in env]
         if missing:
             raise MeshError(f"SCALERL_COORDINATOR is set but {missing} are not")
+        # Only the CPU backend reads this; on CPU hosts gloo is what runs cross-process
+        # collectives (there is no ICI/NCCL), as in local multi-process tests.
+        jax.config.update("jax_cpu_collectives_implementation",
+                          env.get("SCALERL_CPU_COLLECTIVES", "gloo"))
         jax.distributed.initialize(
             coordinator_address=env["SCALERL_COORDINATOR"],
             num_processes=int(env["SCALERL_NUM_PROCESSES"]),

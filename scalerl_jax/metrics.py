@@ -26,8 +26,15 @@ Every line has
         "sampler_tokens", "trainer_tokens"
     further keys (e.g. "num_prompts") may follow.
 
-A killed run can leave a torn last line; readers skip and count malformed lines. A resumed run
-may re-evaluate a step it had already evaluated; `eval_xy` keeps the last record per step.
+Resume supersedes: a run killed at step 13 whose last checkpoint is step 10 had written
+records for steps 11-13 that the resumed run writes again. Right after restoring checkpoint
+step S (S = 0 when there was none to restore), and before opening a MetricsWriter, the trainer
+calls `truncate_after(workdir, S)`, which atomically rewrites the file keeping only well-formed
+records with step <= S (`run` events included) and dropping torn lines, so the file ends with
+one `train` record per step and one `eval` per evaluation, and `wall_s` continues from the
+survivors. The schema stays version 1 and files written before this rule still read: a killed
+run could leave a torn last line, which readers skip and count, and where a step has several
+`eval` records `eval_xy` keeps the last.
 Only one process (host 0) should write the file.
 """
 from __future__ import annotations
@@ -76,6 +83,7 @@ class MetricsWriter:
     """
 
     def __init__(self, workdir: str | os.PathLike, *, fsync: bool = False):
+        # After a resume call `truncate_after` first: the writer appends to whatever it finds.
         os.makedirs(workdir, exist_ok=True)
         self.path = os.path.join(os.fspath(workdir), FILENAME)
         self._fsync = fsync
@@ -133,20 +141,65 @@ class MetricsWriter:
         self.close()
 
 
+def _parse(line: bytes | str) -> Optional[dict]:
+    """The record on a line, or None when it is not one (torn, not JSON, no event)."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(record, dict) or not isinstance(record.get("event"), str):
+        return None
+    return record
+
+
+def _step_of(record: dict) -> Optional[int]:
+    step = record.get("step")
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
 def _resume_state(path: str) -> tuple[float, bool]:
-    """(last wall_s in an existing file, whether it ends in a torn line)."""
+    """(largest wall_s over the records in an existing file, whether it ends in a torn line)."""
     if not os.path.exists(path) or os.path.getsize(path) == 0:
         return 0.0, False
     with open(path, "rb") as f:
         data = f.read()
     wall = 0.0
     for line in data.splitlines():
-        try:
-            record = json.loads(line)
-            wall = max(wall, float(record.get("wall_s") or 0.0))
-        except (ValueError, AttributeError, TypeError):
-            continue
+        record = _parse(line)
+        if record is not None and isinstance(record.get("wall_s"), (int, float)):
+            wall = max(wall, float(record["wall_s"]))
     return wall, not data.endswith(b"\n")
+
+
+def truncate_after(path_or_run_dir: str | os.PathLike, step: int) -> int:
+    """Keep only the records with step <= `step` (the restored checkpoint's step); returns how
+    many non-blank lines were dropped, torn and malformed ones included.
+
+    The rewrite is atomic (temp file in the same directory, fsync, rename): a kill during it
+    leaves the old file or the new one. Call it before opening a MetricsWriter on the file,
+    which would otherwise keep appending to the replaced one. A missing file is left missing.
+    """
+    if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+        raise ValueError(f"truncate_after step={step!r}: must be an int >= 0")
+    path = _metrics_path(path_or_run_dir)
+    if not os.path.exists(path):
+        return 0
+    with open(path, "rb") as f:
+        data = f.read()
+    kept, dropped = [], 0
+    for line in data.splitlines():
+        if not line.strip():
+            continue
+        record = _parse(line)
+        record_step = None if record is None else _step_of(record)
+        if record_step is None or record_step > step:
+            dropped += 1
+        else:
+            kept.append(line + b"\n")
+    if dropped or (data and not data.endswith(b"\n")):
+        from scalerl_jax.rundir import atomic_write  # lazy: keeps metrics import-light
+        atomic_write(path, b"".join(kept))
+    return dropped
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,12 +231,8 @@ def read_metrics(path_or_run_dir: str | os.PathLike) -> MetricsLog:
         for lineno, line in enumerate(f, start=1):
             if not line.strip():
                 continue
-            try:
-                record = json.loads(line)
-            except ValueError:
-                bad.append(lineno)
-                continue
-            if not isinstance(record, dict) or not isinstance(record.get("event"), str):
+            record = _parse(line)
+            if record is None:
                 bad.append(lineno)
                 continue
             record["_line"] = lineno
@@ -251,7 +300,12 @@ class ComputeMeter:
     context_len is the mean number of positions each token attends to: about T/2 for causal
     training on length-T sequences, about prompt_len + gen_len/2 for decoding.
     Training costs 3x a forward pass (forward + backward), so 6N + attention per token.
-    On resume, pass the last eval record's `compute` as `initial` to continue the count.
+
+    Resume: the trainer stores `state_dict()` in each checkpoint's meta and restores it with
+    `load_state_dict`, so the count continues from exactly the restored step whenever the run
+    was killed (work after the checkpoint is redone and counted once). `initial` (an eval
+    record's `compute`) is the fallback for checkpoints written before meta held the meter; it
+    loses the compute between that eval and the checkpoint.
     """
 
     _FIELDS = ("sampler_device_s", "trainer_device_s", "sampler_flops", "trainer_flops",
@@ -270,6 +324,20 @@ class ComputeMeter:
                 self.totals[f"{side}_device_s"] = 3600.0 * float(initial[f"{side}_device_hours"])
                 self.totals[f"{side}_flops"] = float(initial.get(f"{side}_flops", 0.0))
                 self.totals[f"{side}_tokens"] = float(initial.get(f"{side}_tokens", 0.0))
+
+    def state_dict(self) -> dict:
+        """The running totals as a JSON-able dict (floats round-trip exactly through JSON)."""
+        return {"version": 1, **{key: float(v) for key, v in self.totals.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        missing = [key for key in self._FIELDS if key not in state]
+        if missing:
+            raise ValueError(f"ComputeMeter.load_state_dict: missing {missing} (has "
+                             f"{sorted(state)}); expected the output of state_dict()")
+        if state.get("version", 1) != 1:
+            raise ValueError(f"ComputeMeter.load_state_dict: version={state['version']!r}, "
+                             "this code reads version 1")
+        self.totals = {key: float(state[key]) for key in self._FIELDS}
 
     def _add(self, side: str, seconds: float, devices: int, tokens: float, flops: float) -> None:
         if seconds < 0 or devices <= 0 or tokens < 0:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 from scalerl_jax.config import (DataConfig, EvalConfig, LossConfig, MeshConfig, ModelConfig,
-                                OptimConfig, PipelineConfig, RunConfig, SamplerConfig)
+                                OptimConfig, PipelineConfig, RunConfig, SamplerConfig, SFTConfig)
 from scalerl_jax.models import presets
 
 
@@ -40,31 +40,50 @@ def scalerl(model: str = "llama-3.1-8b", **overrides) -> RunConfig:
 
 
 def testbed(**overrides) -> RunConfig:
-    """The embedded CPU default: 2-layer model, 1-digit addition, char-level vocabulary."""
+    """The embedded CPU default: a supervised warm-up, then ScaleRL, then the scaling fit.
+
+    Task `countup` (data/synthetic.py): "457+6=", 3-digit plus one digit. The warm-up's
+    demonstrations either count on, "<think>458,459,460,461,462,463</think>463", or (60% of them)
+    answer from memory, "<think></think>463". A 4-layer, 0.9M-parameter model with a character
+    vocabulary (a digit is one token, so a slip is one wrong token; `</think>` is one token the
+    sampler can force) copies both styles in 300 steps; counting on is right about 60% of the
+    time and memory about 10%, so the base policy passes ~15%. RL then raises it to ~50% within
+    a few minutes by learning to count on, and do it right, with every piece of the recipe on:
+    CISPO, prompt aggregation, batch advantage normalisation, zero-variance filtering,
+    no-positive-resampling, PipelineRL-8 with in-flight weight updates, and interruptions
+    (a thinking budget of 40-44 tokens sits above the longest correct thought, 36, so only
+    rambling samples are cut, as the paper's 10k-12k of 12k does).
+
+    Learning rate: 5e-5 (Adam moves every weight by ~lr per step; at 1e-4 and above this small
+    model's pass rate fell in sync and pipeline mode alike). Validation: 256 held-out prompts x 4
+    samples every 20 steps (standard error ~0.02, reported as `pass_rate_se`).
+    """
     from scalerl_jax.data.synthetic import CharTokenizer
 
-    vocab = CharTokenizer().vocab_size
-    model_cfg = ModelConfig(name="testbed", vocab_size=vocab, hidden_size=128,
-                            intermediate_size=384, num_layers=2, num_heads=4, num_kv_heads=2,
-                            max_position_embeddings=256, tie_embeddings=True)
+    problems = "synthetic:countup?max_start=499&num=4000"
+    model_cfg = ModelConfig(name="testbed", vocab_size=CharTokenizer().vocab_size,
+                            hidden_size=128, intermediate_size=384, num_layers=4, num_heads=4,
+                            num_kv_heads=4, max_position_embeddings=256, tie_embeddings=True)
     cfg = RunConfig(
         model=model_cfg,
         mesh=MeshConfig(colocate=True),
-        sampler=SamplerConfig(max_concurrent_decodes=32, max_prefill_length=32,
-                              max_target_length=96, max_new_tokens=48, think_min=16,
-                              think_max=24, answer_budget=6,
+        sampler=SamplerConfig(max_concurrent_decodes=64, max_prefill_length=16,
+                              max_target_length=96, max_new_tokens=80, think_min=56,
+                              think_max=60, answer_budget=4,
                               interruption_phrase="time is up. </think>"),
         loss=LossConfig(),
-        optim=OptimConfig(learning_rate=1e-3, warmup_steps=5, eps=1e-8),
-        pipeline=PipelineConfig(mode="pipeline", max_lag=8, prompts_per_step=8,
-                                generations_per_prompt=4),
-        data=DataConfig(source="synthetic:addition?min_digits=1&max_digits=1&num=100",
-                        template="{prompt}",
-                        num_validation=20),
-        eval=EvalConfig(every_steps=10, k=4, num_prompts=20),
+        optim=OptimConfig(learning_rate=2e-5, warmup_steps=10, eps=1e-8, logprob_chunk=None),
+        pipeline=PipelineConfig(mode="pipeline", max_lag=8, prompts_per_step=16,
+                                generations_per_prompt=8, seq_bucket=16),
+        data=DataConfig(source=problems, template="{prompt}", num_validation=400),
+        eval=EvalConfig(every_steps=18, k=4, num_prompts=400),
+        sft=SFTConfig(source=problems + "&direct=0.7", steps=300, batch_size=16, max_length=128,
+                      optim=OptimConfig(learning_rate=3e-3, warmup_steps=20, eps=1e-8,
+                                        weight_decay=0.0, schedule="cosine", total_steps=300,
+                                        logprob_chunk=None)),
         workdir="runs/testbed",
-        steps=30,
-        checkpoint_every=10,
+        steps=180,
+        checkpoint_every=45,
     )
     return dataclasses.replace(cfg, **overrides) if overrides else cfg
 

@@ -243,13 +243,47 @@ def test_synthetic_tasks_deterministic_distinct_verifiable(task):
         assert verify_exact(f"<think>working</think>{r.answer}", r.answer)
         assert not verify_exact(f"<think>{r.answer}", r.answer)
         assert not verify_exact(f"<think>x</think>{r.answer}0", r.answer)
+        # The demonstration closes its thought and ends with the answer.
+        assert r.completion.startswith("<think>")
+        assert r.completion.endswith(f"</think>{r.answer}")
+
+
+def test_countup_counts_on_and_direct_share_answers_from_memory():
+    worked = generate("countup", 300, seed=2, max_start=499)
+    mixed = generate("countup", 300, seed=2, max_start=499, direct=0.6)
+    assert [r.prompt for r in worked] == [r.prompt for r in mixed]  # same problems either way
+    for r in worked:
+        a, b = map(int, re.fullmatch(r"(\d+)\+(\d+)=", r.prompt).groups())
+        assert r.thought.split(",") == [f"{a + i}:{b - i}" for i in range(1, b + 1)]
+        assert r.completion == f"<think>{r.thought}</think>{a + b}" == f"<think>{r.thought}</think>{r.answer}"
+    quick = [r for r in mixed if not r.thought]
+    assert 140 <= len(quick) <= 220  # ~60% of 300
+    assert all(abs(int(r.demo_answer) - int(r.answer)) <= 3 for r in quick)
+    assert 0.05 < sum(r.demo_answer == r.answer for r in quick) / len(quick) < 0.3  # ~1/7
+    assert all(r.completion == f"<think></think>{r.demo_answer}" for r in quick)
+
+
+def test_chain_thought_is_a_correct_running_sum():
+    rows = generate("chain", 200, seed=1, min_terms=2, max_terms=6, digits=2)
+    assert {len(re.findall(r"[+-]", r.prompt)) for r in rows} == {1, 2, 3, 4, 5}
+    for r in rows:
+        steps = r.thought.split(",")
+        assert len(steps) == len(re.findall(r"[+-]", r.prompt))
+        for i, s in enumerate(steps):
+            a, op, b, out = re.fullmatch(r"(\d+)([+-])(\d+)=(\d+)", s).groups()
+            assert int(out) == (int(a) + int(b) if op == "+" else int(a) - int(b)) >= 0
+            if i:  # each step starts from the previous running sum
+                assert a == steps[i - 1].split("=")[1]
+        assert steps[-1].split("=")[1] == r.answer
 
 
 def _solve(prompt):
     """Independent recomputation of each task's answer from its prompt text."""
-    if m := re.fullmatch(r"(\d+)([+-])(\d+)=", prompt):
-        a, b = int(m.group(1)), int(m.group(3))
-        return str(a + b if m.group(2) == "+" else a - b)
+    if m := re.fullmatch(r"(\d+(?:[+-]\d+)+)=", prompt):
+        total, terms = 0, re.findall(r"([+-]?)(\d+)", m.group(1))
+        for sign, x in terms:
+            total += -int(x) if sign == "-" else int(x)
+        return str(total)
     if m := re.fullmatch(r"reverse:([a-z]+)=", prompt):
         return m.group(1)[::-1]
     m = re.fullmatch(r"count ([a-z]):([a-z]+)=", prompt)

@@ -1,11 +1,13 @@
 """metrics.jsonl writer/reader and compute accounting."""
+import collections
 import json
+import os
 
 import numpy as np
 import pytest
 
 from scalerl_jax.metrics import (COMPUTE_KEYS, ComputeMeter, MetricsWriter, eval_xy,
-                                 forward_flops_per_token, get_path, read_metrics)
+                                 forward_flops_per_token, get_path, read_metrics, truncate_after)
 
 
 def _compute(h):
@@ -100,3 +102,65 @@ def test_compute_meter_accounting():
         ComputeMeter(N, L, 0)
     with pytest.raises(ValueError, match="devices=0"):
         meter.add_sampler(seconds=1.0, devices=0, tokens=1.0, context_len=1.0)
+
+
+def _line(event, step, wall_s, **fields):
+    return json.dumps({"event": event, "step": step, "wall_s": wall_s, **fields}) + "\n"
+
+
+def test_truncate_after_supersedes_records_written_after_the_restored_checkpoint(tmp_path):
+    # A run evaluated every 5 steps, resumed once at step 5, then was kill -9'd during step 14
+    # with its last checkpoint at step 10.
+    lines = [_line("run", 0, 0.0, schema=1, resumed=False), _line("eval", 0, 1.0, pass_rate=0.0)]
+    lines += [_line("train", s, 10.0 * s, loss=1.0 / s) for s in range(1, 6)]
+    lines += [_line("eval", 5, 51.0, pass_rate=0.1), _line("run", 5, 52.0, resumed=True)]
+    lines += [_line("train", s, 10.0 * s, loss=1.0 / s) for s in range(6, 14)]
+    lines += [_line("eval", 10, 101.0, pass_rate=0.2), "not json\n", "\n"]
+    lines += ['{"event": "train", "step": 14, "wa']  # torn by the kill
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(lines))
+
+    assert truncate_after(tmp_path, 10) == 5  # train 11-13, the malformed and the torn line
+    log = read_metrics(path)
+    assert log.malformed == 0 and path.read_text().endswith("\n")
+    assert [(e["event"], e["step"]) for e in log.of("run")] == [("run", 0), ("run", 5)]
+    assert [e["step"] for e in log.of("train")] == list(range(1, 11))
+    assert [e["step"] for e in log.of("eval")] == [0, 5, 10]
+    assert not [n for n in os.listdir(tmp_path) if n != "metrics.jsonl"]  # no temp file left
+
+    with MetricsWriter(tmp_path) as w:  # the resumed run
+        assert w.resumed and 101.0 <= w.wall_s() < 102.0  # continues from the survivors' max
+        w.run({}, step=10)
+        for s in range(11, 16):
+            w.train(s, loss=0.0)
+        w.eval(15, pass_rate=0.3, k=1, compute=_compute(1.0))
+    log = read_metrics(tmp_path)
+    counts = collections.Counter(e["step"] for e in log.of("train"))
+    assert sorted(counts) == list(range(1, 16)) and set(counts.values()) == {1}
+    assert [e["step"] for e in log.of("eval")] == [0, 5, 10, 15]
+    assert all(a["wall_s"] <= b["wall_s"] for a, b in zip(log.events[-7:], log.events[-6:]))
+
+    inode = os.stat(path).st_ino
+    assert truncate_after(path, 15) == 0 and os.stat(path).st_ino == inode  # nothing to drop
+    assert truncate_after(path, 0) == 20 and [e["step"] for e in read_metrics(path).events] \
+        == [0, 0]
+    assert truncate_after(tmp_path / "missing.jsonl", 3) == 0
+    assert not (tmp_path / "missing.jsonl").exists()
+    with pytest.raises(ValueError, match="step=-1"):
+        truncate_after(path, -1)
+
+
+def test_compute_meter_state_round_trips_through_json():
+    meter = ComputeMeter(1.3e9, 24, 2048)
+    meter.add_sampler(seconds=12.345678901, devices=7, tokens=123457.0, context_len=333.3)
+    meter.add_trainer(seconds=0.1 + 0.2, devices=1, tokens=98765.0, context_len=1e3 / 3)
+    state = json.loads(json.dumps(meter.state_dict()))  # as stored in checkpoint meta
+    restored = ComputeMeter(1.3e9, 24, 2048)
+    restored.load_state_dict(state)
+    assert restored.totals == meter.totals and restored.compute() == meter.compute()  # exact
+    for m in (meter, restored):
+        m.add_trainer(seconds=1.0, devices=2, tokens=10.0, context_len=5.0)
+    assert restored.compute() == meter.compute()
+    del state["trainer_flops"]
+    with pytest.raises(ValueError, match=r"missing \['trainer_flops'\]"):
+        restored.load_state_dict(state)

@@ -260,19 +260,31 @@ def check_bad_fraction(stats: LoadStats, source: str, max_bad_fraction: float) -
                         f"{max_bad_fraction:.2%}): {reasons}. First: {first}")
 
 
-def _synthetic_rows(spec: str, seed: int) -> list[Row]:
+def _number_or_text(value: str) -> Any:
+    for kind in (int, float):
+        try:
+            return kind(value)
+        except ValueError:
+            pass
+    return value
+
+
+def synthetic_rows(spec: str, seed: int) -> list[synthetic.SyntheticRow]:
+    """The rows of `TASK[?knob=value&...]` (the part after `synthetic:`); `num` defaults to
+    10,000."""
     task, _, query = spec.partition("?")
-    knobs: dict[str, Any] = {k: int(v) if v.lstrip("-").isdigit() else v
-                             for k, v in urllib.parse.parse_qsl(query, strict_parsing=bool(query))}
+    knobs: dict[str, Any] = {k: _number_or_text(v) for k, v in
+                             urllib.parse.parse_qsl(query, strict_parsing=bool(query))}
     num = knobs.pop("num", 10_000)
-    return [Row(*r) for r in synthetic.generate(task, num, seed, **knobs)]
+    return synthetic.generate(task, num, seed, **knobs)
 
 
 def load_rows(config: DataConfig, id_field: Optional[str] = "id") -> tuple[list[Row], LoadStats]:
     """All usable rows of `config.source`, in file order, and the load statistics."""
     if config.source.startswith("synthetic:"):
         try:
-            rows = _synthetic_rows(config.source[len("synthetic:"):], config.seed)
+            rows = [Row(r.prompt_id, r.prompt, r.answer) for r in
+                    synthetic_rows(config.source[len("synthetic:"):], config.seed)]
         except (ValueError, TypeError) as e:
             raise DataError(f"DataConfig.source={config.source!r}: {e}") from None
         return rows, LoadStats(len(rows), len(rows), 0, {}, ())

@@ -8,9 +8,22 @@ string (verified by rewards/synthetic.verify_exact after the thinking block):
   arithmetic  "52-17="        -> "35"     + and -, never negative; knobs: min_digits, max_digits
   reverse     "reverse:abc="  -> "cba"    knobs: min_len, max_len, alphabet
   count       "count a:abca=" -> "2"      knobs: min_len, max_len, alphabet
+  chain       "23+7-5+14="    -> "39"     knobs: min_terms, max_terms (2, 5), digits (2)
+  countup     "457+6="        -> "463"    knobs: max_start (99), min_add, max_add (2, 9), direct (0)
 
 The model is expected to answer "<think>...</think>46"; `<think>` and `</think>` are single tokens
 of the CharTokenizer so the sampler can force `</think>` (interruptions) in one step.
+
+Every problem comes with a worked thought, the demonstration a supervised warm-up trains on
+(`completion = <think>thought</think>answer`). `chain` writes one running sum per operation,
+"23+7=30,30-5=25,25+14=39". `countup` (the CPU testbed's task) adds by counting on, one number
+per step with the count still to go, "458:5,459:4,460:3,461:2,462:1,463:0", so its thought is
+as long as the number added; with knob
+`direct` that share of the demonstrations answer from memory instead, "<think></think>461":
+a quick estimate within 3 of the sum, right one time in seven, as data mixing careful worked
+solutions with off-hand answers does. A tiny model copies both styles, and only the
+worked one is reliable: RL has a real behaviour to learn (think it through, at the right
+length) rather than facts to memorise, which is what makes the pass rate climb in minutes.
 Generators are deterministic given the seed (Python's `random.Random`, whose integer streams are
 stable across versions) and return distinct problems: asking for more rows than the task's
 problem space holds is an error naming both numbers.
@@ -24,7 +37,14 @@ from typing import NamedTuple, Optional, Sequence
 class SyntheticRow(NamedTuple):
     prompt_id: str
     prompt: str
-    answer: str
+    answer: str  # the reference answer the verifier checks
+    thought: str  # the demonstration's thinking section (may be empty)
+    demo_answer: str  # the demonstration's own final answer (an estimate can be off)
+
+    @property
+    def completion(self) -> str:
+        """The demonstration an SFT warm-up trains on (eos is appended by the tokenizer side)."""
+        return f"{CharTokenizer.THINK}{self.thought}{CharTokenizer.THINK_CLOSE}{self.demo_answer}"
 
 
 def _number(rng: random.Random, min_digits: int, max_digits: int) -> int:
@@ -34,15 +54,47 @@ def _number(rng: random.Random, min_digits: int, max_digits: int) -> int:
 
 def _addition(rng, min_digits: int = 1, max_digits: int = 3):
     a, b = _number(rng, min_digits, max_digits), _number(rng, min_digits, max_digits)
-    return f"{a}+{b}=", str(a + b)
+    return f"{a}+{b}=", str(a + b), f"{a}+{b}={a + b}"
 
 
 def _arithmetic(rng, min_digits: int = 1, max_digits: int = 3):
     a, b = _number(rng, min_digits, max_digits), _number(rng, min_digits, max_digits)
     if rng.random() < 0.5:
-        return f"{a}+{b}=", str(a + b)
+        return f"{a}+{b}=", str(a + b), f"{a}+{b}={a + b}"
     a, b = max(a, b), min(a, b)
-    return f"{a}-{b}=", str(a - b)
+    return f"{a}-{b}=", str(a - b), f"{a}-{b}={a - b}"
+
+
+def _chain(rng, min_terms: int = 2, max_terms: int = 5, digits: int = 2):
+    if not 2 <= min_terms <= max_terms or digits < 1:
+        raise ValueError(f"need 2 <= min_terms={min_terms} <= max_terms={max_terms}, "
+                         f"digits={digits} >= 1")
+    total = _number(rng, 1, digits)
+    prompt, steps = str(total), []
+    for _ in range(rng.randint(min_terms, max_terms) - 1):
+        x = _number(rng, 1, digits)
+        # Subtract only what keeps the running sum non-negative: no minus signs in answers.
+        op = "-" if x <= total and rng.random() < 0.5 else "+"
+        new = total - x if op == "-" else total + x
+        prompt += f"{op}{x}"
+        steps.append(f"{total}{op}{x}={new}")
+        total = new
+    return prompt + "=", str(total), ",".join(steps)
+
+
+def _countup(rng, max_start: int = 99, min_add: int = 2, max_add: int = 9, direct: float = 0.0):
+    if not 1 <= min_add <= max_add or max_start < 0 or not 0 <= direct <= 1:
+        raise ValueError(f"need 1 <= min_add={min_add} <= max_add={max_add}, max_start="
+                         f"{max_start} >= 0, 0 <= direct={direct} <= 1")
+    a, b = rng.randint(0, max_start), rng.randint(min_add, max_add)
+    # Always drawn, so the problems (and their ids) do not depend on `direct`.
+    from_memory, guess = rng.random() < direct, a + b + rng.randint(-3, 3)
+    if from_memory:  # a quick estimate, right one time in seven
+        return f"{a}+{b}=", str(a + b), "", str(max(guess, 0))
+    # Each number carries how many are left to count, so stopping is a local decision (at 0)
+    # rather than a count of everything written so far.
+    thought = ",".join(f"{a + i}:{b - i}" for i in range(1, b + 1))
+    return f"{a}+{b}=", str(a + b), thought, str(a + b)
 
 
 def _word(rng, min_len: int, max_len: int, alphabet: str) -> str:
@@ -51,16 +103,18 @@ def _word(rng, min_len: int, max_len: int, alphabet: str) -> str:
 
 def _reverse(rng, min_len: int = 3, max_len: int = 8, alphabet: str = "abcdefgh"):
     word = _word(rng, min_len, max_len, alphabet)
-    return f"reverse:{word}=", word[::-1]
+    return f"reverse:{word}=", word[::-1], ",".join(word[::-1])
 
 
 def _count(rng, min_len: int = 4, max_len: int = 10, alphabet: str = "abcd"):
     word = _word(rng, min_len, max_len, alphabet)
     letter = rng.choice(alphabet)
-    return f"count {letter}:{word}=", str(word.count(letter))
+    running = [str(word[:i + 1].count(letter)) for i, ch in enumerate(word) if ch == letter]
+    return f"count {letter}:{word}=", str(word.count(letter)), ",".join(running) or "0"
 
 
-_TASKS = {"addition": _addition, "arithmetic": _arithmetic, "reverse": _reverse, "count": _count}
+_TASKS = {"addition": _addition, "arithmetic": _arithmetic, "reverse": _reverse, "count": _count,
+          "chain": _chain, "countup": _countup}
 TASKS = tuple(_TASKS)
 
 
@@ -82,10 +136,11 @@ def generate(task: str, num: int, seed: int = 0, **knobs) -> list[SyntheticRow]:
                              f"{len(rows)} distinct problems in {attempts - 1} draws; asked for "
                              f"{num}: widen the difficulty knobs or ask for fewer")
         try:
-            prompt, answer = make(rng, **knobs)
+            prompt, answer, thought, *demo = make(rng, **knobs)
         except (TypeError, ValueError) as e:  # unknown knob name, or min > max
             raise ValueError(f"synthetic:{task}: bad knobs {knobs}: {e}") from None
-        rows.setdefault(prompt, SyntheticRow(f"{task}/{prompt}", prompt, answer))
+        rows.setdefault(prompt, SyntheticRow(f"{task}/{prompt}", prompt, answer, thought,
+                                                   demo[0] if demo else answer))
     return list(rows.values())
 
 

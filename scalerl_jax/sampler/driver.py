@@ -10,6 +10,17 @@ One loop, run in a background thread (`start`) or in the caller's (`run` / `step
   4. per slot, per token: record token, log-prob, forced flag and params version; end the sample
      on eos or its hard cap; interrupt it at its thinking budget.
 
+Admission (backpressure). `admit(version)` is asked before each new prompt is taken; False means
+"not now" (the caller bounds how far ahead of the trainer the sampler may run: train/pipeline.py).
+The prompt stream may also yield None for "nothing available now". Either way the running
+samples keep decoding; with every slot free the loop waits (`time_idle`) until a weight update
+or the caller lets it go on.
+
+Reproducibility. Each prompt has a ticket (its `Prompt.ticket`, else its admission count) and
+sample j of ticket t draws its tokens from a PRNG key and its thinking budget from a generator
+both derived from (seed, t, j). What a sample generates therefore depends on the params it saw,
+not on which slot it got or on what else was running.
+
 Interruptions (DESIGN.md). Each sample draws a thinking budget in [think_min, think_max]
 (generated tokens, counted from the first one: thinking is taken to be open from the start of
 the completion). If the think-close marker has not appeared among the first `budget` tokens, the
@@ -46,6 +57,7 @@ class Prompt(NamedTuple):
     prompt_id: str
     tokens: Sequence[int]
     metadata: dict = {}
+    ticket: Optional[int] = None  # admission number: seeds its samples; None: counted here
 
 
 class PromptTooLongError(ValueError):
@@ -65,6 +77,12 @@ def prefill_buckets(max_prefill_length: int, min_bucket: int = 16) -> list[int]:
     return out + [max_prefill_length]
 
 
+def sample_seed(seed: int, ticket: int, index: int) -> np.ndarray:
+    """Two uint32 words, a function of (seed, ticket, sample index) only: the PRNG key of one
+    sample (and the seed of its thinking budget)."""
+    return np.random.SeedSequence([seed & 0xFFFFFFFF, ticket, index]).generate_state(2, np.uint32)
+
+
 @dataclasses.dataclass
 class _GroupWork:
     prompt_id: str
@@ -72,6 +90,8 @@ class _GroupWork:
     metadata: dict
     truncated: bool
     completions: list
+    ticket: int
+    version: int  # params version of the prefill
     prefix: Any = None  # device prefix, held until all G samples are inserted
     inserted: int = 0
     done: int = 0
@@ -107,7 +127,8 @@ class Driver:
                  phrase_ids: Sequence[int] = (), version: int = 0,
                  on_group: Optional[Callable[[Group], None]] = None, max_queued_groups: int = 64,
                  seed: int = 0, continuous: bool = True, min_prefill_bucket: int = 16,
-                 cfg: Optional[SamplerConfig] = None):
+                 cfg: Optional[SamplerConfig] = None,
+                 admit: Optional[Callable[[int], bool]] = None, idle_wait_s: float = 0.002):
         cfg = engine.cfg if cfg is None else cfg
         if group_size < 1:
             raise ValueError(f"group_size={group_size} must be >= 1")
@@ -124,7 +145,9 @@ class Driver:
         self._close = [int(t) for t in think_close_ids]
         self._prompts = iter(prompts)
         self._buckets = prefill_buckets(engine.max_prefill_length, min_prefill_bucket)
-        self._rng = np.random.default_rng(seed)
+        self._seed = int(seed)
+        self._admit, self._idle_wait_s = admit, idle_wait_s
+        self._count = 0  # prompts taken
         self._continuous = continuous
         self._on_group = on_group
         self._out: queue.Queue = queue.Queue(max_queued_groups)
@@ -147,7 +170,7 @@ class Driver:
              "finish_truncated", "interrupted", "truncated_prompts", "prefills",
              "generate_calls", "decode_steps", "slot_steps", "tokens", "forced_tokens",
              "weight_updates"), 0)
-        self.stats.update(time_generate=0.0, time_prefill=0.0, time_host=0.0)
+        self.stats.update(time_generate=0.0, time_prefill=0.0, time_host=0.0, time_idle=0.0)
 
     # -- caller side ----------------------------------------------------------------------------
     def update_params(self, params, version: int) -> None:
@@ -209,6 +232,11 @@ class Driver:
         self.stop()
 
     @property
+    def queued(self) -> int:
+        """Finished groups waiting in the output queue."""
+        return self._out.qsize()
+
+    @property
     def utilisation(self) -> float:
         """Useful tokens / slot-steps: the fraction of decode compute that produced tokens."""
         return self.stats["tokens"] / max(self.stats["slot_steps"], 1)
@@ -242,7 +270,13 @@ class Driver:
             self.stats["weight_updates"] += 1
         self._fill()
         if all(s is None for s in self._slots):
-            return False  # _fill found no prompt left
+            if self._exhausted:
+                return False  # _fill found no prompt left
+            # Held back by admission (or an empty stream): wait for the trainer.
+            t0 = time.perf_counter()
+            self._stop.wait(self._idle_wait_s)
+            self.stats["time_idle"] += time.perf_counter() - t0
+            return True
         version = self.version
         t0 = time.perf_counter()
         self._state, res = self.engine.generate(self._params, self._state)
@@ -268,26 +302,32 @@ class Driver:
                     return
             g = self._partial
             take, free = free[:self.group_size - g.inserted], free[self.group_size - g.inserted:]
-            self._state = self.engine.bulk_insert(g.prefix, self._state, take)
+            seeds = [sample_seed(self._seed, g.ticket, g.inserted + i) for i in range(len(take))]
+            self._state = self.engine.bulk_insert(g.prefix, self._state, take, keys=seeds)
             cap = min(self.cfg.max_new_tokens, self.engine.max_target_length - len(g.tokens) + 1)
-            for slot in take:
+            for slot, words in zip(take, seeds):
                 budget = None
                 if self.cfg.interruptions:
-                    budget = int(self._rng.integers(self.cfg.think_min, self.cfg.think_max + 1))
+                    budget = int(np.random.default_rng(words).integers(
+                        self.cfg.think_min, self.cfg.think_max + 1))
                 self._slots[slot] = _Sample(g, g.inserted, cap, budget)
                 g.inserted += 1
             if g.inserted == self.group_size:
                 g.prefix, self._partial = None, None
 
     def _next_group(self) -> Optional[_GroupWork]:
-        if self._exhausted:
+        if self._exhausted or (self._admit is not None and not self._admit(self.version)):
             return None
         try:
             item = next(self._prompts)
         except StopIteration:
             self._exhausted = True
             return None
-        prompt_id, tokens, metadata = (tuple(item) + ({},))[:3]
+        if item is None:  # the stream has nothing right now
+            return None
+        prompt_id, tokens, metadata, ticket = (tuple(item) + ({}, None))[:4]
+        ticket = self._count if ticket is None else int(ticket)
+        self._count += 1
         tokens = np.asarray(tokens, np.int32).reshape(-1)
         limit = self.engine.max_prefill_length
         if len(tokens) == 0:
@@ -310,7 +350,7 @@ class Driver:
         self.stats["prefills"] += 1
         self.stats["prompts"] += 1
         return _GroupWork(str(prompt_id), tokens, dict(metadata or {}), truncated,
-                          [None] * self.group_size, prefix)
+                          [None] * self.group_size, ticket, self.version, prefix)
 
     def _record(self, res, version: int):
         k_steps = res.tokens.shape[0]
@@ -364,7 +404,8 @@ class Driver:
         g.done += 1
         if g.done == self.group_size:
             self.stats["groups"] += 1
-            self._emit(Group(g.prompt_id, g.tokens, g.completions, g.metadata, g.truncated))
+            self._emit(Group(g.prompt_id, g.tokens, g.completions, g.metadata, g.truncated,
+                             ticket=g.ticket, prefill_version=g.version))
 
     def _emit(self, group: Group):
         if self._on_group is not None:

@@ -203,9 +203,14 @@ class Engine:
         return self.bulk_insert(prefix, decode_state, [slot])
 
     def bulk_insert(self, prefix: Prefix, decode_state: DecodeState,
-                    slots: Sequence[int]) -> DecodeState:
+                    slots: Sequence[int], keys=None) -> DecodeState:
         """Copy one prefix into several slots (the G samples of a group share one prefill). The
-        slots are written one after another in place; one compile per prefix length."""
+        slots are written one after another in place; one compile per prefix length.
+
+        keys: optional [len(slots), 2] uint32 PRNG keys, one per slot. A sample seeded by its
+        own key draws the same tokens whichever slot it lands in and whatever ran before it
+        there, which makes sampling reproducible under continuous batching. Without keys the
+        slots keep the key stream they had."""
         b = self.max_concurrent_decodes
         slots = [int(s) for s in slots]
         if not slots or len(set(slots)) != len(slots) or not all(0 <= s < b for s in slots):
@@ -213,7 +218,15 @@ class Engine:
                               f"[0, {b})")
         padded = np.zeros((b,), np.int32)  # fixed size: one compile per prefix length
         padded[:len(slots)] = slots
-        return self._insert(prefix, decode_state, jnp.asarray(padded), jnp.int32(len(slots)))
+        new_keys = np.zeros((b, 2), np.uint32)
+        if keys is not None:
+            keys = np.asarray(keys, np.uint32)
+            if keys.shape != (len(slots), 2):
+                raise EngineError(f"bulk_insert: keys have shape {keys.shape}, expected "
+                                  f"({len(slots)}, 2)")
+            new_keys[:len(slots)] = keys
+        return self._insert(prefix, decode_state, jnp.asarray(padded), jnp.int32(len(slots)),
+                            jnp.asarray(new_keys), jnp.asarray(keys is not None))
 
     def generate(self, params, decode_state: DecodeState):
         """`decode_steps_per_call` decode steps for all slots -> (decode_state, ResultTokens)."""
@@ -285,7 +298,7 @@ class Engine:
         _, cache = model.decode(tokens[None], jnp.arange(t, dtype=jnp.int32)[None], cache)
         return Prefix(cache, true_length - 1, tokens[true_length - 1])
 
-    def _insert_impl(self, prefix, state, slots, count):
+    def _insert_impl(self, prefix, state, slots, count, keys, set_keys):
         # One slot at a time, in place: a scatter of the prefix broadcast to all slots would
         # materialise [slots, T, KV, hd] per layer (gigabytes at 256 slots x 2k tokens).
         def put(i, st):
@@ -299,7 +312,8 @@ class Engine:
                               tuple(map(rows, st.cache.v, prefix.cache.v))),
                 lengths=st.lengths.at[slot].set(prefix.length),
                 next_token=st.next_token.at[slot].set(prefix.last_token),
-                active=st.active.at[slot].set(True), queue_len=st.queue_len.at[slot].set(0))
+                active=st.active.at[slot].set(True), queue_len=st.queue_len.at[slot].set(0),
+                rng=st.rng.at[slot].set(jnp.where(set_keys, keys[i], st.rng[slot])))
         return jax.lax.fori_loop(0, count, put, state)
 
     def _set_slot_impl(self, state, slot, a):

@@ -48,7 +48,11 @@ class Group:
     completions: list[Completion]
     metadata: dict[str, Any] = dataclasses.field(default_factory=dict)  # e.g. reference answer
     prompt_truncated: bool = False
+    ticket: int = -1  # admission number (the trainer consumes groups in ticket order)
+    prefill_version: int = -1  # params version of the prompt's prefill (its oldest KV entries)
 
     @property
     def min_version(self) -> int:
-        return min(c.min_version for c in self.completions)
+        """The oldest policy this group's data depends on: its prompt's KV cache or a token."""
+        tokens = min(c.min_version for c in self.completions)
+        return tokens if self.prefill_version < 0 else min(tokens, self.prefill_version)

@@ -235,3 +235,24 @@ def write_run(a: RunAnalysis, spec: FitSpec, out_dir: str, plots: bool = True) -
         paths.append(plot.plot_run(os.path.join(out_dir, "fit.png"), a.curve, spec, a.fit,
                                    boot=a.boot, extrap=extrap, target=a.target))
     return paths
+
+
+def fit_run_dir(run_dir: str, spec: FitSpec = FitSpec(), *, n_boot: int = 200, seed: int = 0,
+                plots: bool = True) -> tuple[RunAnalysis, list]:
+    """Fit one run directory's validation curve with the defaults of `experiments/fit.py` and
+    write RUN_DIR/fit/ (what a training run does at its end). Returns (analysis, files)."""
+    curve, notes = load_curve([run_dir])
+    analysis = analyse(curve, spec, n_boot=n_boot, seed=seed, notes=notes)
+    return analysis, write_run(analysis, spec, os.path.join(run_dir, "fit"), plots=plots)
+
+
+def headline(a: RunAnalysis) -> Optional[dict]:
+    """{"A", "B", "C_mid"} with "<name>_lo" / "<name>_hi" interval ends when bootstrapped; None
+    when the fit failed (its reason is `a.fit.reason`)."""
+    if not a.fit.ok:
+        return None
+    out = {name: float(getattr(a.fit, name)) for name in ("A", "B", "C_mid")}
+    for name, (lo, hi) in (a.boot.intervals.items() if a.boot is not None else ()):
+        if name in out:
+            out[f"{name}_lo"], out[f"{name}_hi"] = float(lo), float(hi)
+    return out

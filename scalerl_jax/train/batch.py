@@ -82,7 +82,7 @@ def _round_up(x: int, k: int) -> int:
 def _host_advantages(rewards, prompt_index, num_prompts, loss_cfg):
     # Tiny arrays: run them on the CPU backend when there is one, not on the accelerator.
     try:
-        device = jax.devices("cpu")[0]
+        device = jax.local_devices(backend="cpu")[0]
     except RuntimeError:
         device = None
     with jax.default_device(device):

@@ -1,9 +1,14 @@
-"""The prompt stream between the data source and the sampler, with exact resume.
+"""The prompt stream between the data source and the sampler: tickets and exact resume.
+
+Every prompt the sampler takes gets a ticket, its admission number on this host (0, 1, 2, ...).
+Tickets are what the pipeline schedules by (train/pipeline.py): step s trains on tickets
+[(s - 1) B, s B), so groups are consumed strictly in ticket order whatever order they finish in.
 
 The sampler pulls prompts ahead of the trainer, so the data cursor alone would lose the prompts
-that were in flight at a checkpoint. The feed remembers every prompt issued but not yet consumed
-by a train step; a checkpoint stores them with the cursor, and a resumed feed re-issues them
-first (their generations are regenerated), then continues from the cursor.
+in flight at a checkpoint. The feed remembers every prompt issued but not yet consumed; a
+checkpoint stores them (in ticket order) with the cursor, and a resumed feed re-issues them first
+under the same tickets (their generations are regenerated, with the same per-ticket seeds), then
+continues from the cursor.
 """
 from __future__ import annotations
 
@@ -19,9 +24,14 @@ class PromptFeed:
     def __init__(self, source: PromptSource, tokenizer: Any):
         self._source, self._tokenizer = source, tokenizer
         self._lock = threading.Lock()
-        self._seq = 0
-        self._inflight: dict[int, Prompt] = {}  # issue number -> prompt, in issue order
+        self._next_ticket = 0
+        self._inflight: dict[int, Prompt] = {}  # ticket -> prompt, in ticket order
         self._replay: list[Prompt] = []
+
+    @property
+    def issued(self) -> int:
+        """Tickets issued so far (the next prompt's ticket)."""
+        return self._next_ticket
 
     def __iter__(self):
         return self
@@ -30,25 +40,27 @@ class PromptFeed:
         """Called from the sampler thread."""
         with self._lock:
             prompt = self._replay.pop(0) if self._replay else next(self._source)
-            seq, self._seq = self._seq, self._seq + 1
-            self._inflight[seq] = prompt
+            ticket, self._next_ticket = self._next_ticket, self._next_ticket + 1
+            self._inflight[ticket] = prompt
         ids = self._tokenizer.encode(prompt.text)
         return SamplerPrompt(prompt.prompt_id, ids,
-                             {"seq": seq, "answer": prompt.answer, "problem": prompt.problem})
+                             {"answer": prompt.answer, "problem": prompt.problem}, ticket)
 
-    def consumed(self, seq: int) -> None:
-        """The group of issue `seq` reached the trainer (trained on, filtered or dropped)."""
+    def consumed(self, ticket: int) -> None:
+        """The group of `ticket` reached the trainer (trained on, filtered or dropped)."""
         with self._lock:
-            self._inflight.pop(seq, None)
+            self._inflight.pop(ticket, None)
 
     def state_dict(self) -> dict:
         with self._lock:
             pending = self._replay + list(self._inflight.values())
-            return {"cursor": self._source.state_dict(),
+            first = self._next_ticket - len(pending)
+            return {"cursor": self._source.state_dict(), "next_ticket": first,
                     "inflight": [dataclasses.asdict(p) for p in pending]}
 
     def load_state_dict(self, state: dict) -> None:
         with self._lock:
             self._source.load_state_dict(state["cursor"])
             self._replay = [Prompt(**p) for p in state["inflight"]]
+            self._next_ticket = int(state.get("next_ticket", 0))
             self._inflight.clear()

@@ -65,19 +65,20 @@ def batch_shards(mesh) -> int:
     return int(np.prod([mesh.shape[a] for a in axes]))
 
 
-def put_batch(batch: TrainBatch, mesh) -> TrainBatch:
-    """Place a host numpy batch on the trainer mesh.
-
-    Each process builds only its addressable shards from the global array it holds, so in a
-    multi-host job every process must pass the same global batch.
-    """
-    sharding = batch_sharding(mesh)
-
+def put_global(tree, sharding):
+    """Place host numpy arrays (the same global arrays on every process) with `sharding`:
+    each process builds only its addressable shards, which works in multi-host jobs where jit
+    refuses numpy inputs with a non-trivial sharding."""
     def put(x):
         x = np.asarray(x)
         return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
 
-    return jax.tree.map(put, batch)
+    return jax.tree.map(put, tree)
+
+
+def put_batch(batch: TrainBatch, mesh) -> TrainBatch:
+    """Place a host numpy batch on the trainer mesh (every process passes the same batch)."""
+    return put_global(batch, batch_sharding(mesh))
 
 
 def _combine(ms: dict) -> dict:

@@ -1,15 +1,25 @@
-"""The training loop, top to bottom: meshes, data, state, step, resume, sampler, loop.
+"""The training loop, top to bottom: run directory, meshes, data, initial policy (SFT warm-up),
+state and step, resume, sampler, loop, fit.
 
-One host. The sampler driver runs continuously in a background thread on the sampler mesh and
-takes new weights after every optimiser step without draining (PipelineRL); the trainer takes
-`prompts_per_step` completed groups per step. Groups whose oldest token is more than
-`max_lag` policy versions behind are dropped and counted (`sync` mode is max_lag = 0).
+Every host runs this same program. Each host samples its own share of every step's prompts on
+its sampler devices (train/pipeline.py: PipelineRL-k, ppo_off_policy or sync, all by admission
+of ticketed prompts), scores them, and the hosts exchange their scored groups so that each
+builds the same global batch for the jitted step on the trainer mesh. Host 0 writes the run
+directory: `config.json`, `metrics.jsonl` (schema in metrics.py), `tensorboard/`, Orbax
+`checkpoints/`, `sft/` (the warm-up's HF checkpoint) and, at the end, `fit/`.
+
+Resume: re-running the same command restores the newest good checkpoint (params, optimizer,
+step, RNG, curriculum, every host's data cursor and in-flight prompts, compute meter), and the
+records written after it are superseded (`metrics.truncate_after`), so metrics.jsonl keeps one
+record per step and per evaluation and the compute axis does not depend on when a kill landed.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
+from typing import Optional
 
 import jax
 import numpy as np
@@ -17,21 +27,39 @@ import numpy as np
 from scalerl_jax import checkpoint as ckpt_lib
 from scalerl_jax import mesh as mesh_lib
 from scalerl_jax import metrics as metrics_lib
+from scalerl_jax import rundir
 from scalerl_jax.config import ConfigError, RunConfig
 from scalerl_jax.data.prompts import PromptSource
 from scalerl_jax.models.transformer import matmul_params
+from scalerl_jax.multihost import allgather_objects
+from scalerl_jax.progress import SFT_FIELDS, Progress
 from scalerl_jax.rewards import RewardPool, verifier_for_source
 from scalerl_jax.rl.curriculum import NoPositiveResampling
 from scalerl_jax.sampler.driver import Driver
 from scalerl_jax.sampler.engine import Engine
 from scalerl_jax.sampler.weight_sync import WeightSync
+from scalerl_jax.scaling import report
+from scalerl_jax.tracking import Tracker
 from scalerl_jax.train import batch as batch_lib
+from scalerl_jax.train import sft as sft_lib
 from scalerl_jax.train import state as state_lib
 from scalerl_jax.train.evaluate import evaluate, score_groups
 from scalerl_jax.train.feed import PromptFeed
+from scalerl_jax.train.pipeline import Rollouts, Schedule
 from scalerl_jax.train.step import batch_shards, make_train_step
 
 log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class RunResult:
+    workdir: str
+    step: int
+    last: dict  # the last train record
+    evals: list  # this run directory's eval records
+    fit: Optional[dict] = None  # report.headline of the end-of-run fit
+    fit_reason: Optional[str] = None  # why there is no fit
+    stopped_by: Optional[str] = None  # "SIGTERM" / "SIGINT" when a signal ended the run early
 
 
 def load_tokenizer(cfg: RunConfig):
@@ -45,181 +73,241 @@ def load_tokenizer(cfg: RunConfig):
     return load(cfg.hf_checkpoint)
 
 
-def _check_supported(cfg: RunConfig) -> None:
-    if jax.process_count() > 1:
-        raise ConfigError(f"this loop runs on one host; jax.process_count()="
-                          f"{jax.process_count()} (multi-host batches are assembled by the "
-                          "PipelineRL loop)")
-    if cfg.pipeline.mode == "ppo_off_policy":
-        raise ConfigError("PipelineConfig.mode='ppo_off_policy' is not available in this loop; "
-                          "use 'pipeline' or 'sync'")
+def run(cfg: RunConfig, *, allow_config_change: bool = False,
+        wandb_project: Optional[str] = None, fit: bool = True) -> RunResult:
+    """Train `cfg` in `cfg.workdir` (resuming it when it holds a checkpoint). See the module
+    docstring. Raises ConfigError / DataError / WorkdirInUseError before writing anything."""
+    Schedule.from_config(cfg.pipeline, jax.process_count())  # batch / host divisibility
+    tokenizer = load_tokenizer(cfg)
+    lock = rundir.lock_workdir(cfg.workdir) if jax.process_index() == 0 else None
+    try:
+        return _run(cfg, tokenizer, allow_config_change, wandb_project, fit)
+    finally:
+        if lock is not None:
+            lock.release()
 
 
-def collect(driver: Driver, feed: PromptFeed, n: int, version: int, max_lag: int,
-            timeout_s: float = 600.0):
-    """The next `n` groups within the staleness bound, and how many stale ones were dropped."""
-    groups, stale = [], 0
-    while len(groups) < n:
-        group = driver.get(timeout=timeout_s)
-        if group is None:
-            raise RuntimeError("the sampler ran out of prompts")
-        feed.consumed(group.metadata["seq"])
-        if version - group.min_version > max_lag:
-            stale += 1
-            continue
-        groups.append(group)
-    return groups, stale
+def _run(cfg: RunConfig, tokenizer, allow_config_change, wandb_project, fit) -> RunResult:
+    main = jax.process_index() == 0
+    if main:
+        rundir.check_config(cfg.workdir, cfg.to_dict(), allow_change=allow_config_change)
 
-
-def run(cfg: RunConfig) -> dict:
-    _check_supported(cfg)
-    os.makedirs(cfg.workdir, exist_ok=True)
-    with open(os.path.join(cfg.workdir, "config.json"), "w") as f:
-        f.write(cfg.to_json())
-
-    # Meshes: trainer devices and this host's sampler devices.
+    # Meshes: trainer devices of all hosts, this host's sampler devices.
     split = mesh_lib.split_devices(cfg.mesh)
     trainer_mesh = mesh_lib.trainer_mesh(cfg.mesh, split.trainer)
     sampler_mesh = mesh_lib.sampler_mesh(cfg.mesh, split.sampler)
+    hosts, host = jax.process_count(), jax.process_index()
+    schedule = Schedule.from_config(cfg.pipeline, hosts)
 
-    # State and step (created sharded), then resume if the workdir has a checkpoint.
-    model_cfg, graphdef, state = state_lib.create_train_state(
-        cfg.model, cfg.optim, trainer_mesh, seed=cfg.seed, hf_checkpoint=cfg.hf_checkpoint)
-    _, abstract = state_lib.abstract_train_state(model_cfg, cfg.optim, trainer_mesh, cfg.seed)
-    num_prompts = cfg.pipeline.prompts_per_step
-    train_step = make_train_step(graphdef, abstract, trainer_mesh, model_cfg=model_cfg,
-                                 loss_cfg=cfg.loss, optim_cfg=cfg.optim, num_prompts=num_prompts,
-                                 max_length=cfg.sampler.max_new_tokens,
-                                 logprob_chunk=cfg.optim.logprob_chunk)
-    checkpoints = ckpt_lib.Checkpointer(os.path.join(cfg.workdir, "checkpoints"),
-                                        save_every=cfg.checkpoint_every,
-                                        keep=cfg.keep_checkpoints, keep_every=cfg.keep_every)
-    checkpoints.install_sigterm_handler()
-    restored = checkpoints.restore(abstract)
-    meta = {}
-    if restored is not None:
-        state, meta = restored
-        log.info("resumed from step %d in %s", int(state.step), cfg.workdir)
-    version = int(meta.get("policy_version", 0))
-
-    # Data, curriculum, rewards.
-    tokenizer = load_tokenizer(cfg)
-    curriculum = (NoPositiveResampling.from_dict(meta["curriculum"]) if "curriculum" in meta
-                  else NoPositiveResampling(threshold=cfg.pipeline.retire_pass_rate))
+    # Data: this host's shard of the training prompts; the validation set, split over hosts.
+    curriculum = NoPositiveResampling(threshold=cfg.pipeline.retire_pass_rate)
     retire = cfg.pipeline.no_positive_resampling
-    # The sampler thread reads the curriculum while the trainer updates it; a stale read only
-    # lets one more epoch of an about-to-retire prompt through.
-    source = PromptSource(cfg.data, tokenizer, skip=curriculum.is_retired if retire else None,
+    source = PromptSource(cfg.data, tokenizer, process_index=host, process_count=hosts,
+                          skip=lambda pid: curriculum.is_retired(pid) if retire else False,
                           id_field=cfg.data.id_field)
-    feed = PromptFeed(source, tokenizer)
-    if "data" in meta:
-        feed.load_state_dict(meta["data"])
-    verifier = verifier_for_source(cfg.data.source)
+    validation = source.validation()[:cfg.eval.num_prompts]
+    verifier = verifier_for_source(cfg.data.source, cfg.reward.verifier)
     pool = RewardPool(cfg.reward.workers, cfg.reward.timeout_s,
                       reward_correct=cfg.loss.reward_correct,
                       reward_incorrect=cfg.loss.reward_incorrect, processes=cfg.reward.processes)
-    validation = source.validation()[:cfg.eval.num_prompts]
 
-    # Sampler: engine on the sampler mesh, weights synced from the trainer mesh.
+    # Resume from the newest good checkpoint; else the initial policy (SFT warm-up, HF, init).
+    _, abstract = state_lib.abstract_train_state(cfg.model, cfg.optim, trainer_mesh, cfg.seed)
+    checkpoints = ckpt_lib.Checkpointer(os.path.join(cfg.workdir, "checkpoints"),
+                                        save_every=cfg.checkpoint_every,
+                                        keep=cfg.keep_checkpoints, keep_every=cfg.keep_every)
+    checkpoints.install_signal_handlers()
+    restored = checkpoints.restore(abstract)
+    if main:  # the first write: everything above has validated
+        rundir.write_config(cfg.workdir, cfg.to_dict())
+    tracker = Tracker(cfg.workdir, enabled=main, wandb_project=wandb_project)
+    if restored is None:
+        init = cfg.hf_checkpoint
+        if cfg.sft is not None:
+            init = _warm_up(cfg, trainer_mesh, tokenizer, validation, tracker)
+        model_cfg, graphdef, state = state_lib.create_train_state(
+            cfg.model, cfg.optim, trainer_mesh, seed=cfg.seed, hf_checkpoint=init)
+        meta = {}
+    else:
+        (state, meta), model_cfg = restored, cfg.model
+        graphdef = state_lib.graphdef_of(model_cfg)
+        log.info("resumed from step %d in %s", int(state.step), cfg.workdir)
+    train_step = make_train_step(graphdef, abstract, trainer_mesh, model_cfg=model_cfg,
+                                 loss_cfg=cfg.loss, optim_cfg=cfg.optim,
+                                 num_prompts=cfg.pipeline.prompts_per_step,
+                                 max_length=cfg.sampler.max_new_tokens,
+                                 logprob_chunk=cfg.optim.logprob_chunk)
+    start = int(state.step)
+    if "curriculum" in meta:  # `source.skip` looks the name up at call time: it sees this one
+        curriculum = NoPositiveResampling.from_dict(meta["curriculum"])
+    meter = metrics_lib.ComputeMeter(matmul_params(model_cfg), model_cfg.num_layers,
+                                     model_cfg.num_heads * model_cfg.dim_per_head)
+    if "compute" in meta:
+        meter.load_state_dict(meta["compute"])
+
+    # Metrics: records after the restored step are superseded.
+    writer = None
+    if main:
+        metrics_lib.truncate_after(cfg.workdir, start)
+        writer = metrics_lib.MetricsWriter(cfg.workdir)
+
+    def record(event: str, step: int, **fields) -> dict:
+        if writer is None:
+            return {"event": event, "step": step, **fields}
+        rec = writer.write(event, step, **fields)
+        tracker.write(rec)
+        return rec
+
+    record("run", start, schema=metrics_lib.SCHEMA_VERSION, time=time.time(),
+           resumed=restored is not None, config=cfg.to_dict())
+    # The base policy is evaluated at step 0; a resumed run re-evaluates its restored step only
+    # if that evaluation was due and did not survive. Host 0 knows; all hosts must agree.
+    missing = main and (start == 0 or start % cfg.eval.every_steps == 0) and not any(
+        e["step"] == start for e in metrics_lib.read_metrics(cfg.workdir).of("eval"))
+    missing = allgather_objects(missing)[0]
+
+    # Sampler: engine on this host's sampler mesh, weights synced from the trainer mesh.
     engine = Engine(model_cfg, sampler_mesh, cfg.sampler, seed=cfg.seed)
     sync = WeightSync(trainer_mesh, engine.param_shardings)
+    feed = PromptFeed(source, tokenizer)
+    if "data" in meta:
+        feed.load_state_dict(meta["data"][host])
     encode = lambda text: tokenizer.encode(text) if text else []  # noqa: E731
     driver_kwargs = dict(eos_ids=tokenizer.eos_ids, think_close_ids=encode(cfg.sampler.think_close),
                          phrase_ids=encode(cfg.sampler.interruption_phrase) if
                          cfg.sampler.interruptions else ())
-    sampler_params = sync(state.params)  # re-synced once per step, shared with evaluation
-    driver = Driver(engine, sampler_params, feed,
-                    group_size=cfg.pipeline.generations_per_prompt,
-                    version=version, max_queued_groups=cfg.pipeline.queue_groups,
-                    seed=cfg.seed + int(state.step), **driver_kwargs).start()
-    max_lag = 0 if cfg.pipeline.mode == "sync" else cfg.pipeline.max_lag
+    sampler_params = sync(state.params)
+    sample_seed = cfg.seed + 7919 * host  # tickets are per host: keep hosts' samples apart
+    driver = Driver(engine, sampler_params, feed, group_size=cfg.pipeline.generations_per_prompt,
+                    version=start, seed=sample_seed,
+                    admit=lambda version: feed.issued < schedule.limit(version),
+                    max_queued_groups=schedule.window + schedule.batch, **driver_kwargs)
+    rollouts = Rollouts(driver, feed, schedule).start()
+    n_train, n_sample = len(split.trainer), len(split.sampler) * hosts
 
-    # Metrics and compute accounting (continued from the last eval record on resume).
-    writer = metrics_lib.MetricsWriter(cfg.workdir)
-    writer.run(cfg.to_dict(), step=int(state.step))
-    evals = metrics_lib.read_metrics(cfg.workdir).of("eval")
-    meter = metrics_lib.ComputeMeter(matmul_params(model_cfg), model_cfg.num_layers,
-                                     model_cfg.num_heads * model_cfg.dim_per_head,
-                                     initial=evals[-1]["compute"] if evals else None)
-    n_train, n_sample = len(split.trainer), len(split.sampler)
-
-    def do_eval(step: int) -> dict:
-        result = evaluate(engine, sampler_params, validation, tokenizer=tokenizer,
+    def run_eval(step: int, params) -> dict:
+        result = evaluate(engine, params, validation[host::hosts], tokenizer=tokenizer,
                           k=cfg.eval.k, verifier=verifier, pool=pool,
-                          driver_kwargs=driver_kwargs, version=version)
-        record = writer.eval(step, compute=meter.compute(), **result)
-        log.info("eval step %d: pass_rate %.3f", step, result["pass_rate"])
-        return record
+                          driver_kwargs=driver_kwargs, version=step, seed=sample_seed)
+        rec = record("eval", step, compute=meter.compute(), **result)
+        log.info("eval step %d: pass rate %.3f (%d prompts x %d)", step, result["pass_rate"],
+                 result["num_prompts"], cfg.eval.k)
+        return rec
 
-    def meta_now() -> dict:
-        return {"policy_version": version, "curriculum": curriculum.to_dict(),
-                "data": feed.state_dict()}
+    def meta_now() -> dict:  # collective: every host's data cursor goes into the checkpoint
+        return {"policy_version": int(state.step), "curriculum": curriculum.to_dict(),
+                "data": allgather_objects(feed.state_dict()), "compute": meter.state_dict()}
 
-    last = {}
-    tokens_seen = driver.stats["tokens"]
+    last, stopped_by, skipped_in_a_row, tokens_seen = {}, None, 0, 0
+    bar = Progress("rl", cfg.steps, initial=start, tokens_key="batch_seq_tokens",
+                   enabled=None if main else False)
     try:
-        if int(state.step) == 0 and not evals:
-            do_eval(0)
+        if missing:
+            bar.set_eval(start, run_eval(start, sampler_params)["pass_rate"])
         while int(state.step) < cfg.steps:
             t0 = time.monotonic()
-            groups, stale = collect(driver, feed, num_prompts, version, max_lag)
-            t_wait = time.monotonic() - t0
-            scored = score_groups(groups, tokenizer=tokenizer, verifier=verifier, pool=pool)
+            step, version = int(state.step) + 1, int(state.step)
+            local, roll = rollouts.take(step, version)
+            scored = score_groups(local, tokenizer=tokenizer, verifier=verifier, pool=pool)
+            sampled, tokens_seen = driver.stats["tokens"] - tokens_seen, driver.stats["tokens"]
+            shared = allgather_objects((local, scored.correct, scored.rewards, sampled,
+                                        scored.num_timeouts, scored.num_errors))
+            groups = [g for part in shared for g in part[0]]
             g_size = cfg.pipeline.generations_per_prompt
-            correct = np.asarray(scored.correct, bool).reshape(len(groups), g_size)
-            rewards = np.asarray(scored.rewards, np.float32).reshape(len(groups), g_size)
+            correct = np.concatenate([np.asarray(p[1], bool) for p in shared]).reshape(-1, g_size)
+            rewards = np.concatenate([np.asarray(p[2], np.float32) for p in shared])
+            rewards = rewards.reshape(-1, g_size)
             if retire:
                 curriculum.update([g.prompt_id for g in groups], correct.mean(axis=1))
             batch, info = batch_lib.from_groups(
-                groups, rewards, loss_cfg=cfg.loss, num_prompts=num_prompts,
+                groups, rewards, loss_cfg=cfg.loss, num_prompts=cfg.pipeline.prompts_per_step,
                 micro_batches=cfg.optim.micro_batches, row_multiple=batch_shards(trainer_mesh),
                 seq_bucket=cfg.pipeline.seq_bucket, correct=correct, pad_id=tokenizer.pad_id)
             t1 = time.monotonic()
             state, step_metrics = train_step(state, batch)
             step_metrics = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
             t_train = time.monotonic() - t1
-            version += 1
-            sampler_params = sync(state.params)
-            driver.update_params(sampler_params, version)
+            pushed = rollouts.publish(lambda: sync(state.params), step)
+            sampler_params = pushed if pushed is not None else sampler_params
 
             # Compute: colocated devices are charged to whichever side used them.
             step_wall = time.monotonic() - t0
-            new_tokens = driver.stats["tokens"] - tokens_seen
-            tokens_seen = driver.stats["tokens"]
             completions = [c for g in groups for c in g.completions]
             mean_len = float(np.mean([len(c.tokens) for c in completions]))
             mean_prompt = float(np.mean([len(g.prompt_tokens) for g in groups]))
             meter.add_sampler(seconds=step_wall - t_train if split.colocated else step_wall,
-                              devices=n_sample, tokens=new_tokens,
+                              devices=n_sample, tokens=sum(p[3] for p in shared),
                               context_len=mean_prompt + mean_len / 2)
             meter.add_trainer(seconds=t_train if split.colocated else step_wall,
                               devices=n_train, tokens=info["seq_tokens"],
                               context_len=info["seq_len"] / 2)
-            step = int(state.step)
-            last = writer.train(
-                step, **step_metrics, **{f"batch_{k}": v for k, v in info.items()},
+            last = record(
+                "train", step, **step_metrics, **{f"batch_{k}": v for k, v in info.items()},
                 reward_mean=float(rewards.mean()), pass_rate_train=float(correct.mean()),
                 truncation_rate=np.mean([c.finish_reason == "truncated" for c in completions]),
                 interruption_rate=np.mean([c.interrupted for c in completions]),
-                mean_completion_len=mean_len, stale_groups=stale,
-                max_lag_seen=version - 1 - min(g.min_version for g in groups),
-                reward_timeouts=scored.num_timeouts, reward_errors=scored.num_errors,
-                retired_prompts=curriculum.num_retired, policy_version=version,
-                wait_s=t_wait, train_s=t_train, step_s=step_wall,
-                sampler_utilisation=driver.utilisation)
-            log.info("step %d loss %.4f reward %.3f pass %.3f", step, step_metrics["loss"],
-                     rewards.mean(), correct.mean())
+                mean_completion_len=mean_len, **roll,
+                trainer_wait_frac=roll["wait_s"] / max(step_wall, 1e-9),
+                reward_timeouts=sum(p[4] for p in shared), reward_errors=sum(p[5] for p in shared),
+                retired_prompts=curriculum.num_retired, policy_version=step, train_s=t_train,
+                step_s=step_wall, samples_per_s=len(completions) / max(step_wall, 1e-9))
+            bar.update(step, last)
+            skipped_in_a_row = skipped_in_a_row + 1 if step_metrics["skipped"] else 0
+            if skipped_in_a_row >= cfg.max_skipped_steps:
+                raise FloatingPointError(
+                    f"{skipped_in_a_row} consecutive steps (up to step {step}) had a non-finite "
+                    f"loss or gradient (loss {step_metrics['loss']}, grad_norm "
+                    f"{step_metrics['grad_norm']}); stopping instead of skipping silently. The "
+                    f"last checkpoint is intact; lower OptimConfig.learning_rate="
+                    f"{cfg.optim.learning_rate} or check the data")
             if step % cfg.eval.every_steps == 0 or step == cfg.steps:
-                do_eval(step)
+                params = sampler_params if pushed is not None else sync(state.params)
+                bar.set_eval(step, run_eval(step, params)["pass_rate"])
             checkpoints.maybe_save(step, state, meta_now)
             if checkpoints.preemption_saved:
-                log.warning("stopping after the SIGTERM checkpoint at step %d", step)
+                stopped_by = checkpoints.stop_signal
+                log.warning("%s: stopped after saving step %d; re-run the same command to "
+                            "resume", stopped_by, step)
                 break
         else:
-            checkpoints.save(int(state.step), state, meta_now())
+            checkpoints.save(int(state.step), state, meta_now)
     finally:
-        driver.stop()
+        bar.close()
+        rollouts.stop()
         checkpoints.close()
         pool.close()
-        writer.close()
-    return last
+        if writer is not None:
+            writer.close()
+    result = RunResult(cfg.workdir, int(state.step), last,
+                       metrics_lib.read_metrics(cfg.workdir).of("eval") if main else [],
+                       stopped_by=stopped_by)
+    if fit and main and stopped_by is None:
+        result.fit, result.fit_reason = _fit(cfg.workdir)
+    tracker.close()
+    return result
+
+
+def _warm_up(cfg: RunConfig, mesh, tokenizer, validation, tracker: Tracker) -> str:
+    """The SFT stage (reused when WORKDIR/sft is complete); returns its HF model directory."""
+    out = os.path.join(cfg.workdir, "sft")
+    if sft_lib.is_done(out):
+        return sft_lib.model_dir(out)
+    tracker.purge("sft", 0)
+    with Progress("sft", cfg.sft.steps, fields=SFT_FIELDS, tokens_key="tokens",
+                  enabled=None if jax.process_index() == 0 else False) as bar:
+        def on_step(step, metrics):
+            bar.update(step, metrics)
+            tracker.write({"event": "sft", "step": step, **metrics})
+        return sft_lib.run_sft(cfg.sft, cfg.model, cfg.data, mesh, tokenizer, out_dir=out,
+                               seed=cfg.seed, exclude=validation, hf_checkpoint=cfg.hf_checkpoint,
+                               logprob_chunk=cfg.sft.optim.logprob_chunk, on_step=on_step)
+
+
+def _fit(workdir: str) -> tuple[Optional[dict], Optional[str]]:
+    """Fit the run's own validation curve into WORKDIR/fit; (headline, None) or (None, why)."""
+    try:
+        analysis, files = report.fit_run_dir(workdir)
+    except (ValueError, KeyError, FileNotFoundError) as err:
+        return None, str(err)
+    log.info("scaling fit written to %s", os.path.dirname(files[0]))
+    return report.headline(analysis), None if analysis.fit.ok else analysis.fit.reason

@@ -1,0 +1,303 @@
+"""What a researcher sees in the terminal: log lines, a progress bar, the end-of-run summary.
+
+Logging. Importing Orbax runs absl's `logging.basicConfig()` (absl's `log()` calls it while the
+root logger has no handler), leaving a WARNING-level stderr handler on the root, so an entry
+point's own `basicConfig(level=INFO)` is a silent no-op. `setup_logging` does not rely on going
+first: it replaces the console handler on the root with its own and sets levels on named
+loggers. That handler writes through `tqdm.write`, which clears a live bar, prints the line and
+redraws the bar, so bars and log lines share stderr without garbling each other.
+
+Bars only make sense on a terminal. Off one (CI, nohup, a cluster log) `Progress` draws nothing
+and logs a plain INFO line every N steps / M seconds instead; `SCALERL_PROGRESS=1/0` or the
+`enabled` argument overrides the check.
+"""
+from __future__ import annotations
+
+import collections
+import copy
+import dataclasses
+import logging
+import math
+import os
+import sys
+import time
+from typing import Any, Optional, Sequence
+
+from tqdm import tqdm
+
+log = logging.getLogger(__name__)
+
+ENV_PROGRESS = "SCALERL_PROGRESS"
+NOISY_LOGGERS = ("absl", "orbax", "jax._src")
+_PACKAGE = __name__.split(".")[0]
+
+
+class _Formatter(logging.Formatter):
+    """`HH:MM:SS name: message`, with our package prefix dropped from names (they are all ours)."""
+
+    def __init__(self):
+        super().__init__("%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+
+    def format(self, record: logging.LogRecord) -> str:
+        record = copy.copy(record)  # other handlers (files, caplog) format the same record
+        record.name = record.name.removeprefix(_PACKAGE + ".")
+        return super().format(record)
+
+
+class _ConsoleHandler(logging.Handler):
+    """Writes via `tqdm.write`. Without a stream, sys.stderr is looked up per record so later
+    redirection (pytest capture, contextlib.redirect_stderr) is honoured."""
+
+    def __init__(self, stream=None):
+        super().__init__()
+        self.stream = stream
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            stream = sys.stderr if self.stream is None else self.stream
+            tqdm.write(self.format(record).rstrip("\n"), file=stream)
+            stream.flush()
+        except Exception:  # logging must never take the run down
+            self.handleError(record)
+
+
+def _is_console_handler(handler: logging.Handler) -> bool:
+    if isinstance(handler, _ConsoleHandler) or type(handler).__name__ == "ABSLHandler":
+        return True
+    # Exactly what basicConfig() makes; subclasses (FileHandler, pytest's capture) are kept.
+    return type(handler) is logging.StreamHandler and _fd(handler.stream) in (1, 2)
+
+
+def _fd(stream) -> Optional[int]:
+    try:
+        return stream.fileno()
+    except (OSError, ValueError, AttributeError):  # StringIO, closed or fd-less streams
+        return None
+
+
+def setup_logging(level: int | str = "INFO", *, loggers: Sequence[str] = (_PACKAGE, "__main__"),
+                  quiet: Sequence[str] = NOISY_LOGGERS, stream=None) -> logging.Handler:
+    """Makes `loggers` print at `level` on stderr, whatever absl/orbax did first. Idempotent.
+
+    Why the root logger, not a private handler on `scalerl_jax` with propagate off: warnings from
+    JAX/Orbax must also go through tqdm.write (or they tear the bar), and pytest's caplog and any
+    file handler a user adds on the root keep seeing our records. Rather than `force=True`, which
+    would also drop such handlers, only console handlers (basicConfig's, absl's, ours) are
+    replaced. The root stays at WARNING so third-party INFO chatter (httpx, matplotlib, ...)
+    stays out; only `loggers` are lowered to `level`.
+    """
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if _is_console_handler(handler):
+            root.removeHandler(handler)
+    handler = _ConsoleHandler(stream)
+    handler.setFormatter(_Formatter())
+    root.addHandler(handler)
+    root.setLevel(logging.WARNING)
+    for name in loggers:
+        logging.getLogger(name).setLevel(level)
+    for name in quiet:
+        logging.getLogger(name).setLevel(logging.WARNING)
+    logging.captureWarnings(True)  # warnings.warn would otherwise print straight through a bar
+    return handler
+
+
+@dataclasses.dataclass(frozen=True)
+class Field:
+    """One postfix entry: `label` shows metrics[`key`] formatted with `fmt`."""
+
+    label: str
+    key: str
+    fmt: str = ".3g"
+
+
+RL_FIELDS = (Field("loss", "loss", ".4f"), Field("reward", "reward_mean", ".3f"),
+             Field("pass", "pass_rate_train", ".3f"), Field("lag", "max_lag_seen", ".0f"))
+SFT_FIELDS = (Field("loss", "loss", ".4f"),)
+
+
+def _auto_enabled(stream) -> bool:
+    forced = os.environ.get(ENV_PROGRESS, "").strip().lower()
+    if forced in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        return forced in ("1", "true", "yes", "on")
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return False
+
+
+def _zero_width(stream) -> bool:
+    try:
+        return os.get_terminal_size(_fd(stream)).columns == 0
+    except (OSError, TypeError):
+        return False
+
+
+def _fmt(value: Any, fmt: str, missing: str = "-") -> str:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return format(value, fmt) if math.isfinite(value) else missing
+    return missing if value is None else str(value)
+
+
+def _si(value: float) -> str:
+    div, suffix = next(((d, x) for d, x in ((1e9, "G"), (1e6, "M"), (1e3, "k")) if value >= d),
+                       (1.0, ""))
+    return f"{value / div:.{1 if suffix else 0}f}{suffix}"
+
+
+class Progress:
+    """A bar over steps `initial..total` on a terminal; periodic INFO lines elsewhere.
+
+    `update(step, metrics)` after each step, with the step just finished and its metrics (a
+    train record as is). Keyword extras (`forecast="A 0.61"`) stick until replaced; None drops
+    one. `tokens_key` names the token count of the step just finished; tokens/s is its mean
+    times steps/s, so it stays right when updates come every k steps (SFT logs every
+    `log_every`). Rates cover the last `window` updates, so the first step's compile washes
+    out. Off a terminal a line is logged at the first update, every `log_every_steps` steps or
+    `log_every_s` seconds (either may be None), and at `close()`.
+    """
+
+    def __init__(self, desc: str, total: int, *, initial: int = 0,
+                 fields: Sequence[Field] = RL_FIELDS, tokens_key: Optional[str] = None,
+                 enabled: Optional[bool] = None, stream=None, unit: str = "step",
+                 log_every_steps: Optional[int] = None, log_every_s: Optional[float] = 60.0,
+                 window: int = 20):
+        self.desc, self.total, self.fields, self.tokens_key = desc, int(total), fields, tokens_key
+        self.unit, self.step = unit, int(initial)
+        self.stream = stream if stream is not None else sys.stderr
+        self.enabled = _auto_enabled(self.stream) if enabled is None else bool(enabled)
+        self.log_every_steps, self.log_every_s = log_every_steps, log_every_s
+        self._values: dict[str, Any] = {}
+        self._extra: dict[str, Any] = {}
+        self._eval: Optional[tuple[int, Optional[float]]] = None
+        now, self._tokens, self._updates = time.monotonic(), 0.0, 0
+        self._marks = collections.deque([(now, self.step, 0.0, 0)], maxlen=window + 1)
+        self._logged = (now, None)  # (time, step) of the last plain line
+        self.bar = None
+        if self.enabled:
+            # A terminal reporting 0 columns (a fresh pty, some IDE consoles) would make tqdm
+            # trim the bar to nothing: draw it 100 wide there instead.
+            width = {"ncols": 100} if _zero_width(self.stream) else {"dynamic_ncols": True}
+            self.bar = tqdm(total=self.total, initial=self.step, desc=desc, unit=unit,
+                            file=self.stream, mininterval=0.5, smoothing=0.1, **width)
+
+    def update(self, step: int, metrics: Optional[dict] = None, **extra: Any) -> None:
+        metrics = metrics or {}
+        self._values.update({f.label: metrics[f.key] for f in self.fields if f.key in metrics})
+        self._extra.update(extra)
+        self._extra = {k: v for k, v in self._extra.items() if v is not None}
+        self._tokens += float(metrics.get(self.tokens_key) or 0.0) if self.tokens_key else 0.0
+        self.step, now, self._updates = int(step), time.monotonic(), self._updates + 1
+        self._marks.append((now, self.step, self._tokens, self._updates))
+        if self.bar is not None:
+            self.bar.set_postfix_str(self.postfix(), refresh=False)
+            self.bar.update(self.step - self.bar.n)
+        elif self._due(now):
+            self._log_line(now)
+
+    def set_eval(self, step: int, pass_rate: Optional[float]) -> None:
+        self._eval = (int(step), pass_rate)
+        if self.bar is not None:
+            self.bar.set_postfix_str(self.postfix())
+
+    def note(self, text: str) -> None:
+        """A one-off line above the bar (a log line when there is no bar)."""
+        if self.bar is not None:
+            self.bar.write(text, file=self.stream)
+        else:
+            log.info("%s: %s", self.desc, text)
+
+    def rates(self) -> tuple[Optional[float], Optional[float]]:
+        """(tokens/s, s/step) over the window; None before there is anything to divide."""
+        (t0, s0, tok0, n0), (t1, s1, tok1, n1) = self._marks[0], self._marks[-1]
+        if s1 <= s0 or t1 <= t0:
+            return None, None
+        tokens_per_step = (tok1 - tok0) / (n1 - n0) if self.tokens_key else None
+        seconds_per_step = (t1 - t0) / (s1 - s0)
+        return (None if tokens_per_step is None else tokens_per_step / seconds_per_step,
+                seconds_per_step)
+
+    def postfix(self) -> str:
+        parts = [f"{f.label} {_fmt(self._values[f.label], f.fmt)}"
+                 for f in self.fields if f.label in self._values]
+        if self._eval is not None:
+            parts.append(f"val {_fmt(self._eval[1], '.3f')}@{self._eval[0]}")
+        tokens_per_s = self.rates()[0]
+        if tokens_per_s is not None:
+            parts.append(f"tok/s {_si(tokens_per_s)}")
+        parts.extend(f"{key} {_fmt(value, '.3g')}" for key, value in self._extra.items())
+        return " | ".join(parts)
+
+    def _due(self, now: float) -> bool:
+        last_t, last_step = self._logged
+        if last_step is None or self.step >= self.total:
+            return True
+        by_steps = self.log_every_steps and self.step - last_step >= self.log_every_steps
+        by_time = self.log_every_s is not None and now - last_t >= self.log_every_s
+        return bool(by_steps or by_time)
+
+    def _log_line(self, now: float) -> None:
+        pct = 100.0 * self.step / self.total if self.total else 100.0
+        line = f"{self.desc} {self.step}/{self.total} ({pct:.0f}%)"
+        rest, spent = self.postfix(), self.rates()[1]
+        if spent is not None:
+            eta = tqdm.format_interval(max(self.total - self.step, 0) * spent)
+            rest += (" | " if rest else "") + f"{spent:.3g} s/{self.unit} | ETA {eta}"
+        log.info("%s", f"{line} | {rest}" if rest else line)
+        self._logged = (now, self.step)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+        elif self._logged[1] is not None and self._logged[1] != self.step:
+            self._log_line(time.monotonic())
+
+    def __enter__(self) -> "Progress":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def summary_lines(workdir: str, evals: Sequence[dict], fit: Optional[dict] = None, *,
+                  fit_reason: Optional[str] = None, x_label: str = "device-hours") -> list[str]:
+    """The end-of-run summary, one string per line.
+
+    evals: the run's eval records (e.g. `read_metrics(workdir).of("eval")`); the last record of
+    each step counts, as in `eval_xy`. fit: {"A", "B", "C_mid"} with optional "<name>_lo" and
+    "<name>_hi" interval ends, or None with `fit_reason` saying why there is no fit.
+    """
+    by_step = {int(e["step"]): e for e in evals}
+    lines = []
+    if by_step:
+        first, last = by_step[min(by_step)], by_step[max(by_step)]
+        lines.append(f"validation pass rate: {_fmt(first.get('pass_rate'), '.3f', 'n/a')} "
+                     f"(step {first['step']}) -> {_fmt(last.get('pass_rate'), '.3f', 'n/a')} "
+                     f"(step {last['step']}), {len(by_step)} eval points")
+        compute = last.get("compute") or {}
+        if compute:
+            lines.append("compute: " + ", ".join(
+                f"{_fmt(compute.get(key), '.3g', 'n/a')} {unit}"
+                for key, unit in (("device_hours", "device-hours"), ("flops", "FLOPs"),
+                                  ("tokens", "tokens"))))
+    else:
+        lines.append("validation pass rate: no eval points")
+    if fit is not None:
+        parts = []
+        for name, fmt in (("A", ".3f"), ("B", ".3g"), ("C_mid", ".4g")):
+            text = f"{name} {_fmt(fit.get(name), fmt, 'n/a')}"
+            lo, hi = fit.get(f"{name}_lo"), fit.get(f"{name}_hi")
+            if lo is not None and hi is not None:
+                text += f" [{_fmt(lo, fmt, 'n/a')}, {_fmt(hi, fmt, 'n/a')}]"
+            parts.append(text)
+        lines.append(f"fit: {'  '.join(parts)}  (C_mid in {x_label})")
+    else:
+        lines.append(f"fit: none ({fit_reason or 'not run'})")
+    tb_dir, fit_dir = os.path.join(workdir, "tensorboard"), os.path.join(workdir, "fit")
+    lines += [f"files: {workdir}", f"  metrics      {os.path.join(workdir, 'metrics.jsonl')}"]
+    if os.path.isdir(tb_dir):
+        lines.append(f"  tensorboard  tensorboard --logdir {tb_dir}")
+    lines.append(f"  fit          {fit_dir}" if os.path.isdir(fit_dir)
+                 else f"  fit          python experiments/fit.py {workdir}")
+    return lines

@@ -1,0 +1,143 @@
+"""Off-policy modes: PipelineRL-k, PPO-off-policy-k and sync, from one admission rule.
+
+Policy versions: version v is the params after v optimiser steps; the trainer's step s (1-based)
+runs on version s - 1 and produces version s. Each host's feed gives prompts tickets 0, 1, 2, ...
+(train/feed.py) and step s trains on that host's tickets [(s - 1) B, s B), B = prompts per step
+per host, in ticket order whatever order they finish in (which also keeps a length bias out of
+the batch: short completions do not jump the queue).
+
+Staleness is bounded by construction, by admission. The sampler takes ticket i only while its
+own params version v satisfies i < limit(v):
+
+    pipeline (PipelineRL-k):  limit(v) = (v + k + 1) B      ticket i waits for v >= i // B - k
+    sync (on-policy):         limit(v) = (v + 1) B          the k = 0 case
+    ppo_off_policy (k):       limit(v) = (v // k + 1) k B   a round of k B prompts per version
+
+A group of ticket i is trained at version i // B on data that started (prefill, first token) at
+a version >= i // B - k, so its staleness, trainer version minus the oldest version its data
+depends on, is at most k; in sync mode it is 0. In-flight sequences keep decoding across weight
+updates with their KV cache (PipelineRL), each token tagged with the version that produced it.
+Weights go to the sampler after every step, except in ppo_off_policy, where they go only at
+round boundaries (v % k == 0): a round's k B prompts are generated with frozen weights, then
+the trainer takes k steps of B prompts from them.
+
+Backpressure, not discarding: when the sampler reaches the limit it stops admitting (its free
+slots idle: `sampler_idle_frac`), and the trainer waits for the tickets it needs
+(`trainer_wait_frac`). Generated groups are never thrown away in normal operation; a group that
+is nevertheless older than k versions (which the rule above rules out) is dropped and counted
+in `stale_groups` as a last resort.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Optional
+
+import numpy as np
+
+from scalerl_jax.config import ConfigError, PipelineConfig
+from scalerl_jax.sampler.driver import Driver
+from scalerl_jax.sampler.types import Group
+from scalerl_jax.train.feed import PromptFeed
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    mode: str  # pipeline | ppo_off_policy | sync
+    k: int  # max_lag (pipeline) or updates per generation round (ppo_off_policy)
+    batch: int  # prompts per step on this host
+
+    @classmethod
+    def from_config(cls, cfg: PipelineConfig, num_hosts: int = 1) -> "Schedule":
+        if cfg.prompts_per_step % num_hosts:
+            raise ConfigError(f"PipelineConfig.prompts_per_step={cfg.prompts_per_step} must be "
+                              f"divisible by the number of hosts ({num_hosts}): each host "
+                              "samples an equal share of every step's prompts")
+        k = 0 if cfg.mode == "sync" else cfg.max_lag
+        return cls(cfg.mode, k, cfg.prompts_per_step // num_hosts)
+
+    def limit(self, version: int) -> int:
+        """Tickets below this may be admitted by a sampler holding params `version`."""
+        if self.mode == "ppo_off_policy":
+            return (version // self.k + 1) * self.k * self.batch
+        return (version + self.k + 1) * self.batch
+
+    def pushes(self, version: int) -> bool:
+        """Whether the sampler gets the params of `version` (just produced by the trainer)."""
+        return self.mode != "ppo_off_policy" or version % self.k == 0
+
+    @property
+    def max_staleness(self) -> int:
+        return self.k - 1 if self.mode == "ppo_off_policy" else self.k
+
+    @property
+    def window(self) -> int:
+        """The most groups that can be admitted but not yet consumed."""
+        return (self.k + 1) * self.batch
+
+    def tickets(self, step: int) -> range:
+        return range((step - 1) * self.batch, step * self.batch)
+
+
+class Rollouts:
+    """The trainer's end of the sampler: the groups of each step, in ticket order, with the
+    pipeline's health figures. Runs the driver in its background thread."""
+
+    def __init__(self, driver: Driver, feed: PromptFeed, schedule: Schedule):
+        self.driver, self.feed, self.schedule = driver, feed, schedule
+        self._buffer: dict[int, Group] = {}
+        self._last = time.monotonic()
+        self._idle_seen = 0.0
+        self.stale_total = 0
+
+    def start(self) -> "Rollouts":
+        self.driver.start()
+        return self
+
+    def take(self, step: int, version: int, timeout_s: float = 3600.0) -> tuple[list[Group], dict]:
+        """The groups of `step` (waiting for them), trained at `version`, and per-step figures:
+        wait time, staleness in versions (trainer version minus each group's oldest data),
+        queue depth, sampler idle fraction since the previous call."""
+        t0 = time.monotonic()
+        wanted = self.schedule.tickets(step)
+        while any(t not in self._buffer for t in wanted):
+            group = self.driver.get(timeout=timeout_s)
+            if group is None:
+                raise RuntimeError("the sampler ran out of prompts")
+            if group.ticket < wanted.start:
+                raise RuntimeError(f"group of ticket {group.ticket} arrived after its step "
+                                   f"(step {step} wants tickets {wanted.start}..{wanted.stop - 1})")
+            self._buffer[group.ticket] = group
+        groups = [self._buffer.pop(t) for t in wanted]
+        for g in groups:
+            self.feed.consumed(g.ticket)
+        now = time.monotonic()
+        staleness = np.array([version - g.min_version for g in groups])
+        kept = [g for g, s in zip(groups, staleness) if s <= self.schedule.max_staleness]
+        stale = len(groups) - len(kept)
+        self.stale_total += stale
+        versions = {g.prefill_version for g in groups}
+        versions.update(int(v) for g in groups for c in g.completions for v in np.unique(c.versions))
+        idle = self.driver.stats["time_idle"]
+        span = max(now - self._last, 1e-9)
+        figures = {
+            "wait_s": now - t0, "staleness_min": int(staleness.min()),
+            "staleness_mean": float(staleness.mean()), "staleness_max": int(staleness.max()),
+            "data_versions": len(versions), "stale_groups": stale, "queue_depth": len(self._buffer) + self.driver.queued,
+            "sampler_idle_frac": min((idle - self._idle_seen) / span, 1.0),
+            "admitted_ahead": self.feed.issued - wanted.stop}
+        self._idle_seen, self._last = idle, now
+        return kept, figures
+
+    def publish(self, params_fn, version: int) -> Optional[object]:
+        """Send the params of `version` to the sampler when the schedule says so; returns the
+        sampler-side params sent (or None). `params_fn()` makes them (the weight sync), so no
+        sync runs on steps that push nothing."""
+        if not self.schedule.pushes(version):
+            return None
+        params = params_fn()
+        self.driver.update_params(params, version)
+        return params
+
+    def stop(self) -> None:
+        self.driver.stop()
