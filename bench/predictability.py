@@ -1,0 +1,91 @@
+"""Is the testbed's curve predictable? Several seeds of a longer testbed run; each is fitted on
+the first half of its compute and asked for its final validation pass rate.
+
+    python bench/predictability.py                   # seeds 0 1 2, 360 RL steps each
+    python bench/predictability.py --seeds 0 --steps 200
+
+For each seed: the sigmoid law R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B) (R0 measured, x =
+`compute.device_hours`, the fitter's defaults) is fitted to the evaluations with compute <= half
+of the run's total, then predicts R at the last evaluation's compute; the error is predicted
+minus observed. Also reported: the fit on all points (A, B, C_mid) and the observed mean of the
+last three evaluations (the "asymptote seen"). The paper's margin on A is 0.02.
+
+Runs go to bench/out/predictability/seed<N> (reused when complete); results to stdout and
+bench/out/predictability/predictability.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from scalerl_jax.metrics import read_metrics  # noqa: E402
+from scalerl_jax.scaling import FitSpec, fit_curve  # noqa: E402
+from scalerl_jax.scaling.report import load_curve  # noqa: E402
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--steps", type=int, default=360)
+    p.add_argument("--eval-every", type=int, default=18)
+    p.add_argument("--out", default=os.path.join(ROOT, "bench", "out", "predictability"))
+    args = p.parse_args(argv)
+    rows = []
+    for seed in args.seeds:
+        workdir = os.path.join(args.out, f"seed{seed}")
+        log = os.path.join(workdir, "metrics.jsonl")
+        done = os.path.exists(log) and any(
+            r["step"] == args.steps for r in read_metrics(workdir).of("eval"))
+        if not done:
+            cmd = [sys.executable, os.path.join(ROOT, "experiments", "run.py"), "--workdir",
+                   workdir, "--seed", str(seed), "--steps", str(args.steps),
+                   f"eval.every_steps={args.eval_every}"]
+            print("$", " ".join(cmd[1:]), flush=True)
+            subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+        curve, _ = load_curve([workdir])
+        half = 0.5 * float(np.nanmax(curve.x))
+        first = fit_curve(curve, FitSpec(fit_end=half))
+        whole = fit_curve(curve, FitSpec())
+        final_x, final_y = float(curve.x[-1]), float(curve.y[-1])
+        row = {"seed": seed, "points": len(curve.x), "fit_points": first.n_points,
+               "base": float(curve.y[0]), "final": final_y,
+               "last3_mean": float(np.mean(curve.y[-3:])), "half_compute": half}
+        if first.ok:
+            pred = float(first.predict(final_x))
+            row.update(predicted=pred, error=pred - final_y, A_half=float(first.A),
+                       B_half=float(first.B), C_mid_half=float(first.C_mid))
+        else:
+            row.update(predicted=None, error=None, reason=first.reason)
+        if whole.ok:
+            row.update(A=float(whole.A), B=float(whole.B), C_mid=float(whole.C_mid))
+        rows.append(row)
+    print(f"{'seed':>4} {'pts':>4} {'fit':>4} {'base':>6} {'final':>6} {'pred':>6} {'error':>7} "
+          f"{'A(half)':>7} {'A(all)':>7} {'B(all)':>6} {'C_mid(all)':>10}")
+    for r in rows:
+        f = lambda key, fmt: "-" if r.get(key) is None else format(r[key], fmt)  # noqa: E731
+        print(f"{r['seed']:>4} {r['points']:>4} {r['fit_points']:>4} {r['base']:>6.3f} "
+              f"{r['final']:>6.3f} {f('predicted', '.3f'):>6} {f('error', '+.3f'):>7} "
+              f"{f('A_half', '.3f'):>7} {f('A', '.3f'):>7} {f('B', '.2f'):>6} "
+              f"{f('C_mid', '.3g'):>10}")
+        if r.get("reason"):
+            print(f"     seed {r['seed']}: no fit on the first half: {r['reason']}")
+    errors = [abs(r["error"]) for r in rows if r.get("error") is not None]
+    if errors:
+        print(f"mean |error| {np.mean(errors):.3f}, max {np.max(errors):.3f} "
+              f"(paper's margin 0.02); within 0.02: {sum(e <= 0.02 for e in errors)}/{len(rows)}")
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "predictability.json"), "w") as f:
+        json.dump({"args": vars(args), "rows": rows}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
