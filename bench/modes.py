@@ -79,7 +79,7 @@ def main(argv=None) -> int:
     base = os.path.join(args.out, "sft-base")
     if not os.path.exists(os.path.join(base, "sft", "summary.json")):
         shutil.rmtree(base, ignore_errors=True)
-        run(base, "--steps", "1", "eval.num_prompts=8")  # makes base/sft
+        run(base, "--steps", "1", "eval.every_steps=1")  # makes base/sft
     results = {}
     for mode in args.modes:
         workdir = os.path.join(args.out, mode)

@@ -283,7 +283,6 @@ class PipelineConfig:
     max_lag: int = 8  # k: trainer waits when this many versions ahead of its oldest data
     prompts_per_step: int = 48
     generations_per_prompt: int = 16
-    queue_groups: int = 256
     seq_bucket: int = 128  # train batches pad T to a multiple of this, so the step compiles once
     no_positive_resampling: bool = True
     retire_pass_rate: float = 0.9
@@ -292,7 +291,7 @@ class PipelineConfig:
         c = "PipelineConfig"
         _choice(c, "mode", self.mode, ("pipeline", "ppo_off_policy", "sync"))
         _positive(c, max_lag=self.max_lag, prompts_per_step=self.prompts_per_step,
-                  queue_groups=self.queue_groups, seq_bucket=self.seq_bucket)
+                  seq_bucket=self.seq_bucket)
         _check(self.generations_per_prompt >= 2, c, "generations_per_prompt",
                self.generations_per_prompt, "must be >= 2 (group-relative advantages)")
         _check(0 < self.retire_pass_rate <= 1, c, "retire_pass_rate", self.retire_pass_rate,
@@ -344,12 +343,12 @@ class RewardConfig:
 
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
-    """Held-out validation: mean@k pass rate every N steps (paper: 1,000 prompts, k=16, N=100)."""
+    """Held-out validation: mean@k pass rate every N steps (paper: 1,000 prompts, k=16, N=100),
+    sampled like training (SamplerConfig's temperature / top-p / top-k)."""
 
     every_steps: int = 100
     k: int = 16
     num_prompts: int = 1000
-    temperature: float = 1.0
 
     def __post_init__(self):
         _positive("EvalConfig", every_steps=self.every_steps, k=self.k,

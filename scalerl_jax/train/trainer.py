@@ -15,11 +15,12 @@ record per step and per evaluation and the compute axis does not depend on when 
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
 import time
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import jax
 import numpy as np
@@ -79,15 +80,15 @@ def run(cfg: RunConfig, *, allow_config_change: bool = False,
     docstring. Raises ConfigError / DataError / WorkdirInUseError before writing anything."""
     Schedule.from_config(cfg.pipeline, jax.process_count())  # batch / host divisibility
     tokenizer = load_tokenizer(cfg)
-    lock = rundir.lock_workdir(cfg.workdir) if jax.process_index() == 0 else None
-    try:
-        return _run(cfg, tokenizer, allow_config_change, wandb_project, fit)
-    finally:
-        if lock is not None:
-            lock.release()
+    # Everything the run opens is closed in reverse order however it ends; the lock goes last.
+    with contextlib.ExitStack() as cleanup:
+        if jax.process_index() == 0:
+            cleanup.callback(rundir.lock_workdir(cfg.workdir).release)
+        return _run(cfg, tokenizer, cleanup, allow_config_change, wandb_project, fit)
 
 
-def _run(cfg: RunConfig, tokenizer, allow_config_change, wandb_project, fit) -> RunResult:
+def _run(cfg: RunConfig, tokenizer, cleanup: contextlib.ExitStack, allow_config_change,
+         wandb_project, fit) -> RunResult:
     main = jax.process_index() == 0
     if main:
         rundir.check_config(cfg.workdir, cfg.to_dict(), allow_change=allow_config_change)
@@ -110,6 +111,7 @@ def _run(cfg: RunConfig, tokenizer, allow_config_change, wandb_project, fit) -> 
     pool = RewardPool(cfg.reward.workers, cfg.reward.timeout_s,
                       reward_correct=cfg.loss.reward_correct,
                       reward_incorrect=cfg.loss.reward_incorrect, processes=cfg.reward.processes)
+    cleanup.callback(pool.close)
 
     # Resume from the newest good checkpoint; else the initial policy (SFT warm-up, HF, init).
     _, abstract = state_lib.abstract_train_state(cfg.model, cfg.optim, trainer_mesh, cfg.seed)
@@ -117,14 +119,16 @@ def _run(cfg: RunConfig, tokenizer, allow_config_change, wandb_project, fit) -> 
                                         save_every=cfg.checkpoint_every,
                                         keep=cfg.keep_checkpoints, keep_every=cfg.keep_every)
     checkpoints.install_signal_handlers()
+    cleanup.callback(checkpoints.close)
     restored = checkpoints.restore(abstract)
     if main:  # the first write: everything above has validated
         rundir.write_config(cfg.workdir, cfg.to_dict())
-    tracker = Tracker(cfg.workdir, enabled=main, wandb_project=wandb_project)
+    tracker = cleanup.enter_context(Tracker(cfg.workdir, enabled=main,
+                                            wandb_project=wandb_project))
     if restored is None:
         init = cfg.hf_checkpoint
         if cfg.sft is not None:
-            init = _warm_up(cfg, trainer_mesh, tokenizer, validation, tracker)
+            init = _warm_up(cfg, trainer_mesh, tokenizer, source.validation(), tracker)
         model_cfg, graphdef, state = state_lib.create_train_state(
             cfg.model, cfg.optim, trainer_mesh, seed=cfg.seed, hf_checkpoint=init)
         meta = {}
@@ -149,7 +153,7 @@ def _run(cfg: RunConfig, tokenizer, allow_config_change, wandb_project, fit) -> 
     writer = None
     if main:
         metrics_lib.truncate_after(cfg.workdir, start)
-        writer = metrics_lib.MetricsWriter(cfg.workdir)
+        writer = cleanup.enter_context(metrics_lib.MetricsWriter(cfg.workdir))
 
     def record(event: str, step: int, **fields) -> dict:
         if writer is None:
@@ -183,6 +187,7 @@ def _run(cfg: RunConfig, tokenizer, allow_config_change, wandb_project, fit) -> 
                     admit=lambda version: feed.issued < schedule.limit(version),
                     max_queued_groups=schedule.window + schedule.batch, **driver_kwargs)
     rollouts = Rollouts(driver, feed, schedule).start()
+    cleanup.callback(rollouts.stop)
     n_train, n_sample = len(split.trainer), len(split.sampler) * hosts
 
     def run_eval(step: int, params) -> dict:
@@ -199,92 +204,108 @@ def _run(cfg: RunConfig, tokenizer, allow_config_change, wandb_project, fit) -> 
                 "data": allgather_objects(feed.state_dict()), "compute": meter.state_dict()}
 
     last, stopped_by, skipped_in_a_row, tokens_seen = {}, None, 0, 0
-    bar = Progress("rl", cfg.steps, initial=start, tokens_key="batch_seq_tokens",
-                   enabled=None if main else False)
-    try:
-        if missing:
-            bar.set_eval(start, run_eval(start, sampler_params)["pass_rate"])
-        while int(state.step) < cfg.steps:
-            t0 = time.monotonic()
-            step, version = int(state.step) + 1, int(state.step)
-            local, roll = rollouts.take(step, version)
-            scored = score_groups(local, tokenizer=tokenizer, verifier=verifier, pool=pool)
-            sampled, tokens_seen = driver.stats["tokens"] - tokens_seen, driver.stats["tokens"]
-            shared = allgather_objects((local, scored.correct, scored.rewards, sampled,
-                                        scored.num_timeouts, scored.num_errors))
-            groups = [g for part in shared for g in part[0]]
-            g_size = cfg.pipeline.generations_per_prompt
-            correct = np.concatenate([np.asarray(p[1], bool) for p in shared]).reshape(-1, g_size)
-            rewards = np.concatenate([np.asarray(p[2], np.float32) for p in shared])
-            rewards = rewards.reshape(-1, g_size)
-            if retire:
-                curriculum.update([g.prompt_id for g in groups], correct.mean(axis=1))
-            batch, info = batch_lib.from_groups(
-                groups, rewards, loss_cfg=cfg.loss, num_prompts=cfg.pipeline.prompts_per_step,
-                micro_batches=cfg.optim.micro_batches, row_multiple=batch_shards(trainer_mesh),
-                seq_bucket=cfg.pipeline.seq_bucket, correct=correct, pad_id=tokenizer.pad_id)
-            t1 = time.monotonic()
-            state, step_metrics = train_step(state, batch)
-            step_metrics = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
-            t_train = time.monotonic() - t1
-            pushed = rollouts.publish(lambda: sync(state.params), step)
-            sampler_params = pushed if pushed is not None else sampler_params
+    bar = cleanup.enter_context(Progress("rl", cfg.steps, initial=start,
+                                         tokens_key="batch_seq_tokens",
+                                         enabled=None if main else False))
+    if missing:
+        bar.set_eval(start, run_eval(start, sampler_params)["pass_rate"])
+    while int(state.step) < cfg.steps:
+        t0 = time.monotonic()
+        step, version = int(state.step) + 1, int(state.step)
+        local, roll = rollouts.take(step, version)
+        scored = score_groups(local, tokenizer=tokenizer, verifier=verifier, pool=pool)
+        sampled, tokens_seen = driver.stats["tokens"] - tokens_seen, driver.stats["tokens"]
+        data = _share(local, scored, sampled, cfg.pipeline.generations_per_prompt)
+        groups, correct, rewards = data.groups, data.correct, data.rewards
+        if retire:
+            curriculum.update([g.prompt_id for g in groups], correct.mean(axis=1))
+        batch, info = batch_lib.from_groups(
+            groups, rewards, loss_cfg=cfg.loss, num_prompts=cfg.pipeline.prompts_per_step,
+            micro_batches=cfg.optim.micro_batches, row_multiple=batch_shards(trainer_mesh),
+            seq_bucket=cfg.pipeline.seq_bucket, correct=correct, pad_id=tokenizer.pad_id)
+        t1 = time.monotonic()
+        state, step_metrics = train_step(state, batch)
+        step_metrics = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
+        t_train = time.monotonic() - t1
+        pushed = rollouts.publish(lambda: sync(state.params), step)
+        sampler_params = pushed if pushed is not None else sampler_params
 
-            # Compute: colocated devices are charged to whichever side used them.
-            step_wall = time.monotonic() - t0
-            completions = [c for g in groups for c in g.completions]
-            mean_len = float(np.mean([len(c.tokens) for c in completions]))
-            mean_prompt = float(np.mean([len(g.prompt_tokens) for g in groups]))
-            meter.add_sampler(seconds=step_wall - t_train if split.colocated else step_wall,
-                              devices=n_sample, tokens=sum(p[3] for p in shared),
-                              context_len=mean_prompt + mean_len / 2)
-            meter.add_trainer(seconds=t_train if split.colocated else step_wall,
-                              devices=n_train, tokens=info["seq_tokens"],
-                              context_len=info["seq_len"] / 2)
-            last = record(
-                "train", step, **step_metrics, **{f"batch_{k}": v for k, v in info.items()},
-                reward_mean=float(rewards.mean()), pass_rate_train=float(correct.mean()),
-                truncation_rate=np.mean([c.finish_reason == "truncated" for c in completions]),
-                interruption_rate=np.mean([c.interrupted for c in completions]),
-                mean_completion_len=mean_len, **roll,
-                trainer_wait_frac=roll["wait_s"] / max(step_wall, 1e-9),
-                reward_timeouts=sum(p[4] for p in shared), reward_errors=sum(p[5] for p in shared),
-                retired_prompts=curriculum.num_retired, policy_version=step, train_s=t_train,
-                step_s=step_wall, samples_per_s=len(completions) / max(step_wall, 1e-9))
-            bar.update(step, last)
-            skipped_in_a_row = skipped_in_a_row + 1 if step_metrics["skipped"] else 0
-            if skipped_in_a_row >= cfg.max_skipped_steps:
-                raise FloatingPointError(
-                    f"{skipped_in_a_row} consecutive steps (up to step {step}) had a non-finite "
-                    f"loss or gradient (loss {step_metrics['loss']}, grad_norm "
-                    f"{step_metrics['grad_norm']}); stopping instead of skipping silently. The "
-                    f"last checkpoint is intact; lower OptimConfig.learning_rate="
-                    f"{cfg.optim.learning_rate} or check the data")
-            if step % cfg.eval.every_steps == 0 or step == cfg.steps:
-                params = sampler_params if pushed is not None else sync(state.params)
-                bar.set_eval(step, run_eval(step, params)["pass_rate"])
-            checkpoints.maybe_save(step, state, meta_now)
-            if checkpoints.preemption_saved:
-                stopped_by = checkpoints.stop_signal
-                log.warning("%s: stopped after saving step %d; re-run the same command to "
-                            "resume", stopped_by, step)
-                break
-        else:
-            checkpoints.save(int(state.step), state, meta_now)
-    finally:
-        bar.close()
-        rollouts.stop()
-        checkpoints.close()
-        pool.close()
-        if writer is not None:
-            writer.close()
+        # Compute: colocated devices are charged to whichever side used them.
+        step_wall = time.monotonic() - t0
+        completions = [c for g in groups for c in g.completions]
+        mean_len = float(np.mean([len(c.tokens) for c in completions]))
+        mean_prompt = float(np.mean([len(g.prompt_tokens) for g in groups]))
+        meter.add_sampler(seconds=step_wall - t_train if split.colocated else step_wall,
+                          devices=n_sample, tokens=data.sampled_tokens,
+                          context_len=mean_prompt + mean_len / 2)
+        meter.add_trainer(seconds=t_train if split.colocated else step_wall,
+                          devices=n_train, tokens=info["seq_tokens"],
+                          context_len=info["seq_len"] / 2)
+        last = record(
+            "train", step, **step_metrics, **{f"batch_{k}": v for k, v in info.items()},
+            reward_mean=float(rewards.mean()), pass_rate_train=float(correct.mean()),
+            truncation_rate=np.mean([c.finish_reason == "truncated" for c in completions]),
+            interruption_rate=np.mean([c.interrupted for c in completions]),
+            mean_completion_len=mean_len, **roll,
+            trainer_wait_frac=roll["wait_s"] / max(step_wall, 1e-9),
+            reward_timeouts=data.timeouts, reward_errors=data.errors,
+            retired_prompts=curriculum.num_retired, policy_version=step, train_s=t_train,
+            step_s=step_wall, samples_per_s=len(completions) / max(step_wall, 1e-9))
+        bar.update(step, last)
+        skipped_in_a_row = skipped_in_a_row + 1 if step_metrics["skipped"] else 0
+        _check_not_diverged(skipped_in_a_row, cfg, step, step_metrics)
+        if step % cfg.eval.every_steps == 0 or step == cfg.steps:
+            params = sampler_params if pushed is not None else sync(state.params)
+            bar.set_eval(step, run_eval(step, params)["pass_rate"])
+        checkpoints.maybe_save(step, state, meta_now)
+        if checkpoints.preemption_saved:
+            stopped_by = checkpoints.stop_signal
+            log.warning("%s: stopped after saving step %d; re-run the same command to "
+                        "resume", stopped_by, step)
+            break
+    else:
+        checkpoints.save(int(state.step), state, meta_now)
+    bar.close()
+    rollouts.stop()
+    checkpoints.wait()
     result = RunResult(cfg.workdir, int(state.step), last,
                        metrics_lib.read_metrics(cfg.workdir).of("eval") if main else [],
                        stopped_by=stopped_by)
     if fit and main and stopped_by is None:
         result.fit, result.fit_reason = _fit(cfg.workdir)
-    tracker.close()
     return result
+
+
+class _Shared(NamedTuple):
+    groups: list  # every host's groups of this step, in host order
+    correct: np.ndarray  # [groups, G] bool
+    rewards: np.ndarray  # [groups, G] float32
+    sampled_tokens: int  # tokens the samplers of all hosts generated since the last step
+    timeouts: int
+    errors: int
+
+
+def _share(local, scored, sampled: int, group_size: int) -> _Shared:
+    """This host's scored groups -> every host's (the same on each, for the global batch)."""
+    parts = allgather_objects((local, scored.correct, scored.rewards, sampled,
+                               scored.num_timeouts, scored.num_errors))
+    return _Shared(
+        groups=[g for part in parts for g in part[0]],
+        correct=np.concatenate([np.asarray(p[1], bool) for p in parts]).reshape(-1, group_size),
+        rewards=np.concatenate([np.asarray(p[2], np.float32) for p in parts]).reshape(
+            -1, group_size),
+        sampled_tokens=sum(p[3] for p in parts), timeouts=sum(p[4] for p in parts),
+        errors=sum(p[5] for p in parts))
+
+
+def _check_not_diverged(skipped_in_a_row: int, cfg: RunConfig, step: int, m: dict) -> None:
+    if skipped_in_a_row >= cfg.max_skipped_steps:
+        raise FloatingPointError(
+            f"{skipped_in_a_row} consecutive steps (up to step {step}) had a non-finite loss or "
+            f"gradient (loss {m['loss']}, grad_norm {m['grad_norm']}); stopping instead of "
+            f"skipping silently (RunConfig.max_skipped_steps={cfg.max_skipped_steps}). The last "
+            f"checkpoint is intact; lower OptimConfig.learning_rate={cfg.optim.learning_rate} "
+            "or check the data")
 
 
 def _warm_up(cfg: RunConfig, mesh, tokenizer, validation, tracker: Tracker) -> str:
