@@ -5,7 +5,7 @@ the first half of its compute and asked for its final validation pass rate.
     python bench/predictability.py --seeds 0 --steps 200
 
 For each seed: the sigmoid law R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B) (R0 measured, x =
-`compute.device_hours`, the fitter's defaults) is fitted to the evaluations with compute <= half
+`compute.flops` unless `--x compute.device_hours`) is fitted to the evaluations with compute <= half
 of the run's total, then predicts R at the last evaluation's compute; the error is predicted
 minus observed. Also reported: the fit on all points (A, B, C_mid) and the observed mean of the
 last three evaluations (the "asymptote seen"). The paper's margin on A is 0.02.
@@ -36,6 +36,9 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--steps", type=int, default=360)
     p.add_argument("--eval-every", type=int, default=18)
+    p.add_argument("--x", default="compute.flops",
+                   help="compute axis (FLOPs by default: on a shared machine device-hours "
+                        "also measure the other jobs)")
     p.add_argument("--out", default=os.path.join(ROOT, "bench", "out", "predictability"))
     args = p.parse_args(argv)
     rows = []
@@ -50,7 +53,7 @@ def main(argv=None) -> int:
                    f"eval.every_steps={args.eval_every}"]
             print("$", " ".join(cmd[1:]), flush=True)
             subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
-        curve, _ = load_curve([workdir])
+        curve, _ = load_curve([workdir], x_key=args.x)
         half = 0.5 * float(np.nanmax(curve.x))
         first = fit_curve(curve, FitSpec(fit_end=half))
         whole = fit_curve(curve, FitSpec())

@@ -80,6 +80,9 @@ def main(argv=None) -> int:
     except (ConfigError, DataError, WorkdirInUseError) as err:  # bad input: one line, exit 2
         print(f"run.py: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # a second Ctrl-C, or one before training started
+        print("run.py: interrupted; re-run the same command to resume", file=sys.stderr)
+        return 130
     if result.stopped_by:
         log.warning("interrupted by %s at step %d: re-run the same command to resume",
                     result.stopped_by, result.step)

@@ -112,7 +112,7 @@ class Field:
 
 
 RL_FIELDS = (Field("loss", "loss", ".4f"), Field("reward", "reward_mean", ".3f"),
-             Field("pass", "pass_rate_train", ".3f"), Field("lag", "max_lag_seen", ".0f"))
+             Field("pass", "pass_rate_train", ".3f"), Field("stale", "staleness_max", ".0f"))
 SFT_FIELDS = (Field("loss", "loss", ".4f"),)
 
 

@@ -71,6 +71,8 @@ def test_pipeline_mode_never_discards_and_bounds_staleness(tmp_path):
     assert all(r["admitted_ahead"] <= 2 * 4 for r in records)  # k x B prompts beyond the step
     assert all(r["batch_groups"] == 4 for r in records)  # every step got its B groups
     assert any(r["batch_kept_groups"] > 0 and r["loss"] != 0 for r in records)
+    from scalerl_jax.progress import RL_FIELDS
+    assert all(f.key in records[-1] for f in RL_FIELDS)  # the progress bar shows real fields
     for key in ("queue_depth", "sampler_idle_frac", "trainer_wait_frac", "staleness_mean"):
         assert all(np.isfinite(r[key]) for r in records), key
 
@@ -114,3 +116,15 @@ def test_a_verifier_that_raises_or_hangs_is_counted_and_the_run_goes_on(tmp_path
     assert sum(r["reward_errors"] for r in records) > 0
     assert sum(r["reward_timeouts"] for r in records) > 0
     assert all(np.isfinite(r["loss"]) for r in records)
+
+
+def test_a_run_that_keeps_producing_non_finite_steps_stops_with_an_error(tmp_path):
+    # A learning rate of 1e30 makes the first update blow the weights up; every later loss is
+    # non-finite and skipped, and after max_skipped_steps of them the run stops.
+    cfg = tiny_config(tmp_path / "nan", "optim.learning_rate=1e30", "optim.warmup_steps=0",
+                      "max_skipped_steps=3", steps=12)
+    with pytest.raises(FloatingPointError, match=r"3 consecutive steps .* non-finite"):
+        trainer.run(cfg, fit=False)
+    records = train_records(str(tmp_path / "nan"))
+    assert [r["skipped"] for r in records][-3:] == [1.0, 1.0, 1.0]
+    assert len(records) < 12

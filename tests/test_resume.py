@@ -56,3 +56,20 @@ def test_kill_9_then_rerun_leaves_one_record_per_step_and_growing_compute(tmp_pa
         values = [r["compute"][key] for r in evals]
         assert all(b > a for a, b in zip(values, values[1:])), (key, values)
     assert [r["resumed"] for r in log.of("run")] == [False, True]
+
+
+def test_ctrl_c_saves_the_current_step_and_exits_130(tmp_path):
+    workdir = str(tmp_path / "run")
+    cmd, env = _command(workdir)
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while len(_train_steps(workdir)) < 3:
+        assert time.monotonic() < deadline and proc.poll() is None, "no progress"
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    assert "Traceback" not in err and "interrupted by SIGINT" in err
+    last = _train_steps(workdir)[-1]
+    assert os.path.isdir(os.path.join(workdir, "checkpoints", str(last)))  # saved where it stopped

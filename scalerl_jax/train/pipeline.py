@@ -21,6 +21,10 @@ Weights go to the sampler after every step, except in ppo_off_policy, where they
 round boundaries (v % k == 0): a round's k B prompts are generated with frozen weights, then
 the trainer takes k steps of B prompts from them.
 
+Resume: the feed re-issues the prompts that were in flight under their tickets, so the schedule
+carries on where it stopped. A ppo_off_policy run resumed in the middle of a round regenerates
+the rest of that round with the restored (newer) weights: the old round's weights are not kept.
+
 Backpressure, not discarding: when the sampler reaches the limit it stops admitting (its free
 slots idle: `sampler_idle_frac`), and the trainer waits for the tickets it needs
 (`trainer_wait_frac`). Generated groups are never thrown away in normal operation; a group that
