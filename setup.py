@@ -38,6 +38,9 @@ setup(
             "torch==2.13.0",
             "transformers>=4.50",
             "tensorboard>=2.14",  # tests read event files back the way TensorBoard does
+            "nbclient>=0.10",  # tests/test_notebook.py runs notebooks/quickstart.ipynb
+            "nbformat>=5.9",
+            "ipykernel>=6.29",
         ],
     },
 )

@@ -68,12 +68,12 @@ def bench_step(args) -> dict:
                       num_kv_heads=args.kv_heads, compute_dtype=args.dtype,
                       max_position_embeddings=max(args.seq, 2048), remat=args.remat)
     mesh = mesh_lib.trainer_mesh(MeshConfig(fsdp=-1), jax.devices())
-    ocfg = OptimConfig(learning_rate=1e-6, warmup_steps=0)
+    ocfg = OptimConfig(learning_rate=1e-6, warmup_steps=0, logprob_chunk=args.chunk)
     num_prompts = max(args.rows // 2, 1)
     _, graphdef, state = state_lib.create_train_state(cfg, ocfg, mesh)
     _, abstract = state_lib.abstract_train_state(cfg, ocfg, mesh)
     step = make_train_step(graphdef, abstract, mesh, model_cfg=cfg, loss_cfg=LossConfig(),
-                           optim_cfg=ocfg, num_prompts=num_prompts, logprob_chunk=args.chunk)
+                           optim_cfg=ocfg, num_prompts=num_prompts)
     batch = synthetic_batch(args.rows, args.seq, args.vocab, num_prompts)
     t = time.perf_counter()
     state, metrics = step(state, batch)

@@ -1,15 +1,26 @@
 """Run an RL job: the SFT warm-up when the recipe has one, then RL, then the scaling fit.
 
-    python experiments/run.py                       # embedded CPU testbed (recipe `testbed`)
-    python experiments/run.py --steps 50 --workdir /tmp/tb
-    python experiments/run.py pipeline.mode=sync optim.learning_rate=1e-4 --steps 20
-    python experiments/run.py --recipe scalerl --model qwen3-0.6b --hf-checkpoint DIR \\
-        --data /path/to/polaris.parquet
+examples:
+  python experiments/run.py                        # embedded CPU testbed (recipe `testbed`)
+  python experiments/run.py --steps 50 --workdir /tmp/tb
+  python experiments/run.py pipeline.mode=sync optim.learning_rate=1e-4 --steps 20
+  python experiments/run.py --recipe list          # every recipe, one line each
+  python experiments/run.py --recipe scalerl --hf-checkpoint DIR --data train.parquet \\
+      data.prompt_field=question --colocate        # an HF model on one device
+  python experiments/run.py --dry-run --tpu v5p-64 --recipe scalerl --model llama-3.1-8b
+  python experiments/run.py --tpu v5p-64 --recipe scalerl --hf-checkpoint DIR  # every worker
+                                                   # of the slice (tpu/pod.sh launch does that)
 
 Any config field can be set as `key.path=value` (see scalerl_jax/config.py). Re-running the same
 command with the same --workdir resumes from its last checkpoint; a workdir started with a
-different config is refused unless --allow-config-change. Ctrl-C or SIGTERM saves a checkpoint
-and exits with status 130 / 143. `python experiments/fit.py WORKDIR` refits the curve.
+different config is refused unless --allow-config-change. `--tpu` plans the slice (roles,
+meshes, micro-batches, memory per chip; scalerl_jax/plan/) and checks that this machine is that
+slice (a pod worker joins the others itself); `--dry-run` prints the plan on any machine and
+exits. `python experiments/fit.py WORKDIR` refits the curve.
+
+exit status: 0 done (or already complete), 2 bad input (one line; --debug adds the traceback),
+1 a run that failed with a clear message, 130 / 143 interrupted by Ctrl-C / SIGTERM after saving
+a checkpoint (re-run the same command to resume).
 """
 from __future__ import annotations
 
@@ -22,75 +33,204 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from scalerl_jax import recipes  # noqa: E402
-from scalerl_jax.config import ConfigError, apply_overrides  # noqa: E402
+from scalerl_jax import plan, preflight, recipes  # noqa: E402
+from scalerl_jax.preflight import UsageError  # noqa: E402
+from scalerl_jax.config import ConfigError, ModelConfig, apply_overrides  # noqa: E402
 from scalerl_jax.data.prompts import DataError  # noqa: E402
+from scalerl_jax.models import presets  # noqa: E402
 from scalerl_jax.progress import setup_logging, summary_lines  # noqa: E402
 
-log = logging.getLogger("run")
+log = logging.getLogger("scalerl_jax.run")  # under the package: setup_logging shows its INFO
+
+
+# User errors raised by modules this script may not have imported: looked up in sys.modules,
+# since a module that was never imported cannot have raised (and importing jax to check would
+# cost seconds on every error).
+_BAD_INPUT = {"scalerl_jax.rundir": "WorkdirInUseError", "scalerl_jax.mesh": "MeshError",
+              "scalerl_jax.models.hf": "HFError", "scalerl_jax.models.tokenizer": "TokenizerError"}
+_RUN_FAILED = {"scalerl_jax.checkpoint": "CheckpointError"}
+
+
+def _is(err: BaseException, table: dict) -> bool:
+    return any(name in sys.modules and isinstance(err, getattr(sys.modules[name], cls))
+               for name, cls in table.items())
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the examples' layout and appends each option's default when it has one."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if action.default not in (None, False, argparse.SUPPRESS) and action.option_strings \
+                and "default" not in text:
+            text += " (default: %(default)s)"
+        return text
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=_Formatter,
                                 epilog=__doc__.split("\n", 1)[1])
     p.add_argument("overrides", nargs="*", metavar="KEY.PATH=VALUE",
                    help="config overrides, e.g. pipeline.mode=sync sft.steps=100")
-    p.add_argument("--recipe", default="testbed", choices=sorted(recipes.RECIPES))
-    p.add_argument("--workdir", help="run directory (default: the recipe's)")
-    p.add_argument("--steps", type=int, help="number of RL train steps")
-    p.add_argument("--seed", type=int)
-    p.add_argument("--model", help="model preset for --recipe scalerl (e.g. qwen3-0.6b)")
-    p.add_argument("--hf-checkpoint", help="HF model directory: initial weights and tokenizer")
-    p.add_argument("--data", help="prompt source: .jsonl/.parquet path, hf:NAME, synthetic:TASK")
+    p.add_argument("--recipe", default="testbed", help="recipe name; `list` prints them all")
+    p.add_argument("--workdir", help="run directory (default: the recipe's, e.g. runs/testbed)")
+    p.add_argument("--steps", type=_positive_int,
+                   help="number of RL train steps (default: the recipe's)")
+    p.add_argument("--seed", type=int, help="run seed (default: the recipe's)")
+    p.add_argument("--model", help="model preset for preset-based recipes such as scalerl "
+                   f"({', '.join(presets.PRESETS)})")
+    p.add_argument("--hf-checkpoint", metavar="DIR",
+                   help="HF model directory: the model, its initial weights and tokenizer")
+    p.add_argument("--data", help="prompt source: FILE.jsonl / FILE.parquet / DIR, hf:NAME, "
+                   "tfds:NAME or synthetic:TASK (default: the recipe's)")
+    p.add_argument("--colocate", action="store_true", help="trainer and sampler share every "
+                   "device (= mesh.colocate=true); needed on a single device")
+    p.add_argument("--tpu", metavar="TOPOLOGY", help="plan for and run on this TPU slice, e.g. "
+                   "v5p-64, v5e-8, v4-32, v6e-16 (see --dry-run)")
+    p.add_argument("--dry-run", action="store_true", help="with --tpu: print the plan (roles, "
+                   "meshes, per-device batch, memory per chip, step time) and exit; touches "
+                   "no devices and reads no data")
+    p.add_argument("--mfu", type=float, default=0.4,
+                   help="model-FLOPs utilisation assumed by the step-time estimate")
+    p.add_argument("--mean-len", type=_positive_int, metavar="TOKENS", help="mean completion "
+                   "length assumed by the step-time estimate (default: half of "
+                   "sampler.max_new_tokens)")
     p.add_argument("--allow-config-change", action="store_true",
                    help="resume a workdir whose config.json differs from this config")
     p.add_argument("--wandb", metavar="PROJECT", help="also log to Weights & Biases")
     p.add_argument("--no-fit", action="store_true", help="skip the scaling fit at the end")
+    p.add_argument("--debug", action="store_true", help="show tracebacks of input errors")
     return p.parse_args(argv)
 
 
+# --------------------------------------------------------------------------------- config
 def build_config(args):
-    cfg = recipes.get(args.recipe, **({"model": args.model} if args.model else {}))
+    """(RunConfig, pinned keys): the recipe with the flags and overrides applied."""
+    if args.model and args.hf_checkpoint:
+        raise UsageError(f"--model {args.model} and --hf-checkpoint {args.hf_checkpoint}: give "
+                         "one; the checkpoint's config.json defines its model")
+    if args.model and args.model not in presets.PRESETS:
+        raise UsageError(f"--model {args.model}: unknown model preset; known: "
+                         f"{', '.join(presets.PRESETS)} (or --hf-checkpoint DIR for another "
+                         "HF model)")
+    try:
+        cfg = recipes.get(args.recipe)
+    except KeyError:
+        names = [name for name, _ in recipes.describe()]
+        raise UsageError(f"--recipe {args.recipe}: invalid choice; known: {', '.join(names)} "
+                         "(`--recipe list` describes them)") from None
+    if args.model:
+        try:  # a recipe with its own model refuses a preset (ConfigError) or takes no `model`
+            cfg = recipes.get(args.recipe, model=args.model)
+        except (ConfigError, TypeError):
+            cfg = None
+        if not (cfg is not None and isinstance(cfg.model, ModelConfig)
+                and cfg.model.name == args.model):
+            raise UsageError(f"--model {args.model}: recipe {args.recipe} defines its own "
+                             "model and takes no preset; use a preset-based recipe (--recipe "
+                             f"scalerl --model {args.model}), or resize this one with model.* "
+                             "overrides")
     top = {k: v for k, v in (("workdir", args.workdir), ("steps", args.steps),
                              ("seed", args.seed), ("hf_checkpoint", args.hf_checkpoint))
            if v is not None}
     if args.data:
         top["data"] = dataclasses.replace(cfg.data, source=args.data)
-    if args.hf_checkpoint and args.recipe != "testbed":
-        from scalerl_jax.models import hf
-        top["model"] = hf.config_from_hf(args.hf_checkpoint).replace(
-            param_dtype=cfg.model.param_dtype, compute_dtype=cfg.model.compute_dtype,
-            fp32_head=cfg.model.fp32_head)
-    return apply_overrides(dataclasses.replace(cfg, **top), args.overrides)
+    if args.colocate:
+        top["mesh"] = dataclasses.replace(cfg.mesh, colocate=True)
+    if args.hf_checkpoint:
+        top["model"] = preflight.hf_model(args.hf_checkpoint, cfg.model)
+    cfg = apply_overrides(dataclasses.replace(cfg, **top), args.overrides)
+    pinned = {o.partition("=")[0].strip() for o in args.overrides}
+    return cfg, frozenset(pinned | ({"mesh.colocate"} if args.colocate else set()))
+
+
+# ----------------------------------------------------------------------------------- main
+def recipe_table() -> str:
+    rows = recipes.describe()
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(f"{name:<{width}}  {text}" for name, text in rows)
+
+
+def run(args) -> int:
+    if args.recipe == "list":
+        print(recipe_table())
+        return 0
+    cfg, pinned = build_config(args)
+    if args.dry_run and not args.tpu:
+        raise UsageError("--dry-run plans a TPU slice: add --tpu TOPOLOGY (e.g. --tpu v5p-8; "
+                         f"known: {', '.join(plan.known_topologies()[:6])}, ...)")
+    notes = preflight.check_inputs(cfg, args, dry_run=args.dry_run)
+    topo = the_plan = None
+    if args.tpu:
+        try:
+            topo = plan.topology(args.tpu)
+        except plan.PlanError as err:
+            raise UsageError(f"--tpu {args.tpu}: {err}") from None
+        assume = plan.Assumptions(mfu=args.mfu, mean_completion=args.mean_len)
+        the_plan = plan.resolve(cfg, topo, pinned, assume)
+        cfg = the_plan.config
+    if args.dry_run:
+        print(plan.format_plan(the_plan))
+        for note in notes:
+            print(f"  note      {note}")
+        if not the_plan.ok:
+            print(f"run.py: error: --tpu {topo.name}: {plan.explain(the_plan, pinned)}",
+                  file=sys.stderr)
+            return 2
+        return 0
+    if the_plan is not None:
+        if not the_plan.ok:
+            raise UsageError(f"--tpu {topo.name}: {plan.explain(the_plan, pinned)} "
+                             "(--dry-run prints the whole plan)")
+        log.info("plan:\n%s", plan.format_plan(the_plan))
+    preflight.check_devices(cfg, topo)
+    done = preflight.finished_step(cfg, args.allow_config_change)
+    if done is not None:
+        print(preflight.complete_message(cfg, done))
+        return 0
+
+    from scalerl_jax.train import trainer  # imports jax/orbax: slow and loud, hence here
+    result = trainer.run(cfg, allow_config_change=args.allow_config_change,
+                         wandb_project=args.wandb, fit=not args.no_fit)
+    if result.stopped_by:
+        log.warning("interrupted by %s at step %d: re-run the same command to resume",
+                    result.stopped_by, result.step)
+        return 128 + int(signal.Signals[result.stopped_by])
+    if not result.last and result.step >= cfg.steps:  # nothing trained: it was complete
+        print(preflight.complete_message(cfg, result.step))
+        return 0
+    if result.evals:
+        print("\n".join(summary_lines(cfg.workdir, result.evals, result.fit,
+                                      fit_reason=result.fit_reason)))
+    return 0
 
 
 def main(argv=None) -> int:
     setup_logging()
     args = parse_args(argv)
-    from scalerl_jax import mesh
-    from scalerl_jax.train import trainer  # after logging: importing jax/orbax is slow and loud
-
-    mesh.maybe_initialize_distributed()
-    from scalerl_jax.rundir import WorkdirInUseError
     try:
-        cfg = build_config(args)
-        result = trainer.run(cfg, allow_config_change=args.allow_config_change,
-                             wandb_project=args.wandb, fit=not args.no_fit)
-    except (ConfigError, DataError, WorkdirInUseError) as err:  # bad input: one line, exit 2
-        print(f"run.py: error: {err}", file=sys.stderr)
-        return 2
+        return run(args)
     except KeyboardInterrupt:  # a second Ctrl-C, or one before training started
         print("run.py: interrupted; re-run the same command to resume", file=sys.stderr)
         return 130
-    if result.stopped_by:
-        log.warning("interrupted by %s at step %d: re-run the same command to resume",
-                    result.stopped_by, result.step)
-        return 128 + int(signal.Signals[result.stopped_by])
-    if result.evals:
-        print("\n".join(summary_lines(cfg.workdir, result.evals, result.fit,
-                                      fit_reason=result.fit_reason)))
-    return 0
+    except Exception as err:  # noqa: BLE001 - sorted below; anything else is a bug: traceback
+        bad_input = isinstance(err, (UsageError, ConfigError, DataError, plan.PlanError)) or \
+            _is(err, _BAD_INPUT)
+        failed = isinstance(err, FloatingPointError) or _is(err, _RUN_FAILED)
+        if args.debug or not (bad_input or failed):
+            raise
+        print(f"run.py: error: {err}", file=sys.stderr)
+        return 2 if bad_input else 1
 
 
 if __name__ == "__main__":

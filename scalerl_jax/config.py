@@ -11,6 +11,9 @@ import json
 import typing
 from typing import Any, Optional, Sequence
 
+# The objective -> settings table is shared with rl.losses; that module is free of JAX.
+from scalerl_jax.rl.hparams import OBJECTIVE_HPARAMS, OBJECTIVES, SPECIFIC_HPARAMS
+
 
 class ConfigError(ValueError):
     """A configuration value is invalid. The message names the field and the value."""
@@ -188,24 +191,36 @@ class SamplerConfig:
                    self.interruption_phrase, "must be non-empty when interruptions are on")
 
 
-LOSS_OBJECTIVES = ("cispo", "grpo", "dapo", "gspo", "tis")
+LOSS_OBJECTIVES = OBJECTIVES
 AGGREGATIONS = ("token", "sequence", "prompt", "constant")
 ADVANTAGE_NORMS = ("batch", "group", "none")
 
 
 @dataclasses.dataclass(frozen=True)
 class LossConfig:
-    """Objective and its static hyper-parameters. Defaults are ScaleRL's."""
+    """Objective and its static hyper-parameters. Defaults are ScaleRL's.
+
+    The fields are `rl.losses.policy_loss`'s keywords, one name per setting. The defaults are
+    valid for every objective; a setting the chosen objective does not read
+    (`rl.hparams.OBJECTIVE_HPARAMS`) must keep its default, else construction fails naming the
+    setting and the objective (e.g. objective='cispo' with clip_eps_high=0.28).
+    """
 
     objective: str = "cispo"
     ratio_cap: float = 4.0  # CISPO: absolute cap on rho = pi_theta / pi_behaviour (not 1 + eps)
     ratio_floor: Optional[float] = None  # CISPO optional lower cap (paper: none)
-    clip_eps_low: float = 0.2  # PPO-clip family: clip(rho, 1 - low, 1 + high)
-    clip_eps_high: float = 0.2  # DAPO clip-higher: 0.28 (paper's DAPO baseline: 0.26)
-    dual_clip: Optional[float] = None  # PPO dual clip constant c > 1 for negative advantages
-    gspo_eps_low: float = 3e-3
+    clip_eps_low: float = 0.2  # grpo / dapo (PPO-clip): clip(rho, 1 - low, 1 + high)
+    # 0.2 keeps the default valid for 'grpo' (symmetric); 'dapo' wants clip-higher, set it
+    # (DAPO: 0.28, the paper's DAPO baseline: 0.26; dapo_loss's own default is 0.28).
+    clip_eps_high: float = 0.2
+    dual_clip: Optional[float] = None  # grpo / dapo: dual clip constant c > 1 for A < 0
+    gspo_eps_low: float = 3e-3  # GSPO's clip range on the sequence ratio
     gspo_eps_high: float = 4e-3
-    tis_cap: float = 5.0  # REINFORCE + truncated importance sampling
+    # Truncated importance sampling cap on pi_old / pi_behaviour: the 'tis' objective's weight
+    # (None: 5.0, PipelineRL's); for the other objectives an optional correction on top (None:
+    # off). The train step has no separate pi_old (pi_old = pi_theta), so there any objective
+    # with tis_cap=C updates as 'tis' with C does (see train/step.py).
+    tis_cap: Optional[float] = None
     aggregation: str = "prompt"
     advantage_norm: str = "batch"
     zero_variance_filter: bool = True
@@ -224,11 +239,24 @@ class LossConfig:
         _choice(c, "aggregation", self.aggregation, AGGREGATIONS)
         _choice(c, "advantage_norm", self.advantage_norm, ADVANTAGE_NORMS)
         _choice(c, "kl_estimator", self.kl_estimator, ("k1", "k3"))
-        _positive(c, ratio_cap=self.ratio_cap, tis_cap=self.tis_cap,
-                  gspo_eps_low=self.gspo_eps_low, gspo_eps_high=self.gspo_eps_high)
+        uses = OBJECTIVE_HPARAMS[self.objective]
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        for name in SPECIFIC_HPARAMS:
+            value = getattr(self, name)
+            _check(name in uses or value == defaults[name], c, name, value,
+                   f"not used by objective={self.objective!r} (it reads {', '.join(uses)}); "
+                   f"leave it at its default {defaults[name]!r}")
+        _positive(c, ratio_cap=self.ratio_cap, gspo_eps_low=self.gspo_eps_low,
+                  gspo_eps_high=self.gspo_eps_high)
+        if self.tis_cap is not None:
+            _positive(c, tis_cap=self.tis_cap)
         _check(0 <= self.clip_eps_low < 1, c, "clip_eps_low", self.clip_eps_low,
                "must be in [0, 1)")
         _check(self.clip_eps_high >= 0, c, "clip_eps_high", self.clip_eps_high, "must be >= 0")
+        if self.objective == "grpo":
+            _check(self.clip_eps_high == self.clip_eps_low, c, "clip_eps_high",
+                   self.clip_eps_high, f"objective='grpo' clips symmetrically: must equal "
+                   f"clip_eps_low={self.clip_eps_low} (clip-higher is 'dapo')")
         if self.ratio_floor is not None:
             _check(0 <= self.ratio_floor < self.ratio_cap, c, "ratio_floor", self.ratio_floor,
                    f"must be in [0, ratio_cap={self.ratio_cap})")
@@ -237,6 +265,11 @@ class LossConfig:
         _check(self.kl_coef >= 0, c, "kl_coef", self.kl_coef, "must be >= 0")
         _check(self.reward_correct > self.reward_incorrect, c, "reward_correct",
                self.reward_correct, f"must exceed reward_incorrect={self.reward_incorrect}")
+
+    def objective_hparams(self) -> dict:
+        """The settings its objective reads, as `policy_loss` keywords (the shared ones
+        aggregation / kl_coef / kl_estimator / entropy_coef not included)."""
+        return {name: getattr(self, name) for name in OBJECTIVE_HPARAMS[self.objective]}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,11 +9,12 @@ from scalerl_jax.rl.advantages import (ADVANTAGE_NORMS, group_advantages, group_
                                        group_mean, length_penalty, overlong_penalty,
                                        zero_variance_groups)
 from scalerl_jax.rl.aggregation import AGGREGATIONS, aggregate, token_weights
-from scalerl_jax.rl.losses import (HPARAM_NAMES, OBJECTIVES, cispo_loss, dapo_loss, grpo_loss,
-                                   gspo_loss, kl_penalty, policy_loss, ppo_clip_loss, tis_loss)
+from scalerl_jax.rl.losses import (HPARAM_NAMES, OBJECTIVE_HPARAMS, OBJECTIVES, cispo_loss,
+                                   dapo_loss, grpo_loss, gspo_loss, kl_penalty, policy_loss,
+                                   ppo_clip_loss, tis_loss)
 
 __all__ = [
-    "ADVANTAGE_NORMS", "AGGREGATIONS", "HPARAM_NAMES", "OBJECTIVES",
+    "ADVANTAGE_NORMS", "AGGREGATIONS", "HPARAM_NAMES", "OBJECTIVE_HPARAMS", "OBJECTIVES",
     "aggregate", "cispo_loss", "dapo_loss", "grpo_loss", "group_advantages", "group_counts",
     "group_mean", "gspo_loss", "kl_penalty", "length_penalty", "overlong_penalty",
     "policy_loss", "ppo_clip_loss", "tis_loss", "token_weights", "zero_variance_groups",

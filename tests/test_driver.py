@@ -212,3 +212,78 @@ def test_errors_in_the_driver_thread_reach_the_caller(engine, params):
 
     with pytest.raises(ValueError, match="phrase_ids is empty"):
         Driver(engine, params, [], group_size=2, eos_ids=EOS)
+
+
+def test_a_cfg_whose_compiled_fields_differ_from_the_engine_is_refused(engine, params):
+    # The engine samples with its own temperature / top-k / top-p (compiled in): a driver cfg
+    # that says otherwise used to be silently overridden.
+    cfg = dataclasses.replace(SCFG, temperature=0.7, top_p=0.9, top_k=5)
+    with pytest.raises(ValueError, match=r"temperature=0.7 \(engine: 1.0\), top_p=0.9 \(engine: "
+                                         r"1.0\), top_k=5 \(engine: 0\)"):
+        Driver(engine, params, [], group_size=2, eos_ids=EOS, phrase_ids=PHRASE, cfg=cfg)
+    with pytest.raises(ValueError, match=r"max_concurrent_decodes=8 \(engine: 4\)"):
+        Driver(engine, params, [], group_size=2, eos_ids=EOS, phrase_ids=PHRASE,
+               cfg=dataclasses.replace(SCFG, max_concurrent_decodes=8))
+    # driver-side fields may differ: that is what cfg is for
+    Driver(engine, params, [], group_size=2, eos_ids=EOS, phrase_ids=PHRASE,
+           cfg=dataclasses.replace(SCFG, think_min=3, think_max=9, max_new_tokens=20))
+    # ids that would never be read (interruptions off) are refused too
+    off = dataclasses.replace(SCFG, interruptions=False)
+    with pytest.raises(ValueError, match="think_close_ids and phrase_ids given but "
+                                         "SamplerConfig.interruptions is False"):
+        Driver(engine, params, [], group_size=2, eos_ids=EOS, think_close_ids=CLOSE,
+               phrase_ids=PHRASE, cfg=off)
+
+
+class _WordTokenizer:
+    """Whitespace words -> ids from a table; unknown words are dropped (so text can encode to
+    nothing), like a tokenizer whose vocabulary lacks them."""
+
+    eos_ids = (100, 101)
+
+    def __init__(self, table):
+        self.table = table
+
+    def encode(self, text, add_special_tokens=False):
+        assert not add_special_tokens
+        return [self.table[w] for w in text.split() if w in self.table]
+
+
+def test_driver_token_ids_encode_the_config_strings_or_raise():
+    from scalerl_jax.sampler import driver_token_ids
+    tok = _WordTokenizer({"time": 240, "is": 241, "up.": 242, "</think>": 250})
+    cfg = dataclasses.replace(SCFG, think_close="</think>",
+                              interruption_phrase="time is up. </think>")
+    ids = driver_token_ids(cfg, tok, max_forced_tokens=64)
+    assert ids == dict(eos_ids=(100, 101), think_close_ids=(250,),
+                       phrase_ids=(240, 241, 242, 250))
+    off = driver_token_ids(dataclasses.replace(cfg, interruptions=False), tok, max_forced_tokens=64)
+    assert off == dict(eos_ids=(100, 101), think_close_ids=(), phrase_ids=())
+    with pytest.raises(ValueError, match=r"interruption_phrase='time is up. </think>' encodes to "
+                                         r"4 tokens > the engine's max_forced_tokens=3"):
+        driver_token_ids(cfg, tok, max_forced_tokens=3)
+    with pytest.raises(ValueError, match=r"interruption_phrase='stop now' encodes to no token"):
+        driver_token_ids(dataclasses.replace(cfg, interruption_phrase="stop now"), tok,
+                         max_forced_tokens=64)
+    with pytest.raises(ValueError, match=r"think_close='</end>' encodes to no token"):
+        driver_token_ids(dataclasses.replace(cfg, think_close="</end>"), tok,
+                         max_forced_tokens=64)
+
+
+def test_for_tokenizer_forces_the_encoded_phrase(engine, params):
+    tok = _WordTokenizer({"time": 240, "is": 241, "up.": 242, "</think>": 250})
+    tok.eos_ids = tuple(EOS)
+    cfg = dataclasses.replace(SCFG, think_close="</think>",
+                              interruption_phrase="time is up. </think>")
+    out = []
+    driver = Driver.for_tokenizer(engine, params, prompts(2), tok, group_size=4, cfg=cfg, seed=3,
+                                  on_group=out.append)
+    driver.run()
+    comps = [c for g in out for c in g.completions]
+    assert len(comps) == 8 and any(c.interrupted for c in comps)
+    for c in comps:
+        if c.interrupted:
+            start = int(np.argmax(c.forced))
+            assert start == cfg.think_min
+            assert c.tokens[start:start + 4].tolist() == [240, 241, 242, 250]
+            assert c.forced.sum() == 4

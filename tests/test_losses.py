@@ -21,6 +21,7 @@ AGGREGATIONS = losses.AGGREGATIONS
 HP = dict(ratio_cap=4.0, ratio_floor=None, clip_eps_low=0.2, clip_eps_high=0.28, dual_clip=None,
           gspo_eps_low=3e-3, gspo_eps_high=4e-3, tis_cap=2.0)
 REG = dict(kl_coef=0.1, ent_coef=0.01)  # KL and entropy coefficients used across tests
+SHARED = ("aggregation", "kl_coef", "kl_estimator", "entropy_coef")
 
 
 def hp_for(objective, **overrides):
@@ -28,6 +29,14 @@ def hp_for(objective, **overrides):
     if objective == "grpo":  # symmetric clip
         hp["clip_eps_high"] = hp["clip_eps_low"]
     return hp
+
+
+def loss_kwargs(objective, hp, tis=False):
+    """The settings of `hp` that `objective` reads (policy_loss refuses the others); `tis_cap`
+    only for 'tis' unless tis=True (on the other objectives it turns the TIS weight on)."""
+    uses = losses.OBJECTIVE_HPARAMS[objective]
+    return {k: v for k, v in hp.items()
+            if k in SHARED or (k in uses and (k != "tis_cap" or tis or objective == "tis"))}
 
 
 # ----------------------------------------------------------------------------- numpy reference
@@ -135,10 +144,11 @@ def _value_and_grad(objective, aggregation, num_prompts, kl_coef, ent_coef, with
 
 
 def run(objective, aggregation, lp, blp, adv, mask, pidx, num_prompts, hp=HP, old_lp=None,
-        ref_lp=None, ent=None, kl_coef=0.0, ent_coef=0.0, dtype=jnp.float32):
-    """(loss, metrics, (d/dlogp, d/dentropy or None)) of the dispatcher."""
+        ref_lp=None, ent=None, kl_coef=0.0, ent_coef=0.0, dtype=jnp.float32, tis=False):
+    """(loss, metrics, (d/dlogp, d/dentropy or None)) of the dispatcher, given the settings of
+    `hp` that the objective reads (see loss_kwargs)."""
     f = _value_and_grad(objective, aggregation, num_prompts, kl_coef, ent_coef, ent is not None,
-                  tuple(sorted(hp.items())))
+                        tuple(sorted(loss_kwargs(objective, hp, tis).items())))
     cast = lambda x: None if x is None else jnp.asarray(x, dtype)  # noqa: E731
     (loss, metrics), grads = f(cast(lp), cast(ent), cast(blp), cast(adv), jnp.asarray(mask),
                                jnp.asarray(pidx, jnp.int32), cast(old_lp), cast(ref_lp))
@@ -323,7 +333,7 @@ def test_padding_and_dropped_prompts_change_nothing(objective):
         # constant's divisor is max_length (defaults to T), so pin it to the original T.
         f = jax.value_and_grad(lambda x: losses.policy_loss(
             objective, x, blp2, adv2, mask2, pidx2, num_prompts=7, aggregation=aggregation,
-            max_length=t, **hp), has_aux=True)
+            max_length=t, **loss_kwargs(objective, hp)), has_aux=True)
         (loss2, m2), g2 = f(jnp.asarray(lp2, jnp.float32))
         assert float(m2["normaliser"]) == float(metrics["normaliser"])
         np.testing.assert_allclose(float(loss2), float(loss), rtol=1e-6)
@@ -388,8 +398,8 @@ def test_all_masked_batch_is_zero_not_nan(objective):
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=st.sampled_from(CASES), seed=st.integers(0, 2 ** 31 - 1),
        density=st.sampled_from([0.0, 0.1, 0.5, 1.0]), empty_rows=st.integers(0, 7),
-       scale=st.sampled_from([0.1, 3.0, 40.0]))
-def test_property_finite_everywhere(case, seed, density, empty_rows, scale):
+       scale=st.sampled_from([0.1, 3.0, 40.0]), tis=st.booleans())
+def test_property_finite_everywhere(case, seed, density, empty_rows, scale, tis):
     objective, aggregation = case
     rng = np.random.default_rng(seed)
     n, t = 7, 5
@@ -401,8 +411,10 @@ def test_property_finite_everywhere(case, seed, density, empty_rows, scale):
     adv = rng.normal(0, 2, n)
     pidx = rng.integers(-1, 4, n)
     ref, ent = lp + rng.normal(0, 1, lp.shape), rng.uniform(0, 3, lp.shape)
+    old = lp + rng.normal(0, scale, lp.shape) if tis else None  # NaN where lp is
     loss, metrics, (g, ge) = run(objective, aggregation, lp, blp, adv, mask, pidx, 4,
-                                 hp=hp_for(objective, dual_clip=3.0), ref_lp=ref, ent=ent, **REG)
+                                 hp=hp_for(objective, dual_clip=3.0), ref_lp=ref, ent=ent,
+                                 old_lp=old, tis=tis, **REG)
     assert np.isfinite(float(loss))
     assert np.all(np.isfinite(np.asarray(g))) and np.all(np.isfinite(np.asarray(ge)))
     assert all(np.isfinite(float(v)) for v in metrics.values()), metrics
@@ -428,14 +440,158 @@ def test_bad_arguments_name_the_field():
         losses.policy_loss("cispo", lp, blp, adv, mask, aggregation="token", epsilon=0.2)
 
 
-def test_hparam_names_match_loss_config():
+@pytest.mark.parametrize("objective", OBJECTIVES)
+def test_loss_config_defaults_run_for_every_objective(objective):
     from scalerl_jax.config import LossConfig
-    cfg = LossConfig()
-    kwargs = {k: getattr(cfg, k) for k in losses.HPARAM_NAMES}
+    cfg = LossConfig(objective=objective)  # the defaults are valid for every objective
+    kwargs = dict(cfg.objective_hparams(), aggregation=cfg.aggregation,
+                  kl_coef=cfg.kl_coef, kl_estimator=cfg.kl_estimator,
+                  entropy_coef=cfg.entropy_coef)
+    assert set(kwargs) <= set(losses.HPARAM_NAMES)
     lp, blp, adv, mask, pidx = make_batch(15)
     loss, _ = losses.policy_loss(cfg.objective, lp, blp, adv, mask, pidx, num_prompts=4,
                                  **kwargs)
     assert np.isfinite(float(loss))
+
+
+def test_one_name_and_one_default_per_setting():
+    """LossConfig's fields, policy_loss's keywords and each objective's function agree: same
+    names, and LossConfig's default is the function's (None in policy_loss: 'not set')."""
+    import dataclasses
+    import inspect
+    from scalerl_jax.config import LossConfig
+    fields = {f.name: f.default for f in dataclasses.fields(LossConfig)}
+    dispatcher = inspect.signature(losses.policy_loss).parameters
+    functions = {"cispo": losses.cispo_loss, "grpo": losses.grpo_loss, "dapo": losses.dapo_loss,
+                 "gspo": losses.gspo_loss, "tis": losses.tis_loss}
+    assert set(losses.HPARAM_NAMES) <= set(fields) and set(losses.HPARAM_NAMES) <= set(dispatcher)
+    for objective, fn in functions.items():
+        params = inspect.signature(fn).parameters
+        for name in losses.OBJECTIVE_HPARAMS[objective]:
+            assert name in params, (objective, name)
+            assert dispatcher[name].default is None, name
+            # None in a function derives the default (grpo's clip_eps_high: clip_eps_low;
+            # tis_cap: off). DAPO's own clip-higher default (0.28) is not LossConfig's: its 0.2
+            # keeps the default valid for 'grpo', which clips symmetrically.
+            if None not in (fields[name], params[name].default) and \
+                    (objective, name) != ("dapo", "clip_eps_high"):
+                assert params[name].default == fields[name], (objective, name)
+        # and no knob of another objective (each function takes only its own)
+        others = set(losses.HPARAM_NAMES) - set(losses.OBJECTIVE_HPARAMS[objective]) - set(SHARED)
+        assert not others & set(params), (objective, others & set(params))
+
+
+UNUSED = [(o, k) for o in OBJECTIVES for k in ("ratio_cap", "ratio_floor", "clip_eps_low",
+                                               "clip_eps_high", "dual_clip", "gspo_eps_low",
+                                               "gspo_eps_high")
+          if k not in losses.OBJECTIVE_HPARAMS[o]]
+
+
+@pytest.mark.parametrize("objective,name", UNUSED)
+def test_a_setting_the_objective_does_not_read_is_refused(objective, name):
+    lp, blp, adv, mask, pidx = make_batch(18)
+    value = {"ratio_floor": 0.5, "dual_clip": 3.0}.get(name, 0.123)
+    with pytest.raises(ValueError, match=rf"{name}={value} is not used by "
+                                         rf"objective='{objective}'"):
+        losses.policy_loss(objective, lp, blp, adv, mask, pidx, num_prompts=4,
+                           aggregation="token", **{name: value})
+    from scalerl_jax.config import ConfigError, LossConfig
+    with pytest.raises(ConfigError, match=rf"LossConfig.{name}={value}: not used by "
+                                          rf"objective='{objective}'"):
+        LossConfig(objective=objective, **{name: value})
+
+
+def test_measured_cases_take_effect_or_raise():
+    lp, blp, adv, mask, pidx = gspo_batch(19)
+    # GSPO's clip is gspo_eps_*: clip_eps_* used to be ignored in favour of 3e-3 / 4e-3.
+    with pytest.raises(ValueError, match=r"clip_eps_low=0.0003, clip_eps_high=0.0004 are not "
+                                         r"used by objective='gspo' \(it reads gspo_eps_low"):
+        losses.policy_loss("gspo", lp, blp, adv, mask, pidx, num_prompts=4, aggregation="token",
+                           clip_eps_low=3e-4, clip_eps_high=4e-4)
+    _, m = losses.policy_loss("gspo", lp, blp, adv, mask, pidx, num_prompts=4,
+                              aggregation="token", gspo_eps_low=0.5, gspo_eps_high=0.5)
+    _, m_default = losses.policy_loss("gspo", lp, blp, adv, mask, pidx, num_prompts=4,
+                                      aggregation="token")
+    # the spelling GSPO reads takes effect: nothing is clipped at 0.5, some tokens at 3e-3
+    assert float(m["clip_frac"]) == 0 < float(m_default["clip_frac"])
+    # CISPO with tis_cap and old_logp used to be plain CISPO.
+    lp, blp, adv, mask, pidx = make_batch(20)
+    old = lp + np.random.default_rng(21).normal(0, 0.5, lp.shape)
+    plain, _ = losses.policy_loss("cispo", lp, blp, adv, mask, pidx, num_prompts=4,
+                                  aggregation="token")
+    with_tis, m = losses.policy_loss("cispo", lp, blp, adv, mask, pidx, num_prompts=4,
+                                     aggregation="token", tis_cap=2.0, old_logp=old)
+    assert abs(float(with_tis) - float(plain)) > 1e-3 and 0 < float(m["tis_frac"]) < 1
+    # old_logp without tis_cap would be ignored: refused
+    for objective in ("cispo", "grpo", "dapo", "gspo"):
+        with pytest.raises(ValueError, match=rf"old_logp is only used with tis_cap: without it "
+                                             rf"objective='{objective}'"):
+            losses.policy_loss(objective, lp, blp, adv, mask, pidx, num_prompts=4,
+                               aggregation="token", old_logp=old)
+    from scalerl_jax.config import ConfigError, LossConfig
+    with pytest.raises(ConfigError, match=r"LossConfig.clip_eps_high=0.28: not used by "
+                                          r"objective='cispo'"):
+        LossConfig(objective="cispo", clip_eps_high=0.28)
+    with pytest.raises(ConfigError, match=r"LossConfig.clip_eps_high=0.28: objective='grpo' "
+                                          r"clips symmetrically"):
+        LossConfig(objective="grpo", clip_eps_high=0.28)
+    with pytest.raises(ConfigError, match=r"LossConfig.tis_cap=0.0: must be > 0"):
+        LossConfig(objective="cispo", tis_cap=0.0)
+    with pytest.raises(ValueError, match=r"tis_cap=0: must be > 0"):
+        losses.cispo_loss(lp, blp, adv, mask, aggregation="token", tis_cap=0)
+    assert LossConfig(objective="dapo", clip_eps_high=0.28, tis_cap=2.0).tis_cap == 2.0
+
+
+TIS_OBJECTIVES = ("cispo", "grpo", "dapo", "gspo")
+
+
+@pytest.mark.parametrize("objective", TIS_OBJECTIVES)
+@pytest.mark.parametrize("aggregation", ["token", "prompt"])
+def test_tis_weight_on_top_of_each_objective_matches_reference(objective, aggregation):
+    """loss = sum W * min(pi_old / pi_behaviour, C) * objective_term(ratio logp - old_logp)."""
+    for seed in (0, 1):
+        lp, blp, adv, mask, pidx = (gspo_batch if objective == "gspo" else make_batch)(
+            seed, per_token_adv=bool(seed))
+        rng = np.random.default_rng(seed + 30)
+        # pi_old near pi_theta (GSPO's clip range is ~1e-3), the sampler further away
+        if objective == "gspo":
+            old = blp  # gspo_batch puts it within GSPO's ~1e-3 clip range of lp
+            blp = old - rng.normal(0, 0.5, lp.shape)
+        else:
+            old = lp - rng.normal(0, 0.3, lp.shape)
+        hp = hp_for(objective, dual_clip=1.5 if seed else None, tis_cap=1.5)
+        loss, m, (glp, _) = run(objective, aggregation, lp, blp, adv, mask, pidx, 4, hp=hp,
+                                old_lp=old, tis=True)
+        tok, dtok = np_per_token(objective, lp, old, adv, mask, hp)  # ratio against pi_old
+        w_tis = np.minimum(np.exp(old - blp), hp["tis_cap"])
+        w = np_weights(mask, pidx, 4, aggregation)
+        np.testing.assert_allclose(float(loss), np_aggregate(w_tis * tok, mask, pidx, 4,
+                                                             aggregation), rtol=2e-5, atol=1e-7)
+        np.testing.assert_allclose(np.asarray(glp), w * w_tis * dtok, rtol=2e-5, atol=1e-7)
+        counted = (mask != 0) & (pidx >= 0)[:, None]
+        ratio = np.exp(old - blp)[counted]
+        np.testing.assert_allclose(float(m["tis_frac"]), np.mean(ratio > 1.5), rtol=1e-6)
+        np.testing.assert_allclose(float(m["tis_ratio_max"]), ratio.max(), rtol=1e-5)
+        assert 0 < float(m["tis_frac"]) < 1
+
+
+@pytest.mark.parametrize("objective", TIS_OBJECTIVES)
+def test_tis_with_current_policy_as_old_equals_tis_objective(objective):
+    """old_logp=None (one update per batch: pi_old = pi_theta, the train step's case): the
+    objective's own ratio is 1 in value, so no clip or cap binds and its gradient is
+    REINFORCE's with the TIS weight: objective 'tis'. CISPO's value is 'tis's too; the
+    PPO-style values are surrogates (-w * A * ratio, not -w * A * logp)."""
+    lp, blp, adv, mask, pidx = make_batch(22)
+    hp = hp_for(objective, tis_cap=2.0)
+    for aggregation in ("sequence", "prompt"):
+        l_t, m_t, (g_t, _) = run("tis", aggregation, lp, blp, adv, mask, pidx, 4, hp=hp)
+        loss, m, (g, _) = run(objective, aggregation, lp, blp, adv, mask, pidx, 4, hp=hp,
+                              tis=True)
+        if objective == "cispo":
+            np.testing.assert_allclose(float(loss), float(l_t), rtol=1e-6)
+        np.testing.assert_allclose(np.asarray(g), np.asarray(g_t), rtol=1e-6, atol=1e-9)
+        assert float(m["tis_frac"]) == float(m_t["tis_frac"]) > 0
+        np.testing.assert_allclose(float(m["ratio_max"]), 1.0, rtol=1e-6)  # pi_theta / pi_old
 
 
 @pytest.mark.parametrize("objective", ["cispo", "gspo"])
@@ -461,12 +617,14 @@ def test_dispatcher_jits_with_static_hparams():
     lp, blp, adv, mask, pidx = make_batch(17)
     static = ("objective", "num_prompts") + losses.HPARAM_NAMES
     f = jax.jit(losses.policy_loss, static_argnames=static)
-    kwargs = dict(HP, kl_estimator="k3", aggregation="prompt", kl_coef=0.0, entropy_coef=0.0)
+    kwargs = dict(loss_kwargs("cispo", HP, tis=True), kl_estimator="k3", aggregation="prompt",
+                  kl_coef=0.0, entropy_coef=0.0)
     loss, metrics = f(objective="cispo", logp=lp, behaviour_logp=blp, advantages=adv, mask=mask,
                       prompt_index=pidx, num_prompts=4, **kwargs)
     eager, _ = losses.policy_loss("cispo", lp, blp, adv, mask, pidx, num_prompts=4, **kwargs)
     np.testing.assert_allclose(float(loss), float(eager), rtol=1e-6)
-    assert set(metrics) >= {"tokens", "normaliser", "ratio_mean", "ratio_max", "cap_frac"}
+    assert set(metrics) >= {"tokens", "normaliser", "ratio_mean", "ratio_max", "cap_frac",
+                            "tis_frac"}
 
 
 # ----------------------------------------------------------------------------- README example
@@ -515,3 +673,18 @@ def test_readme_text_matches_tested_example():
     text = readme.split("Using the losses in your own code", 1)[1]
     block = re.search(r"```python\n(.*?)```", text, re.S).group(1)
     assert block == README_EXAMPLE
+
+
+def test_readme_tis_snippet_runs():
+    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    text = readme.split("Using the losses in your own code", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    snippet = next(b for b in blocks if "old_logp=old_logp" in b)
+    namespace = {}
+    exec(compile(README_EXAMPLE, "readme_example", "exec"), namespace)  # our own doc text
+    namespace.update(logp=namespace["logp_init"],
+                     old_logp=namespace["behaviour_logp"] + 0.05)  # trainer vs sampler
+    exec(compile(snippet, "readme_tis", "exec"), namespace)
+    m = namespace["metrics"]
+    assert np.isfinite(float(namespace["loss"])) and "tis_frac" in m
+    np.testing.assert_allclose(float(m["tis_ratio_max"]), np.exp(0.05), rtol=1e-5)

@@ -56,9 +56,13 @@ def test_schedule_admission_limits_and_pushes():
             for ticket in range(sched.limit(version)):
                 trained_at = ticket // sched.batch
                 assert trained_at - version <= sched.max_staleness or trained_at < version
-    with pytest.raises(ConfigError, match=r"prompts_per_step=6 must be divisible by the number "
-                                          r"of hosts \(4\)"):
-        Schedule.from_config(PipelineConfig(prompts_per_step=6), num_hosts=4)
+    # Uneven host shares add up to the batch; fewer prompts than hosts is refused.
+    shares = [Schedule.from_config(PipelineConfig(prompts_per_step=6), 4, h).batch
+              for h in range(4)]
+    assert shares == [2, 2, 1, 1]
+    with pytest.raises(ConfigError, match=r"prompts_per_step=3 must be at least the number of "
+                                          r"hosts \(4\)"):
+        Schedule.from_config(PipelineConfig(prompts_per_step=3), num_hosts=4)
 
 
 def test_pipeline_mode_never_discards_and_bounds_staleness(tmp_path):

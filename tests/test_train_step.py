@@ -56,8 +56,9 @@ def _mesh(n_devices, fsdp, tensor):
     return mesh_lib.trainer_mesh(MeshConfig(fsdp=fsdp, tensor=tensor), jax.devices()[:n_devices])
 
 
-def _optim(micro_batches):
-    return OptimConfig(learning_rate=1e-3, warmup_steps=0, micro_batches=micro_batches)
+def _optim(micro_batches, logprob_chunk=8):
+    return OptimConfig(learning_rate=1e-3, warmup_steps=0, micro_batches=micro_batches,
+                       logprob_chunk=logprob_chunk)
 
 
 @functools.lru_cache(maxsize=None)
@@ -67,14 +68,14 @@ def _initial_state(n_devices, fsdp, tensor):
 
 
 @functools.lru_cache(maxsize=None)
-def setup(n_devices=1, fsdp=1, tensor=1, micro_batches=1, compute_dtype="float32"):
+def setup(n_devices=1, fsdp=1, tensor=1, micro_batches=1, compute_dtype="float32", loss=LOSS):
     """(step_fn, fresh_state, graphdef) for one mesh; cached so each one compiles once."""
     mesh = _mesh(n_devices, fsdp, tensor)
     ocfg = _optim(micro_batches)
     cfg = CFG.replace(compute_dtype=compute_dtype)  # same params and optimizer state
     graphdef, abstract = state_lib.abstract_train_state(cfg, ocfg, mesh)
-    step = make_train_step(graphdef, abstract, mesh, model_cfg=cfg, loss_cfg=LOSS,
-                           optim_cfg=ocfg, num_prompts=NUM_PROMPTS, logprob_chunk=8)
+    step = make_train_step(graphdef, abstract, mesh, model_cfg=cfg, loss_cfg=loss,
+                           optim_cfg=ocfg, num_prompts=NUM_PROMPTS)
 
     def fresh():  # a copy: the step donates its state
         return jax.tree.map(jnp.copy, _initial_state(n_devices, fsdp, tensor))
@@ -212,6 +213,66 @@ def test_cispo_steps_raise_logp_of_positive_advantage_tokens():
     assert lp1[neg].mean() < lp0[neg].mean() - 0.05, (lp0[neg].mean(), lp1[neg].mean())
     surrogate = lambda lp: -np.mean((adv * lp)[mask])  # noqa: E731
     assert surrogate(lp1) < surrogate(lp0) - 0.05
+
+
+def test_tis_cap_in_the_step_updates_as_the_tis_objective():
+    """The step has no separate pi_old: old_logp = sg(logp), so CISPO + tis_cap C has ratio 1
+    and weights tokens by min(pi_theta / pi_sampler, C): the 'tis' objective with cap C."""
+    batch, _ = make_batch(seed=4)
+    # The random model's pi_theta / pi_sampler lies in ~[0.005, 0.25]: a cap of 0.05 binds.
+    cap = 0.05
+    step_c, fresh, _ = setup(loss=LossConfig(tis_cap=cap))
+    step_t, _, _ = setup(loss=LossConfig(objective="tis", tis_cap=cap))
+    step_p, _, _ = setup()
+    s_c, m_c = step_c(fresh(), batch)
+    s_t, m_t = step_t(fresh(), batch)
+    _, m_p = step_p(fresh(), batch)
+    assert 0 < float(m_c["tis_frac"]) < 1 and float(m_c["tis_frac"]) == float(m_t["tis_frac"])
+    np.testing.assert_allclose(m_c["ratio_max"], 1.0, rtol=1e-6)  # against pi_old = pi_theta
+    np.testing.assert_allclose(m_c["loss"], m_t["loss"], rtol=1e-6)
+    assert abs(float(m_c["loss"]) - float(m_p["loss"])) > 1e-3 * abs(float(m_p["loss"]))
+    assert_trees_close(adam_mu(s_c), adam_mu(s_t), rtol=1e-5, atol=1e-10)
+    assert_trees_close(s_c.params, s_t.params, rtol=0, atol=1e-7)
+
+
+def test_step_takes_logprob_chunk_from_optim_config_and_passes_only_what_the_objective_reads(
+        monkeypatch):
+    from scalerl_jax.rl import losses as rl_losses
+    from scalerl_jax.train import step as step_lib
+    chunks, calls = [], []
+    token_logprobs, policy_loss = step_lib.token_logprobs, rl_losses.policy_loss
+
+    def record_chunk(*args, chunk_size, **kw):
+        chunks.append(chunk_size)
+        return token_logprobs(*args, chunk_size=chunk_size, **kw)
+
+    def record_loss(objective, *args, **kw):
+        calls.append((objective, {k for k in kw if k in rl_losses.HPARAM_NAMES}))
+        return policy_loss(objective, *args, **kw)
+
+    monkeypatch.setattr(step_lib, "token_logprobs", record_chunk)
+    monkeypatch.setattr(rl_losses, "policy_loss", record_loss)
+    mesh = _mesh(1, 1, 1)
+    batch = step_lib.put_batch(make_batch()[0], mesh)
+    configs = [(LossConfig(objective="cispo", ratio_cap=2.0, tis_cap=3.0), None),
+               (LossConfig(objective="grpo", clip_eps_low=0.1, clip_eps_high=0.1), 8),
+               (LossConfig(objective="dapo", clip_eps_high=0.28, dual_clip=3.0), 16),
+               (LossConfig(objective="gspo", gspo_eps_low=1e-3), 8),
+               (LossConfig(objective="tis", tis_cap=2.0), 8)]
+    for loss_cfg, chunk in configs:
+        ocfg = _optim(1, logprob_chunk=chunk)
+        graphdef, abstract = state_lib.abstract_train_state(CFG, ocfg, mesh)
+        step = make_train_step(graphdef, abstract, mesh, model_cfg=CFG, loss_cfg=loss_cfg,
+                               optim_cfg=ocfg, num_prompts=NUM_PROMPTS)
+        step.jitted.lower(abstract, batch)  # traces: policy_loss would refuse an unread setting
+        assert chunks[-1] == chunk
+        objective, given = calls[-1]
+        assert objective == loss_cfg.objective
+        assert given == set(rl_losses.OBJECTIVE_HPARAMS[objective]) | {"aggregation",
+                                                                       "entropy_coef"}
+    with pytest.raises(TypeError, match="logprob_chunk"):  # one place for it: OptimConfig
+        make_train_step(graphdef, abstract, mesh, model_cfg=CFG, loss_cfg=LOSS,
+                        optim_cfg=ocfg, num_prompts=NUM_PROMPTS, logprob_chunk=8)
 
 
 # -- batch assembly --------------------------------------------------------------------------

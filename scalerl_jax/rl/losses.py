@@ -7,8 +7,9 @@ Inputs (N rows = sequences, T positions):
 
 * ``logp`` [N, T]: trainer log-probs of the taken tokens (differentiable; any float dtype).
 * ``behaviour_logp`` [N, T]: log-probs under the policy that sampled the tokens (the sampler), as
-  data. Every ratio here is ``rho = exp(logp - behaviour_logp)``, computed in fp32. This is
-  ScaleRL's pi_gen; for a classic PPO ratio against a recomputed pi_old, pass those log-probs.
+  data. Without ``tis_cap`` every ratio here is ``rho = exp(logp - behaviour_logp)``, computed in
+  fp32. This is ScaleRL's pi_gen; for a classic PPO ratio against a recomputed pi_old (and no
+  mismatch correction), pass those log-probs here.
 * ``advantages`` [N] (one per row, broadcast over T) or [N, T] (per token).
 * ``mask`` [N, T]: non-zero for policy-sampled completion tokens; 0 for prompt, padding and
   forced (interruption) tokens. Treated as boolean.
@@ -16,6 +17,31 @@ Inputs (N rows = sequences, T positions):
   ``num_prompts``: rows outside [0, num_prompts) never count (so -1 can mark padding rows).
 * Optional ``ref_logp`` [N, T] (KL to a reference) and ``entropy`` [N, T] (per-token entropy of
   the trainer policy, differentiable).
+* Optional ``old_logp`` [N, T], with ``tis_cap`` only (see below).
+
+Truncated importance sampling (TIS) for sampler/trainer mismatch, on any objective (MiniMax-M1,
+verl's rollout IS, Yao et al. 2025). Three log-probs of the same tokens are involved:
+
+* ``logp``: the trainer's current policy pi_theta (differentiable);
+* ``old_logp``: the TRAINER's log-probs under the parameters version that sampled the batch
+  (pi_old; recomputed by the trainer before updating, used as data: stop-gradient). ``None``
+  means pi_old is pi_theta, i.e. ``sg(logp)``: exact whenever a batch gets one optimiser step
+  from the parameters that sampled it; with a lagging sampler the weight then also covers the
+  lag (the train step's case, see ``train/step.py``);
+* ``behaviour_logp``: the SAMPLER's log-probs of the same version (its kernels, dtype, ...).
+
+With ``tis_cap=C`` the objective's own ratio is taken against pi_old, ``exp(logp - old_logp)``,
+and every token's loss is multiplied by ``sg(min(exp(old_logp - behaviour_logp), C))``. Without
+``tis_cap`` no such weight exists and ``old_logp`` is refused. With ``old_logp=None`` the
+objective's ratio is 1 in value (gradient that of logp), so no clip or cap can bind and every
+objective has the gradient of `tis_loss` with the same cap (CISPO when ratio_floor <= 1 <=
+ratio_cap, and then its value too; the PPO-style values are surrogates, -w*A per token).
+Metrics with TIS: ``tis_frac`` (tokens whose pi_old/pi_behaviour exceeds the cap),
+``tis_ratio_mean`` / ``tis_ratio_max`` (of that ratio).
+
+Settings an objective does not read are refused, not ignored: `policy_loss` raises for any
+objective-specific keyword given (not None) that its objective does not use
+(``rl.hparams.OBJECTIVE_HPARAMS``), and each objective's function takes only its own keywords.
 
 The objective's per-token term is aggregated with `aggregation` (see ``rl/aggregation.py``:
 token / sequence / prompt / constant). With gradient accumulation, compute
@@ -45,14 +71,15 @@ import jax.numpy as jnp
 
 from scalerl_jax.rl.aggregation import (counted_mask, masked_max, masked_mean, token_weights,
                                         weighted_sum)
+from scalerl_jax.rl.hparams import (HPARAM_NAMES, OBJECTIVE_HPARAMS, OBJECTIVES,
+                                    check_objective, describe_unused, unused_hparams)
 
-OBJECTIVES = ("cispo", "grpo", "dapo", "gspo", "tis")
+__all__ = ["HPARAM_NAMES", "KL_ESTIMATORS", "OBJECTIVES", "OBJECTIVE_HPARAMS", "cispo_loss",
+           "dapo_loss", "grpo_loss", "gspo_loss", "kl_penalty", "policy_loss", "ppo_clip_loss",
+           "tis_loss"]
+
 KL_ESTIMATORS = ("k1", "k3")
 LOG_RATIO_CLAMP = 20.0
-# Keyword names of `policy_loss` that share their name with a LossConfig field.
-HPARAM_NAMES = ("aggregation", "ratio_cap", "ratio_floor", "clip_eps_low", "clip_eps_high",
-                "dual_clip", "gspo_eps_low", "gspo_eps_high", "tis_cap", "kl_coef",
-                "kl_estimator", "entropy_coef")
 
 sg = jax.lax.stop_gradient
 
@@ -153,9 +180,42 @@ def _ratio_metrics(ratio, counted):
     return {"ratio_mean": masked_mean(ratio, counted), "ratio_max": masked_max(ratio, counted)}
 
 
+def _check_tis(tis_cap, old_logp, who: str):
+    if tis_cap is None:
+        if old_logp is not None:
+            raise ValueError(f"old_logp is only used with tis_cap: without it {who} takes its "
+                             "ratio against behaviour_logp (pass tis_cap to correct the "
+                             "sampler/trainer mismatch with old_logp)")
+    elif not tis_cap > 0:
+        raise ValueError(f"tis_cap={tis_cap}: must be > 0")
+
+
+def _tis(b: _Batch, old_logp, tis_cap):
+    """(denominator of the objective's ratio, TIS weight or None, TIS metrics).
+
+    Without tis_cap the ratio is against the sampler, as in ScaleRL. With it, the ratio is
+    against pi_old (old_logp, else the current policy as data) and the mismatch between the
+    trainer's pi_old and the sampler moves into a separate capped weight, as verl and MiniMax
+    do; the weight is data (stop-gradient), like the log-probs it is made of.
+    """
+    if tis_cap is None:
+        return b.behaviour_logp, None, {}
+    old = sg(b.logp if old_logp is None else _f32(old_logp, b.counted))
+    ratio = jnp.exp(_log_ratio(old, b.behaviour_logp))
+    metrics = {"tis_frac": masked_mean(ratio > tis_cap, b.counted),
+               "tis_ratio_mean": masked_mean(ratio, b.counted),
+               "tis_ratio_max": masked_max(ratio, b.counted)}
+    return old, sg(jnp.minimum(ratio, tis_cap)), metrics
+
+
+def _weighted(pg_tok, tis_weight):
+    return pg_tok if tis_weight is None else tis_weight * pg_tok
+
+
 def cispo_loss(logp, behaviour_logp, advantages, mask, prompt_index=None, *, aggregation: str,
                num_prompts: Optional[int] = None, max_length: Optional[int] = None, weights=None,
-               ratio_cap: float = 4.0, ratio_floor: Optional[float] = None, ref_logp=None,
+               ratio_cap: float = 4.0, ratio_floor: Optional[float] = None,
+               tis_cap: Optional[float] = None, old_logp=None, ref_logp=None,
                kl_coef: float = 0.0, kl_estimator: str = "k3", entropy=None,
                entropy_coef: float = 0.0):
     """CISPO (MiniMax-M1; ScaleRL's loss), per token ``-sg(w) * A * logp``.
@@ -165,7 +225,8 @@ def cispo_loss(logp, behaviour_logp, advantages, mask, prompt_index=None, *, agg
     eps_max, TRL's ``epsilon_high`` for cispo), not an offset from 1 as in verl/slime's
     ``clip(rho, 1 - lo, 1 + hi)``. ``ratio_floor`` (default none, as in the paper) is absolute too.
     The gradient w.r.t. logp is ``-sg(w) * A * W`` with W the aggregation weights: every token
-    keeps its gradient, only its weight is capped.
+    keeps its gradient, only its weight is capped. With ``tis_cap`` (see the module docstring)
+    rho is ``pi_theta / pi_old`` and the term is multiplied by the TIS weight.
 
     Metrics: ``cap_frac`` (rho > ratio_cap), ``floor_frac`` (rho < ratio_floor; 0 without floor).
     """
@@ -173,18 +234,20 @@ def cispo_loss(logp, behaviour_logp, advantages, mask, prompt_index=None, *, agg
         raise ValueError(f"ratio_cap={ratio_cap}: must be > 0 (absolute cap on rho)")
     if ratio_floor is not None and not 0 <= ratio_floor < ratio_cap:
         raise ValueError(f"ratio_floor={ratio_floor}: must be in [0, ratio_cap={ratio_cap})")
+    _check_tis(tis_cap, old_logp, "objective='cispo'")
     b = _prepare(logp, behaviour_logp, advantages, mask, prompt_index, num_prompts, aggregation,
-                 max_length, weights, ref_logp=ref_logp, entropy=entropy)
-    rho = jnp.exp(_log_ratio(sg(b.logp), b.behaviour_logp))
+                 max_length, weights, old_logp=old_logp, ref_logp=ref_logp, entropy=entropy)
+    denominator, tis_w, metrics = _tis(b, old_logp, tis_cap)
+    rho = jnp.exp(_log_ratio(sg(b.logp), denominator))
     w = jnp.minimum(rho, ratio_cap)
-    metrics = _ratio_metrics(rho, b.counted)
+    metrics.update(_ratio_metrics(rho, b.counted))
     metrics["cap_frac"] = masked_mean(rho > ratio_cap, b.counted)
     if ratio_floor is not None:
         w = jnp.maximum(w, ratio_floor)
         metrics["floor_frac"] = masked_mean(rho < ratio_floor, b.counted)
     else:
         metrics["floor_frac"] = jnp.float32(0.0)
-    pg_tok = -sg(w) * b.advantages * b.logp
+    pg_tok = _weighted(-sg(w) * b.advantages * b.logp, tis_w)
     return _finish(b, pg_tok, metrics, ref_logp=ref_logp, kl_coef=kl_coef,
                    kl_estimator=kl_estimator, entropy=entropy, entropy_coef=entropy_coef)
 
@@ -223,86 +286,108 @@ def _check_clip(name_low, low, name_high, high, dual_clip):
 def ppo_clip_loss(logp, behaviour_logp, advantages, mask, prompt_index=None, *, aggregation: str,
                   num_prompts: Optional[int] = None, max_length: Optional[int] = None, weights=None,
                   clip_eps_low: float = 0.2, clip_eps_high: float = 0.2,
-                  dual_clip: Optional[float] = None, ref_logp=None, kl_coef: float = 0.0,
-                  kl_estimator: str = "k3", entropy=None, entropy_coef: float = 0.0):
+                  dual_clip: Optional[float] = None, tis_cap: Optional[float] = None,
+                  old_logp=None, ref_logp=None, kl_coef: float = 0.0, kl_estimator: str = "k3",
+                  entropy=None, entropy_coef: float = 0.0):
     """PPO-clip per token: ``max(-rho*A, -clip(rho, 1 - clip_eps_low, 1 + clip_eps_high)*A)``.
 
     The eps are offsets from 1 (verl's clip_ratio_low/high, TRL's epsilon/epsilon_high). With
     ``dual_clip=c`` (> 1) tokens with A < 0 are further bounded: ``min(that, -c*A)`` (verl).
+    With ``tis_cap`` (see the module docstring) rho is ``pi_theta / pi_old`` and the clipped
+    term is multiplied by the TIS weight (verl applies it after the dual clip too).
     Metrics: ``clip_frac_low`` (rho < 1-lo and A < 0), ``clip_frac_high`` (rho > 1+hi and A > 0),
     ``clip_frac`` (either: tokens whose gradient clipping zeroed), ``dual_clip_frac``.
     """
     _check_clip("clip_eps_low", clip_eps_low, "clip_eps_high", clip_eps_high, dual_clip)
+    _check_tis(tis_cap, old_logp, "ppo_clip_loss")
     b = _prepare(logp, behaviour_logp, advantages, mask, prompt_index, num_prompts, aggregation,
-                 max_length, weights, ref_logp=ref_logp, entropy=entropy)
-    rho = jnp.exp(_log_ratio(b.logp, b.behaviour_logp))
-    pg_tok, metrics = _clipped_surrogate(rho, b.advantages, b.counted, clip_eps_low,
-                                         clip_eps_high, dual_clip)
+                 max_length, weights, old_logp=old_logp, ref_logp=ref_logp, entropy=entropy)
+    denominator, tis_w, metrics = _tis(b, old_logp, tis_cap)
+    rho = jnp.exp(_log_ratio(b.logp, denominator))
+    pg_tok, clip_metrics = _clipped_surrogate(rho, b.advantages, b.counted, clip_eps_low,
+                                              clip_eps_high, dual_clip)
+    metrics.update(clip_metrics)
     metrics.update(_ratio_metrics(rho, b.counted))
-    return _finish(b, pg_tok, metrics, ref_logp=ref_logp, kl_coef=kl_coef,
+    return _finish(b, _weighted(pg_tok, tis_w), metrics, ref_logp=ref_logp, kl_coef=kl_coef,
                    kl_estimator=kl_estimator, entropy=entropy, entropy_coef=entropy_coef)
 
 
 def grpo_loss(logp, behaviour_logp, advantages, mask, prompt_index=None, *, aggregation: str,
               num_prompts: Optional[int] = None, max_length: Optional[int] = None, weights=None,
-              clip_eps: float = 0.2, dual_clip: Optional[float] = None, ref_logp=None,
-              kl_coef: float = 0.0, kl_estimator: str = "k3", entropy=None,
+              clip_eps_low: float = 0.2, clip_eps_high: Optional[float] = None,
+              dual_clip: Optional[float] = None, tis_cap: Optional[float] = None, old_logp=None,
+              ref_logp=None, kl_coef: float = 0.0, kl_estimator: str = "k3", entropy=None,
               entropy_coef: float = 0.0):
-    """GRPO (DeepSeekMath): symmetric PPO-clip with ``clip_eps``; the paper aggregates by
-    'sequence' and uses k3 KL. See `ppo_clip_loss`."""
+    """GRPO (DeepSeekMath): symmetric PPO-clip, ``clip(rho, 1 - clip_eps_low, 1 + clip_eps_low)``;
+    the paper aggregates by 'sequence' and uses k3 KL. ``clip_eps_high`` is None (symmetric) or
+    must equal ``clip_eps_low``; an asymmetric clip is `dapo_loss`. See `ppo_clip_loss`."""
+    if clip_eps_high is not None and clip_eps_high != clip_eps_low:
+        raise ValueError(f"objective='grpo' clips symmetrically but clip_eps_low={clip_eps_low} "
+                         f"!= clip_eps_high={clip_eps_high}; use 'dapo'")
+    _check_tis(tis_cap, old_logp, "objective='grpo'")
     return ppo_clip_loss(logp, behaviour_logp, advantages, mask, prompt_index,
                          aggregation=aggregation, num_prompts=num_prompts,
-                         max_length=max_length, weights=weights, clip_eps_low=clip_eps,
-                         clip_eps_high=clip_eps, dual_clip=dual_clip, ref_logp=ref_logp,
-                         kl_coef=kl_coef, kl_estimator=kl_estimator, entropy=entropy,
-                         entropy_coef=entropy_coef)
+                         max_length=max_length, weights=weights, clip_eps_low=clip_eps_low,
+                         clip_eps_high=clip_eps_low, dual_clip=dual_clip, tis_cap=tis_cap,
+                         old_logp=old_logp, ref_logp=ref_logp, kl_coef=kl_coef,
+                         kl_estimator=kl_estimator, entropy=entropy, entropy_coef=entropy_coef)
 
 
 def dapo_loss(logp, behaviour_logp, advantages, mask, prompt_index=None, *, aggregation: str,
               num_prompts: Optional[int] = None, max_length: Optional[int] = None, weights=None,
               clip_eps_low: float = 0.2, clip_eps_high: float = 0.28,
-              dual_clip: Optional[float] = None, ref_logp=None, kl_coef: float = 0.0,
-              kl_estimator: str = "k3", entropy=None, entropy_coef: float = 0.0):
+              dual_clip: Optional[float] = None, tis_cap: Optional[float] = None, old_logp=None,
+              ref_logp=None, kl_coef: float = 0.0, kl_estimator: str = "k3", entropy=None,
+              entropy_coef: float = 0.0):
     """DAPO clip-higher: PPO-clip with eps_low 0.2, eps_high 0.28 (ScaleRL's DAPO baseline: 0.26);
     DAPO aggregates by 'token'. See `ppo_clip_loss`."""
+    _check_tis(tis_cap, old_logp, "objective='dapo'")
     return ppo_clip_loss(logp, behaviour_logp, advantages, mask, prompt_index,
                          aggregation=aggregation, num_prompts=num_prompts,
                          max_length=max_length, weights=weights, clip_eps_low=clip_eps_low,
-                         clip_eps_high=clip_eps_high, dual_clip=dual_clip, ref_logp=ref_logp,
-                         kl_coef=kl_coef, kl_estimator=kl_estimator, entropy=entropy,
-                         entropy_coef=entropy_coef)
+                         clip_eps_high=clip_eps_high, dual_clip=dual_clip, tis_cap=tis_cap,
+                         old_logp=old_logp, ref_logp=ref_logp, kl_coef=kl_coef,
+                         kl_estimator=kl_estimator, entropy=entropy, entropy_coef=entropy_coef)
 
 
 def gspo_loss(logp, behaviour_logp, advantages, mask, prompt_index=None, *, aggregation: str,
               num_prompts: Optional[int] = None, max_length: Optional[int] = None, weights=None,
-              eps_low: float = 3e-3, eps_high: float = 4e-3, ref_logp=None,
+              gspo_eps_low: float = 3e-3, gspo_eps_high: float = 4e-3,
+              tis_cap: Optional[float] = None, old_logp=None, ref_logp=None,
               kl_coef: float = 0.0, kl_estimator: str = "k3", entropy=None,
               entropy_coef: float = 0.0):
     """GSPO: PPO-clip on the sequence ratio ``s_i = exp(mean_t(logp - behaviour_logp))``.
 
     Implemented in the GSPO paper's token form (GSPO-token): per token
     ``s_it = sg(s_i) * pi_theta(y_it) / sg(pi_theta(y_it))`` (value s_i, gradient
-    s_i * grad logp_it)
-    and the per-token loss ``max(-s_it*A_it, -clip(s_it, 1 - eps_low, 1 + eps_high)*A_it)``.
+    s_i * grad logp_it) and the per-token loss
+    ``max(-s_it*A_it, -clip(s_it, 1 - gspo_eps_low, 1 + gspo_eps_high)*A_it)``.
     With per-row advantages this has the same value and gradient as the sequence form (the loss
     min(s_i A_i, clip(s_i) A_i) broadcast to every token of row i, as TRL's
     importance_sampling_level='sequence' does) under every aggregation mode, because each mode
     weights all tokens of a row equally; with aggregation='sequence' it is the GSPO paper's
     objective (mean over sequences). Per-token advantages are allowed (GSPO-token proper).
-    The sequence mean is over counted tokens; its log is clamped to [-20, 20].
+    The sequence mean is over counted tokens; its log is clamped to [-20, 20]. The clip range
+    has its own names (``gspo_eps_*``, not ``clip_eps_*``): sequence ratios live within ~1e-3 of
+    1, token ratios do not, so one setting cannot serve both. With ``tis_cap`` (see the module
+    docstring) s_i is taken against pi_old and each token's term gets its TIS weight.
 
     Metrics: ``ratio_mean``/``ratio_max`` are of s_i over counted tokens; clip fractions as PPO's.
     """
-    _check_clip("eps_low", eps_low, "eps_high", eps_high, None)
+    _check_clip("gspo_eps_low", gspo_eps_low, "gspo_eps_high", gspo_eps_high, None)
+    _check_tis(tis_cap, old_logp, "objective='gspo'")
     b = _prepare(logp, behaviour_logp, advantages, mask, prompt_index, num_prompts, aggregation,
-                 max_length, weights, ref_logp=ref_logp, entropy=entropy)
+                 max_length, weights, old_logp=old_logp, ref_logp=ref_logp, entropy=entropy)
+    denominator, tis_w, metrics = _tis(b, old_logp, tis_cap)
     n = jnp.maximum(b.counted.sum(axis=1), 1).astype(jnp.float32)
-    seq_log_ratio = _log_ratio(jnp.sum(b.logp - b.behaviour_logp, axis=1) / n, 0.0)
+    seq_log_ratio = _log_ratio(jnp.sum(b.logp - denominator, axis=1) / n, 0.0)
     s = jnp.exp(sg(seq_log_ratio)[:, None] + b.logp - sg(b.logp))
-    pg_tok, metrics = _clipped_surrogate(s, b.advantages, b.counted, eps_low, eps_high, None)
-    del metrics["dual_clip_frac"]
+    pg_tok, clip_metrics = _clipped_surrogate(s, b.advantages, b.counted, gspo_eps_low,
+                                              gspo_eps_high, None)
+    del clip_metrics["dual_clip_frac"]
+    metrics.update(clip_metrics)
     metrics.update(_ratio_metrics(s, b.counted))
-    return _finish(b, pg_tok, metrics, ref_logp=ref_logp, kl_coef=kl_coef,
+    return _finish(b, _weighted(pg_tok, tis_w), metrics, ref_logp=ref_logp, kl_coef=kl_coef,
                    kl_estimator=kl_estimator, entropy=entropy, entropy_coef=entropy_coef)
 
 
@@ -313,63 +398,70 @@ def tis_loss(logp, behaviour_logp, advantages, mask, prompt_index=None, *, aggre
     """REINFORCE with truncated importance sampling: per token ``-w * A * logp``,
     ``w = sg(min(pi_old / pi_behaviour, tis_cap))`` (Yao et al. 2025; PipelineRL caps at 5).
 
-    pi_old is the trainer's policy at the parameters that the step starts from. When the batch
-    gets a single optimiser step (PipelineRL, ScaleRL's sync/pipeline modes), pi_old and
-    pi_theta are the same parameters, so ``old_logp=None`` uses ``sg(logp)``: then w corrects
-    exactly the sampler/trainer mismatch and the loss equals `cispo_loss` with
-    ``ratio_cap=tis_cap`` (value and gradient). Pass ``old_logp`` (trainer log-probs recomputed
-    before the first of several updates on one batch) to keep w fixed across those updates.
+    pi_old is the trainer's policy at the parameters that sampled the batch (see the module
+    docstring for which log-probs go where). ``old_logp=None`` uses the current policy,
+    ``sg(logp)``: exact when the batch was sampled by the parameters being updated, and
+    otherwise (a sampler that lags, as in PipelineRL and this repository's train step) w
+    corrects the lag as well as the mismatch, as PipelineRL uses it. The loss then equals
+    `cispo_loss` with ``ratio_cap=tis_cap`` (value and gradient) and has the gradient of any
+    objective with ``tis_cap`` and ``old_logp=None``. Pass ``old_logp`` (trainer log-probs
+    recomputed before the first of several updates on one batch) to keep w fixed across those
+    updates.
 
     Metrics: ``tis_frac`` (pi_old/pi_behaviour > tis_cap); ratio metrics are of that ratio.
     """
-    if not tis_cap > 0:
-        raise ValueError(f"tis_cap={tis_cap}: must be > 0")
+    if tis_cap is None:
+        raise ValueError("tis_cap=None: objective='tis' needs a cap (> 0; PipelineRL uses 5)")
+    _check_tis(tis_cap, old_logp, "objective='tis'")
     b = _prepare(logp, behaviour_logp, advantages, mask, prompt_index, num_prompts, aggregation,
                  max_length, weights, old_logp=old_logp, ref_logp=ref_logp,
                  entropy=entropy)
-    old = b.logp if old_logp is None else _f32(old_logp, b.counted)
-    ratio = jnp.exp(_log_ratio(sg(old), b.behaviour_logp))
-    w = sg(jnp.minimum(ratio, tis_cap))
-    metrics = _ratio_metrics(ratio, b.counted)
-    metrics["tis_frac"] = masked_mean(ratio > tis_cap, b.counted)
+    _, w, tis_metrics = _tis(b, old_logp, tis_cap)
+    metrics = {"ratio_mean": tis_metrics["tis_ratio_mean"],
+               "ratio_max": tis_metrics["tis_ratio_max"], "tis_frac": tis_metrics["tis_frac"]}
     pg_tok = -w * b.advantages * b.logp
     return _finish(b, pg_tok, metrics, ref_logp=ref_logp, kl_coef=kl_coef,
                    kl_estimator=kl_estimator, entropy=entropy, entropy_coef=entropy_coef)
 
 
+_LOSSES = {"cispo": cispo_loss, "grpo": grpo_loss, "dapo": dapo_loss, "gspo": gspo_loss,
+           "tis": tis_loss}
+
+
 def policy_loss(objective: str, logp, behaviour_logp, advantages, mask, prompt_index=None, *,
                 aggregation: str, num_prompts: Optional[int] = None,
-                max_length: Optional[int] = None, weights=None, ratio_cap: float = 4.0,
-                ratio_floor: Optional[float] = None, clip_eps_low: float = 0.2,
-                clip_eps_high: float = 0.2, dual_clip: Optional[float] = None,
-                gspo_eps_low: float = 3e-3, gspo_eps_high: float = 4e-3, tis_cap: float = 5.0,
+                max_length: Optional[int] = None, weights=None,
+                ratio_cap: Optional[float] = None, ratio_floor: Optional[float] = None,
+                clip_eps_low: Optional[float] = None, clip_eps_high: Optional[float] = None,
+                dual_clip: Optional[float] = None, gspo_eps_low: Optional[float] = None,
+                gspo_eps_high: Optional[float] = None, tis_cap: Optional[float] = None,
                 old_logp=None, ref_logp=None, kl_coef: float = 0.0, kl_estimator: str = "k3",
                 entropy=None, entropy_coef: float = 0.0):
-    """Dispatch to one objective by name; keyword names equal LossConfig's fields.
+    """Dispatch to one objective by name; keyword names equal LossConfig's fields and the
+    per-objective functions' (`cispo_loss`, ...).
 
-    ``objective`` in ("cispo", "grpo", "dapo", "gspo", "tis"). Hyper-parameters the objective
-    does not use are ignored, so a train step can pass all of ``HPARAM_NAMES`` from its
-    LossConfig. 'grpo' is the symmetric clip and rejects clip_eps_low != clip_eps_high (use
-    'dapo'). Mark everything but the arrays static under jit, e.g.
-    ``jax.jit(policy_loss, static_argnums=0, static_argnames=(...))``.
+    ``objective`` in ("cispo", "grpo", "dapo", "gspo", "tis"). The objective-specific keywords
+    default to None, meaning "not set: the objective's own default" (so ``policy_loss("dapo")``
+    is ``dapo_loss()``: clip 0.2 / 0.28). Setting one that the objective does not read
+    (``OBJECTIVE_HPARAMS[objective]``) raises ValueError naming the setting and the objective:
+    e.g. GSPO's clip range is ``gspo_eps_low/high``, so ``clip_eps_low`` with 'gspo' is an
+    error, never a silent default. ``tis_cap`` is read by every objective (see the module
+    docstring; for 'tis' None means 5.0), ``old_logp`` only together with it. 'grpo' is the
+    symmetric clip and rejects clip_eps_high != clip_eps_low (use 'dapo'). Mark everything
+    but the arrays static under jit, e.g.
+    ``jax.jit(policy_loss, static_argnums=0, static_argnames=HPARAM_NAMES + ("num_prompts",))``.
     """
-    common = dict(aggregation=aggregation, num_prompts=num_prompts, max_length=max_length,
-                  weights=weights,
-                  ref_logp=ref_logp, kl_coef=kl_coef, kl_estimator=kl_estimator,
-                  entropy=entropy, entropy_coef=entropy_coef)
-    args = (logp, behaviour_logp, advantages, mask, prompt_index)
-    if objective == "cispo":
-        return cispo_loss(*args, ratio_cap=ratio_cap, ratio_floor=ratio_floor, **common)
-    if objective == "grpo":
-        if clip_eps_low != clip_eps_high:
-            raise ValueError(f"objective='grpo' clips symmetrically but clip_eps_low="
-                             f"{clip_eps_low} != clip_eps_high={clip_eps_high}; use 'dapo'")
-        return grpo_loss(*args, clip_eps=clip_eps_low, dual_clip=dual_clip, **common)
-    if objective == "dapo":
-        return dapo_loss(*args, clip_eps_low=clip_eps_low, clip_eps_high=clip_eps_high,
-                         dual_clip=dual_clip, **common)
-    if objective == "gspo":
-        return gspo_loss(*args, eps_low=gspo_eps_low, eps_high=gspo_eps_high, **common)
-    if objective == "tis":
-        return tis_loss(*args, tis_cap=tis_cap, old_logp=old_logp, **common)
-    raise ValueError(f"objective={objective!r}: must be one of {OBJECTIVES}")
+    check_objective(objective)
+    specific = dict(ratio_cap=ratio_cap, ratio_floor=ratio_floor, clip_eps_low=clip_eps_low,
+                    clip_eps_high=clip_eps_high, dual_clip=dual_clip, gspo_eps_low=gspo_eps_low,
+                    gspo_eps_high=gspo_eps_high, tis_cap=tis_cap)
+    given = {k: v for k, v in specific.items() if v is not None}
+    unused = unused_hparams(objective, given)
+    if unused:
+        raise ValueError("policy_loss: " + describe_unused(objective,
+                                                           {k: given[k] for k in unused}))
+    return _LOSSES[objective](
+        logp, behaviour_logp, advantages, mask, prompt_index, aggregation=aggregation,
+        num_prompts=num_prompts, max_length=max_length, weights=weights, old_logp=old_logp,
+        ref_logp=ref_logp, kl_coef=kl_coef, kl_estimator=kl_estimator, entropy=entropy,
+        entropy_coef=entropy_coef, **given)

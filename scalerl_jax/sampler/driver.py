@@ -47,7 +47,7 @@ import jax
 import numpy as np
 
 from scalerl_jax.config import SamplerConfig
-from scalerl_jax.sampler.engine import Engine
+from scalerl_jax.sampler.engine import COMPILED_FIELDS, Engine
 from scalerl_jax.sampler.types import Completion, Group
 
 log = logging.getLogger(__name__)
@@ -66,6 +66,34 @@ class PromptTooLongError(ValueError):
 
 class DriverError(RuntimeError):
     """The driver thread failed; `__cause__` is the original exception."""
+
+
+def driver_token_ids(cfg: SamplerConfig, tokenizer, *, max_forced_tokens: int) -> dict:
+    """`eos_ids`, `think_close_ids` and `phrase_ids` for a `Driver`, from `tokenizer.eos_ids`
+    and `cfg`'s think_close / interruption_phrase strings, encoded without special tokens.
+
+    With interruptions off both id lists are empty: the driver reads them only to interrupt.
+    Raises ValueError naming the field when the phrase encodes to no token or to more than
+    `max_forced_tokens` (the engine's forced-token queue), or a non-empty think_close to none.
+    """
+    eos_ids = tuple(int(t) for t in tokenizer.eos_ids)
+    if not cfg.interruptions:
+        return dict(eos_ids=eos_ids, think_close_ids=(), phrase_ids=())
+    close = tuple(int(t) for t in tokenizer.encode(cfg.think_close, add_special_tokens=False)) \
+        if cfg.think_close else ()
+    if cfg.think_close and not close:
+        raise ValueError(f"SamplerConfig.think_close={cfg.think_close!r} encodes to no token: "
+                         "the driver could never see thinking end")
+    phrase = tuple(int(t) for t in tokenizer.encode(cfg.interruption_phrase,
+                                                    add_special_tokens=False))
+    if not phrase:
+        raise ValueError(f"SamplerConfig.interruption_phrase={cfg.interruption_phrase!r} "
+                         "encodes to no token, with interruptions on")
+    if len(phrase) > max_forced_tokens:
+        raise ValueError(f"SamplerConfig.interruption_phrase={cfg.interruption_phrase!r} "
+                         f"encodes to {len(phrase)} tokens > the engine's max_forced_tokens="
+                         f"{max_forced_tokens} (Engine(..., max_forced_tokens=...))")
+    return dict(eos_ids=eos_ids, think_close_ids=close, phrase_ids=phrase)
 
 
 def prefill_buckets(max_prefill_length: int, min_bucket: int = 16) -> list[int]:
@@ -115,11 +143,15 @@ class Driver:
     """Continuous-batching sampler loop. See the module docstring.
 
     prompts: iterable of `Prompt` or (prompt_id, token ids[, metadata]) tuples.
-    eos_ids / think_close_ids / phrase_ids: token ids, encoded by the caller's tokenizer.
+    eos_ids / think_close_ids / phrase_ids: token ids, encoded by the caller's tokenizer
+    (`driver_token_ids` or `Driver.for_tokenizer` encode cfg's strings); the last two only with
+    interruptions on (else they would never be read, and are refused).
     continuous=False gives static batching (refill only when every slot is free): a baseline.
     cfg: the driver-side fields (interruptions, think_min/max, answer_budget, max_new_tokens,
     truncate_long_prompts) are read from it; default `engine.cfg`. Everything compiled (slots,
-    lengths, sampling) is the engine's, so drivers with different policies can share one engine.
+    lengths, sampling: `sampler.engine.COMPILED_FIELDS`) is the engine's, so drivers with different
+    policies can share one engine; a cfg that differs from the engine's in those fields is
+    refused (ValueError naming the fields and both values), never silently overridden.
     """
 
     def __init__(self, engine: Engine, params, prompts: Iterable, *, group_size: int,
@@ -132,7 +164,21 @@ class Driver:
         cfg = engine.cfg if cfg is None else cfg
         if group_size < 1:
             raise ValueError(f"group_size={group_size} must be >= 1")
+        differ = [f"{name}={getattr(cfg, name)!r} (engine: {getattr(engine.cfg, name)!r})"
+                  for name in COMPILED_FIELDS if getattr(cfg, name) != getattr(engine.cfg, name)]
+        if differ:
+            raise ValueError(
+                f"Driver cfg differs from its Engine's SamplerConfig in fields compiled into the "
+                f"engine: {', '.join(differ)}; the engine would sample with its own. Build an "
+                f"Engine with this SamplerConfig, or take these fields from engine.cfg "
+                f"(dataclasses.replace(engine.cfg, <driver-side fields>))")
         self._phrase = [int(t) for t in phrase_ids]
+        if not cfg.interruptions:
+            unread = [name for name, ids in (("think_close_ids", think_close_ids),
+                                             ("phrase_ids", phrase_ids)) if len(ids)]
+            if unread:
+                raise ValueError(f"{' and '.join(unread)} given but SamplerConfig.interruptions "
+                                 "is False: the driver reads them only to interrupt")
         if cfg.interruptions:
             if not self._phrase:
                 raise ValueError("SamplerConfig.interruptions is on but phrase_ids is empty: "
@@ -171,6 +217,15 @@ class Driver:
              "generate_calls", "decode_steps", "slot_steps", "tokens", "forced_tokens",
              "weight_updates"), 0)
         self.stats.update(time_generate=0.0, time_prefill=0.0, time_host=0.0, time_idle=0.0)
+
+    @classmethod
+    def for_tokenizer(cls, engine: Engine, params, prompts: Iterable, tokenizer, *,
+                      group_size: int, cfg: Optional[SamplerConfig] = None, **kwargs) -> "Driver":
+        """A Driver whose eos / think-close / phrase ids are `driver_token_ids` of `cfg`
+        (default `engine.cfg`) with `tokenizer`; other keywords go to `Driver`."""
+        ids = driver_token_ids(engine.cfg if cfg is None else cfg, tokenizer,
+                               max_forced_tokens=engine.max_forced_tokens)
+        return cls(engine, params, prompts, group_size=group_size, cfg=cfg, **ids, **kwargs)
 
     # -- caller side ----------------------------------------------------------------------------
     def update_params(self, params, version: int) -> None:

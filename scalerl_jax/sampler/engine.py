@@ -68,6 +68,12 @@ class ResultTokens(NamedTuple):
     valid: jax.Array  # bool: the slot was active at that step
 
 
+# SamplerConfig fields compiled into the engine's programs and state shapes: every driver on an
+# engine samples and sizes with the engine's values, so a driver's own cfg must agree on them.
+COMPILED_FIELDS = ("max_concurrent_decodes", "max_prefill_length", "max_target_length",
+                   "decode_steps_per_call", "temperature", "top_p", "top_k")
+
+
 class EngineError(ValueError):
     """Bad input to the engine. The message names the argument and the numbers."""
 

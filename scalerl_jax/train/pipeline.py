@@ -2,8 +2,8 @@
 
 Policy versions: version v is the params after v optimiser steps; the trainer's step s (1-based)
 runs on version s - 1 and produces version s. Each host's feed gives prompts tickets 0, 1, 2, ...
-(train/feed.py) and step s trains on that host's tickets [(s - 1) B, s B), B = prompts per step
-per host, in ticket order whatever order they finish in (which also keeps a length bias out of
+(train/feed.py) and step s trains on that host's tickets [(s - 1) B, s B), B = this host's
+prompts per step (its share of PipelineConfig.prompts_per_step), in ticket order whatever order they finish in (which also keeps a length bias out of
 the batch: short completions do not jump the queue).
 
 Staleness is bounded by construction, by admission. The sampler takes ticket i only while its
@@ -52,13 +52,15 @@ class Schedule:
     batch: int  # prompts per step on this host
 
     @classmethod
-    def from_config(cls, cfg: PipelineConfig, num_hosts: int = 1) -> "Schedule":
-        if cfg.prompts_per_step % num_hosts:
-            raise ConfigError(f"PipelineConfig.prompts_per_step={cfg.prompts_per_step} must be "
-                              f"divisible by the number of hosts ({num_hosts}): each host "
-                              "samples an equal share of every step's prompts")
+    def from_config(cls, cfg: PipelineConfig, num_hosts: int = 1, host: int = 0) -> "Schedule":
+        """Host `host`'s schedule: B / num_hosts prompts per step, the first B % num_hosts hosts
+        one more (the paper's 48 prompts on a 32-host slice: 16 hosts sample 2, 16 sample 1)."""
+        b, hosts = cfg.prompts_per_step, num_hosts
+        if b < hosts:
+            raise ConfigError(f"PipelineConfig.prompts_per_step={b} must be at least the number "
+                              f"of hosts ({hosts}): every host samples part of every step")
         k = 0 if cfg.mode == "sync" else cfg.max_lag
-        return cls(cfg.mode, k, cfg.prompts_per_step // num_hosts)
+        return cls(cfg.mode, k, b // hosts + (1 if host < b % hosts else 0))
 
     def limit(self, version: int) -> int:
         """Tickets below this may be admitted by a sampler holding params `version`."""

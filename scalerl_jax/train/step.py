@@ -113,23 +113,39 @@ def _schedule_count(opt_state):
 
 def make_train_step(graphdef, abstract_state: TrainState, mesh, *, model_cfg: ModelConfig,
                     loss_cfg: LossConfig, optim_cfg: OptimConfig, num_prompts: int,
-                    max_length: Optional[int] = None, logprob_chunk: Optional[int] = 512,
-                    donate: bool = True):
+                    max_length: Optional[int] = None, donate: bool = True):
     """Build `train_step(state, batch) -> (state, metrics)`, jitted once.
 
     abstract_state: from `train.state.abstract_train_state` (ShapeDtypeStructs with shardings).
     num_prompts: the batch's static prompt capacity. max_length: the 'constant' aggregation's
-    divisor (Dr.GRPO: the max completion length; default T). logprob_chunk: positions per
-    log-prob chunk (None: all at once). The returned function checks a numpy batch on the host
-    and places it with `put_batch`; device batches go straight in. `train_step.jitted` is the
-    jitted function itself (for `.lower(...)`).
+    divisor (Dr.GRPO: the max completion length; default T). Log-probs are computed in chunks
+    of `optim_cfg.logprob_chunk` positions (None: all at once). The objective gets exactly the
+    settings it reads (`loss_cfg.objective_hparams()`, plus aggregation and entropy_coef).
+
+    TIS here. The step has the sampler's log-probs (the batch's behaviour_logp) and the current
+    trainer's, but no trainer log-probs at the parameters that sampled the batch (the sampler
+    may lag by up to max_lag versions, and those parameters are gone). Each batch gets one
+    optimiser step, from the parameters its log-probs are computed at, so the step uses
+    pi_old = pi_theta, i.e. old_logp = sg(logp). With `loss_cfg.tis_cap = C`, every objective's
+    own ratio is then 1 in value (its clip or cap cannot bind) and each token is weighted by
+    sg(min(pi_theta / pi_sampler, C)), a weight that covers the sampler's lag as well as the
+    sampler/trainer mismatch: the step's update equals that of objective 'tis' with tis_cap C
+    (tested for cispo, whose loss value is also 'tis's). Without tis_cap, ratios are against
+    the sampler as in ScaleRL.
+
+    The returned function checks a numpy batch on the host and places it with `put_batch`;
+    device batches go straight in. `train_step.jitted` is the jitted function itself (for
+    `.lower(...)`).
     """
     if loss_cfg.kl_coef > 0:
         raise ValueError(f"LossConfig.kl_coef={loss_cfg.kl_coef}: the train step computes no "
                          "reference-policy log-probs; KL to a reference is not supported here")
     tx = make_optimizer(optim_cfg)
     schedule = learning_rate(optim_cfg)
-    hparams = {name: getattr(loss_cfg, name) for name in rl_losses.HPARAM_NAMES}
+    logprob_chunk = optim_cfg.logprob_chunk
+    # Only what the objective reads: policy_loss refuses a setting its objective would ignore.
+    hparams = dict(loss_cfg.objective_hparams(), aggregation=loss_cfg.aggregation,
+                   entropy_coef=loss_cfg.entropy_coef)
     state_sh = jax.tree.map(lambda s: s.sharding, abstract_state)
     grad_sh = state_sh.params
     replicated = NamedSharding(mesh, PartitionSpec())

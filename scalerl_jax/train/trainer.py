@@ -36,7 +36,7 @@ from scalerl_jax.multihost import allgather_objects
 from scalerl_jax.progress import SFT_FIELDS, Progress
 from scalerl_jax.rewards import RewardPool, verifier_for_source
 from scalerl_jax.rl.curriculum import NoPositiveResampling
-from scalerl_jax.sampler.driver import Driver
+from scalerl_jax.sampler.driver import Driver, driver_token_ids
 from scalerl_jax.sampler.engine import Engine
 from scalerl_jax.sampler.weight_sync import WeightSync
 from scalerl_jax.scaling import report
@@ -78,7 +78,7 @@ def run(cfg: RunConfig, *, allow_config_change: bool = False,
         wandb_project: Optional[str] = None, fit: bool = True) -> RunResult:
     """Train `cfg` in `cfg.workdir` (resuming it when it holds a checkpoint). See the module
     docstring. Raises ConfigError / DataError / WorkdirInUseError before writing anything."""
-    Schedule.from_config(cfg.pipeline, jax.process_count())  # batch / host divisibility
+    Schedule.from_config(cfg.pipeline, jax.process_count())  # enough prompts for every host
     tokenizer = load_tokenizer(cfg)
     # Everything the run opens is closed in reverse order however it ends; the lock goes last.
     with contextlib.ExitStack() as cleanup:
@@ -98,7 +98,7 @@ def _run(cfg: RunConfig, tokenizer, cleanup: contextlib.ExitStack, allow_config_
     trainer_mesh = mesh_lib.trainer_mesh(cfg.mesh, split.trainer)
     sampler_mesh = mesh_lib.sampler_mesh(cfg.mesh, split.sampler)
     hosts, host = jax.process_count(), jax.process_index()
-    schedule = Schedule.from_config(cfg.pipeline, hosts)
+    schedule = Schedule.from_config(cfg.pipeline, hosts, host)
 
     # Data: this host's shard of the training prompts; the validation set, split over hosts.
     curriculum = NoPositiveResampling(threshold=cfg.pipeline.retire_pass_rate)
@@ -139,8 +139,7 @@ def _run(cfg: RunConfig, tokenizer, cleanup: contextlib.ExitStack, allow_config_
     train_step = make_train_step(graphdef, abstract, trainer_mesh, model_cfg=model_cfg,
                                  loss_cfg=cfg.loss, optim_cfg=cfg.optim,
                                  num_prompts=cfg.pipeline.prompts_per_step,
-                                 max_length=cfg.sampler.max_new_tokens,
-                                 logprob_chunk=cfg.optim.logprob_chunk)
+                                 max_length=cfg.sampler.max_new_tokens)
     start = int(state.step)
     if "curriculum" in meta:  # `source.skip` looks the name up at call time: it sees this one
         curriculum = NoPositiveResampling.from_dict(meta["curriculum"])
@@ -176,10 +175,8 @@ def _run(cfg: RunConfig, tokenizer, cleanup: contextlib.ExitStack, allow_config_
     feed = PromptFeed(source, tokenizer)
     if "data" in meta:
         feed.load_state_dict(meta["data"][host])
-    encode = lambda text: tokenizer.encode(text) if text else []  # noqa: E731
-    driver_kwargs = dict(eos_ids=tokenizer.eos_ids, think_close_ids=encode(cfg.sampler.think_close),
-                         phrase_ids=encode(cfg.sampler.interruption_phrase) if
-                         cfg.sampler.interruptions else ())
+    driver_kwargs = driver_token_ids(cfg.sampler, tokenizer,
+                                     max_forced_tokens=engine.max_forced_tokens)
     sampler_params = sync(state.params)
     sample_seed = cfg.seed + 7919 * host  # tickets are per host: keep hosts' samples apart
     driver = Driver(engine, sampler_params, feed, group_size=cfg.pipeline.generations_per_prompt,

@@ -1,0 +1,316 @@
+"""Per-chip memory and per-step time of a layout: pure arithmetic on the config.
+
+The memory figures are estimates of what XLA keeps live, not measurements; each formula is
+explained next to its code. Nothing here touches devices or data.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import NamedTuple, Optional
+
+from scalerl_jax.config import ModelConfig, RunConfig
+from scalerl_jax.plan.topology import PlanError, Topology
+
+GIB = 1 << 30
+_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+# ------------------------------------------------------------------------------ parameters
+def param_inventory(m: ModelConfig) -> list[tuple[tuple, tuple, int]]:
+    """(shape, logical axes, how many) of the parameters, as models/layers.py and
+    transformer.py create them (tests/test_plan.py checks this against the real module).
+    Identical arrays are counted, not listed: every layer has the same ones."""
+    d, f, h, kv, hd, n = (m.hidden_size, m.intermediate_size, m.num_heads, m.num_kv_heads,
+                          m.dim_per_head, m.num_layers)
+    out = [((m.vocab_size, d), ("vocab", "embed"), 1),
+           ((d,), ("norm",), 2 * n + 1),  # attn_norm, mlp_norm per layer; final_norm
+           ((d, h, hd), ("embed", "heads", "head_dim"), n),  # q
+           ((d, kv, hd), ("embed", "kv_heads", "head_dim"), 2 * n),  # k, v
+           ((h, hd, d), ("heads", "head_dim", "embed"), n),  # o
+           ((d, f), ("embed", "mlp"), 2 * n),  # gate, up
+           ((f, d), ("mlp", "embed"), n)]  # down
+    if m.qkv_bias:
+        out += [((h, hd), ("heads", "head_dim"), n), ((kv, hd), ("kv_heads", "head_dim"), 2 * n)]
+    if m.qk_norm:
+        out.append(((hd,), ("head_dim",), 2 * n))
+    if not m.tie_embeddings:
+        out.append(((d, m.vocab_size), ("embed", "vocab"), 1))
+    return out
+
+
+class _MeshShape(NamedTuple):
+    """Stands in for a jax Mesh: mesh.logical_to_spec reads only `mesh.shape`, and a plan has
+    axis sizes, not devices."""
+
+    shape: dict
+
+
+def shard_elements(shape: tuple, axes: tuple, mesh_shape: dict) -> int:
+    """Elements of one array held per device: the logical axes map to mesh axes through the one
+    rules table (mesh.RULES via mesh.logical_to_spec); a dimension the mesh axes do not divide
+    is replicated, as mesh.logical_to_spec does when given shapes."""
+    return _shard_elements(tuple(shape), tuple(axes), tuple(sorted(mesh_shape.items())))
+
+
+@functools.lru_cache(maxsize=4096)  # pure; resolve() evaluates hundreds of layouts
+def _shard_elements(shape: tuple, axes: tuple, mesh_items: tuple) -> int:
+    from scalerl_jax.mesh import logical_to_spec
+
+    mesh_shape = dict(mesh_items)
+    spec = logical_to_spec(axes, _MeshShape(mesh_shape))
+    n = math.prod(shape)
+    for dim, entry in zip(shape, spec):
+        names = () if entry is None else ((entry,) if isinstance(entry, str) else tuple(entry))
+        size = math.prod(mesh_shape[a] for a in names)
+        if dim % size == 0:
+            n //= size
+    return n
+
+
+def param_bytes(m: ModelConfig, mesh_shape: dict, dtype: Optional[str] = None) -> int:
+    """Bytes of one copy of the params on one device of a mesh with these axis sizes."""
+    size = _BYTES[dtype or m.param_dtype]
+    return sum(k * shard_elements(s, a, mesh_shape) for s, a, k in param_inventory(m)) * size
+
+
+def per_shard(n: int, t: int) -> int:
+    """n heads / units over t tensor shards; replicated when t does not divide n."""
+    return n // t if n % t == 0 else n
+
+
+# --------------------------------------------------------------------------------- memory
+@dataclasses.dataclass(frozen=True)
+class TrainerMemory:
+    """Bytes per trainer chip. Peak = params + optimizer + max(gradients + activations,
+    weight-sync copy): the step's gradients and activations are freed before the weights are
+    gathered for the sampler (sampler/weight_sync.py)."""
+
+    params: int
+    optimizer: int
+    gradients: int
+    activations: int  # the chosen variant (remat or not)
+    activations_no_remat: int
+    activations_remat: int
+    weight_sync: int
+
+    @property
+    def peak(self) -> int:
+        return self.params + self.optimizer + max(self.gradients + self.activations,
+                                                  self.weight_sync)
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplerMemory:
+    """Bytes per sampler chip."""
+
+    params: int
+    kv_cache: int
+    working: int  # prefill scores of one prompt, decode scores and fp32 logits of its slots
+
+    @property
+    def peak(self) -> int:
+        return self.params + self.kv_cache + self.working
+
+
+def seq_len(cfg: RunConfig) -> int:
+    """The longest train row: prompt + completion, bounded by the KV cache, padded to the
+    bucket (train/batch.py). Memory must fit the longest step, not the average one."""
+    s = cfg.sampler
+    longest = min(s.max_target_length, s.max_prefill_length + s.max_new_tokens)
+    return -(-longest // cfg.pipeline.seq_bucket) * cfg.pipeline.seq_bucket
+
+
+def rows_per_chip(cfg: RunConfig, shards: int, micro_batches: int) -> int:
+    """Rows one trainer chip holds per micro-batch: R = ceil(P*G / M) rounded up to the batch
+    shards (data x fsdp), as train/batch.from_groups sizes them; R / shards per chip."""
+    rows = cfg.pipeline.prompts_per_step * cfg.pipeline.generations_per_prompt
+    r = -(-rows // micro_batches)
+    return -(-r // shards)
+
+
+def _attention_score_elements(t: int, chunk: int) -> int:
+    """Score elements of one head over a causal sequence of t tokens: query chunks see only the
+    keys up to their end (layers.attend; at most 16 chunks), so sum_c len(c) * end(c)."""
+    if chunk <= 0 or t <= chunk:
+        return t * t
+    chunk = max(chunk, -(-t // 16))
+    return sum((min(t, c0 + chunk) - c0) * min(t, c0 + chunk) for c0 in range(0, t, chunk))
+
+
+def activation_bytes(m: ModelConfig, rows: int, t: int, tensor: int, logprob_chunk,
+                     remat: bool) -> int:
+    """Activations one trainer chip keeps for the backward pass of one micro-batch.
+
+    Per token per layer, what autodiff saves in compute dtype (b bytes): the block input, both
+    norm outputs, the residual after attention and the MLP output (5 D, not sharded), q, k, v,
+    rotated q and k and the attention output (3 H hd + 3 KV hd), gate, up, silu(gate) and their
+    product (4 F); plus fp32 copies made by RoPE ((H + KV) hd) and RMSNorm (2 D). Attention
+    scores per row per layer: heads x score elements x (4 + b) bytes (fp32 probabilities for the
+    softmax gradient, compute-dtype ones for the value product). Heads and F shard over
+    `tensor` when it divides them.
+    Without remat every layer's set is kept; with remat only each block's input (D per token)
+    is kept, and one block's set is rebuilt at a time in the backward pass.
+    Both add the [rows, T, T] bool mask, the fp32 final hidden states, and the fp32 log-prob
+    working set: logits, softmax and their gradient for one chunk of positions (3 x chunk x V).
+    """
+    b = _BYTES[m.compute_dtype]
+    d, f, hd = m.hidden_size, m.intermediate_size, m.dim_per_head
+    h, kv = per_shard(m.num_heads, tensor), per_shard(m.num_kv_heads, tensor)
+    per_token = b * (5 * d + 3 * h * hd + 3 * kv * hd + 4 * per_shard(f, tensor)) + \
+        4 * ((h + kv) * hd + 2 * d)
+    scores = h * _attention_score_elements(t, m.attention_chunk) * (4 + b)
+    layer = rows * (t * per_token + scores)
+    kept = m.num_layers * rows * t * d * b + layer if remat else m.num_layers * layer
+    chunk = t if logprob_chunk is None else min(t, logprob_chunk)
+    vocab = per_shard(m.vocab_size, tensor)
+    common = rows * t * t + rows * t * d * 4 + 3 * rows * chunk * vocab * 4
+    return kept + common
+
+
+def trainer_memory(cfg: RunConfig, mesh_shape: dict, micro_batches: int, remat: bool,
+                   trainer_per_host: int) -> TrainerMemory:
+    """Per trainer chip: params in param_dtype; AdamW's two moments (optax keeps them in the
+    params' dtype, so fp32 params are their own master copy and bf16 params have none);
+    gradients: the fp32 accumulator plus one micro-batch's gradients in param_dtype
+    (train/step.py); activations (`activation_bytes`); the weight-sync copy: every host gathers
+    a full copy of the params, sharded over its own trainer chips (sampler/weight_sync.py)."""
+    m = cfg.model
+    params = param_bytes(m, mesh_shape)
+    grads = param_bytes(m, mesh_shape, "float32") + params
+    rows = rows_per_chip(cfg, mesh_shape["data"] * mesh_shape["fsdp"], micro_batches)
+    t, tensor = seq_len(cfg), mesh_shape["tensor"]
+    act = {r: activation_bytes(m, rows, t, tensor, cfg.optim.logprob_chunk, r)
+           for r in (False, True)}
+    sync = -(-param_bytes(m, {"data": 1, "fsdp": 1, "tensor": 1}) // trainer_per_host)
+    return TrainerMemory(params, 2 * params, grads, act[remat], act[False], act[True], sync)
+
+
+def kv_cache_bytes(cfg: RunConfig, data: int, tensor: int, slots: int) -> int:
+    """KV cache on one sampler chip: slots x max_target_length x layers x 2 (k, v) x kv_heads x
+    head_dim x compute-dtype bytes; slots shard over `data` and kv heads over `tensor` when they
+    divide (cache axes in models/transformer.CACHE_AXES), else they are replicated."""
+    m = cfg.model
+    return (per_shard(slots, data) * cfg.sampler.max_target_length * m.num_layers * 2 *
+            per_shard(m.num_kv_heads, tensor) * m.dim_per_head * _BYTES[m.compute_dtype])
+
+
+def sampler_memory(cfg: RunConfig, data: int, tensor: int, slots: int) -> SamplerMemory:
+    """Per sampler chip: params in param_dtype (weight sync keeps the trainer's dtype; `embed`
+    is not sharded, the sampler mesh has no fsdp axis), the KV cache, and a working set: fp32
+    scores of one prompt's prefill (heads x P^2, twice for softmax) plus each slot's fp32 decode
+    scores over the whole cache (the decode path attends to all S entries) and fp32 logits."""
+    m, s = cfg.model, cfg.sampler
+    params = param_bytes(m, {"data": data, "tensor": tensor})
+    h, per_chip = per_shard(m.num_heads, tensor), per_shard(slots, data)
+    working = 4 * (2 * h * s.max_prefill_length ** 2 + per_chip * h * s.max_target_length +
+                   per_chip * per_shard(m.vocab_size, tensor))
+    return SamplerMemory(params, kv_cache_bytes(cfg, data, tensor, slots), working)
+
+
+# --------------------------------------------------------------------------- compute, time
+@dataclasses.dataclass(frozen=True)
+class Assumptions:
+    """What a plan cannot know from the config; printed with every plan."""
+
+    mfu: float = 0.4  # model-FLOPs utilisation of compute-bound work (training, prefill, decode)
+    mean_prompt: Optional[int] = None  # tokens; None: a quarter of max_prefill_length
+    mean_completion: Optional[int] = None  # tokens; None: half of max_new_tokens
+    headroom: float = 0.10  # HBM share left to XLA (its own buffers, fragmentation)
+
+    def __post_init__(self):
+        if not 0 < self.mfu <= 1:
+            raise PlanError(f"--mfu {self.mfu}: must be in (0, 1], e.g. 0.4")
+        for name in ("mean_prompt", "mean_completion"):
+            v = getattr(self, name)
+            if v is not None and v <= 0:
+                raise PlanError(f"{name}={v}: must be > 0 tokens")
+
+    def lengths(self, cfg: RunConfig) -> tuple[int, int]:
+        s = cfg.sampler
+        return (self.mean_prompt or max(1, s.max_prefill_length // 4),
+                self.mean_completion or max(1, s.max_new_tokens // 2))
+
+
+@dataclasses.dataclass(frozen=True)
+class StepTime:
+    trainer_flops: float  # model FLOPs of one optimiser step (all micro-batches)
+    sampler_flops: float  # model FLOPs of generating one step's sequences
+    trainer_s: float
+    prefill_s: float
+    decode_steps: float  # decode steps of one host's replica per RL step
+    decode_step_s: float
+    decode_bytes: int  # HBM bytes each sampler chip reads per decode step
+    decode_bound: str  # "HBM bandwidth" or "compute"
+    overlap: bool  # PipelineRL on separate chips: trainer and sampler run at the same time
+
+    @property
+    def sampler_s(self) -> float:
+        return self.prefill_s + self.decode_steps * self.decode_step_s
+
+    @property
+    def step_s(self) -> float:
+        both = (self.trainer_s, self.sampler_s)
+        return max(both) if self.overlap else sum(both)
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    hosts: int
+    chips_per_host: int
+    trainer_per_host: int
+    colocated: bool
+    trainer_mesh: tuple  # (data, fsdp, tensor) over all hosts' trainer chips
+    sampler_mesh: tuple  # (data, tensor) of each host's replica
+    micro_batches: int
+    remat: bool
+    slots: int  # decode slots per sampler replica
+
+    @property
+    def sampler_per_host(self) -> int:
+        return self.chips_per_host if self.colocated else self.chips_per_host - \
+            self.trainer_per_host
+
+    @property
+    def trainer_chips(self) -> int:
+        return math.prod(self.trainer_mesh)
+
+
+def step_time(cfg: RunConfig, topo: Topology, layout: Layout, sampler: SamplerMemory,
+              assume: Assumptions) -> StepTime:
+    """Model FLOPs of a step and the time they take at `assume.mfu` of the bf16 peak.
+
+    Trainer: P x G rows of (prompt + completion) tokens at transformer.num_flops_per_token
+    (6 N + causal attention per token; remat's extra forward is not model FLOPs).
+    Sampler: the same tokens at 2 N + attention. Prefill is compute-bound on the host's sampler
+    chips. Decode runs every slot of a replica one token per step; PipelineRL keeps the slots
+    full (admission runs up to k steps ahead), so a host's share of a step, rows / hosts
+    completions of mean length c, takes rows / hosts x c / slots decode steps. Each decode step
+    every sampler chip reads its params and its whole KV cache (the decode path attends over
+    all S entries) and computes 2 N / tensor + 4 L H hd S / tensor FLOPs per slot; the step
+    takes the longer of the read at HBM bandwidth and the compute at the stated MFU.
+    """
+    from scalerl_jax.models.transformer import matmul_params, num_flops_per_token
+
+    m, pipe = cfg.model, cfg.pipeline
+    p, c = assume.lengths(cfg)
+    rows = pipe.prompts_per_step * pipe.generations_per_prompt
+    rate = topo.chip.bf16_tflops * 1e12 * assume.mfu  # FLOP/s per chip
+    trainer_flops = rows * (p + c) * num_flops_per_token(m, p + c, training=True)
+    sampler_flops = rows * (p + c) * num_flops_per_token(m, p + c, training=False)
+    rows_host = rows / layout.hosts
+    prefill_s = rows_host * p * num_flops_per_token(m, p, training=False) / (
+        layout.sampler_per_host * rate)
+    data, tensor = layout.sampler_mesh
+    per_chip = per_shard(layout.slots, data)
+    flops = per_chip * (2 * matmul_params(m) + 4 * m.num_layers * m.num_heads * m.dim_per_head *
+                        cfg.sampler.max_target_length) / tensor
+    read = sampler.params + sampler.kv_cache
+    t_read, t_flops = read / (topo.chip.hbm_gbps * 1e9), flops / rate
+    return StepTime(trainer_flops, sampler_flops, trainer_flops / (layout.trainer_chips * rate),
+                    prefill_s, rows_host * c / layout.slots, max(t_read, t_flops), read,
+                    "HBM bandwidth" if t_read >= t_flops else "compute",
+                    overlap=not layout.colocated and pipe.mode == "pipeline")
+
+

@@ -1,0 +1,238 @@
+"""Checks of a command line's inputs that need neither devices nor compilation: the HF
+checkpoint directory, the data source and its columns, the verifier, the workdir, the local
+devices, and whether the run is already complete. `experiments/run.py` calls them before
+anything slow starts, so a user error is one line naming the flag, the value and what would work.
+"""
+from __future__ import annotations
+
+import glob
+import importlib
+import importlib.util
+import json
+import logging
+import os
+
+from scalerl_jax import plan
+from scalerl_jax.config import ConfigError, ModelConfig
+from scalerl_jax.data.prompts import DataError
+
+log = logging.getLogger(__name__)
+
+
+class UsageError(ValueError):
+    """A flag or its value cannot work. The message names the flag, the value and what would."""
+
+
+def flag_for(args, given, key: str) -> str:
+    """How the user set a value: the flag, else the override, else the recipe."""
+    if given:
+        return given
+    if any(o.partition("=")[0].strip() == key for o in args.overrides):
+        return key
+    return f"--recipe {args.recipe} ({key})"
+
+
+def hf_model(path: str, like: ModelConfig) -> ModelConfig:
+    flag = f"--hf-checkpoint {path}"
+    if not os.path.isdir(path):
+        raise UsageError(f"{flag}: no such directory (an HF model directory holds config.json, "
+                         "tokenizer.json and *.safetensors)")
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise UsageError(f"{flag}: no config.json there; files: "
+                         f"{sorted(os.listdir(path))[:10]}")
+    if not glob.glob(os.path.join(path, "*.safetensors")):
+        raise UsageError(f"{flag}: no *.safetensors weights there")
+    if not any(os.path.exists(os.path.join(path, f)) for f in ("tokenizer.json",
+                                                                "tokenizer.model")) \
+            and not glob.glob(os.path.join(path, "*.model")):
+        raise UsageError(f"{flag}: no tokenizer.json or SentencePiece *.model there")
+    from scalerl_jax.models import hf
+    try:  # the recipe's dtypes and head precision, the checkpoint's shapes
+        return hf.config_from_hf(path).replace(param_dtype=like.param_dtype,
+                                               compute_dtype=like.compute_dtype,
+                                               fp32_head=like.fp32_head)
+    except (hf.HFError, ConfigError, ValueError) as err:
+        raise UsageError(f"{flag}: {err}") from None
+
+
+# ------------------------------------------------------------------------- input checks
+_PROMPT_NAMES = ("problem", "question", "prompt", "query", "input", "instruction")
+_ANSWER_NAMES = ("answer", "solution", "final_answer", "ground_truth", "target", "output")
+
+
+def _first_file(path: str, split: str) -> str:
+    if not os.path.isdir(path):
+        return path
+    exts = (".jsonl", ".json", ".parquet")
+    files = sorted(f for f in glob.glob(os.path.join(path, "**", "*"), recursive=True)
+                   if f.endswith(exts))
+    return next((f for f in files if split in os.path.basename(f)), files[0] if files else "")
+
+
+def _columns(path: str) -> list:
+    """Top-level field names of the first record of a local .jsonl / .json / .parquet file."""
+    if path.endswith(".parquet"):
+        import pyarrow.parquet as pq
+        return list(pq.read_schema(path).names)
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        head = fh.read(1 << 12).lstrip()
+        fh.seek(0)
+        records = json.load(fh) if path.endswith(".json") and head.startswith("[") else \
+            (json.loads(line) for line in fh if line.strip())
+        first = next(iter(records), None)
+    return list(first) if isinstance(first, dict) else []
+
+
+def check_data(data, flag: str, *, read: bool) -> list[str]:
+    """The prompt source exists and (with `read`) has the configured columns. Without `read`
+    (--dry-run) what only the run needs comes back as notes."""
+    src = data.source
+    if src.startswith("synthetic:"):
+        from scalerl_jax.data import synthetic
+        task = src[len("synthetic:"):].partition("?")[0]
+        if task not in synthetic.TASKS:
+            raise UsageError(f"{flag} {src}: unknown synthetic task {task!r}; known: "
+                             f"{', '.join(synthetic.TASKS)}")
+        if read:  # knobs and sizes: generating the rows takes about a second
+            from scalerl_jax.data.prompts import load_rows
+            try:
+                load_rows(data)
+            except DataError as err:
+                raise UsageError(f"{flag} {src}: {str(err).split(': ', 1)[-1]}") from None
+        return []
+    for prefix, package, extra in (("hf:", "datasets", "data"),
+                                   ("tfds:", "tensorflow_datasets", "tfds")):
+        if src.startswith(prefix):
+            local = src[len(prefix):]
+            if local.startswith((os.sep, ".", "~")) and not os.path.exists(local):
+                raise UsageError(f"{flag} {src}: no such file or directory {local}")
+            if importlib.util.find_spec(package) is None:
+                why = (f"{flag} {src}: needs the `{package}` package, which is not installed "
+                       f"(pip install 'scalerl_jax[{extra}]')")
+                if read:
+                    raise UsageError(why)
+                return [why]
+            return []
+    if not os.path.exists(src):
+        raise UsageError(f"{flag} {src}: no such file or directory (expected a local .jsonl / "
+                         ".json / .parquet file or directory, hf:NAME, tfds:NAME or "
+                         "synthetic:TASK)")
+    file = _first_file(src, data.split)
+    if not file:
+        raise UsageError(f"{flag} {src}: the directory holds no .jsonl / .json / .parquet files")
+    if not file.endswith((".jsonl", ".json", ".parquet")):
+        raise UsageError(f"{flag} {src}: unsupported file type; use .jsonl, .json or .parquet")
+    if not os.access(file, os.R_OK):
+        raise UsageError(f"{flag} {src}: {file} is not readable (permissions)")
+    if not read:
+        return []
+    try:
+        columns = _columns(file)
+    except Exception as err:  # noqa: BLE001 - pyarrow and json raise many types
+        raise UsageError(f"{flag} {src}: cannot read {file} ({type(err).__name__}: "
+                         f"{str(err)[:200]})") from None
+    missing = [(key, field, names) for key, field, names in (
+        ("data.prompt_field", data.prompt_field, _PROMPT_NAMES),
+        ("data.answer_field", data.answer_field, _ANSWER_NAMES))
+        if field.split(".")[0] not in columns]
+    if missing:
+        fix = " ".join(f"{key}=" + next((c for c in names if c in columns), "COLUMN")
+                       for key, _, names in missing)
+        what = " nor ".join(f"{field!r} ({key})" for key, field, _ in missing)
+        raise UsageError(f"{flag} {src}: no column {what}; its columns are {columns}: map "
+                         f"them with {fix}")
+    return []
+
+
+def check_inputs(cfg, args, *, dry_run: bool) -> list[str]:
+    """Every check that needs neither devices nor compilation; returns notes for --dry-run
+    (what a real run would refuse but a plan does not need)."""
+    data_flag = flag_for(args, "--data" if args.data else None, "data.source")
+    notes = check_data(cfg.data, data_flag, read=not dry_run)
+    synthetic = cfg.data.source.startswith("synthetic:")
+    if synthetic and cfg.hf_checkpoint:
+        raise UsageError(f"--hf-checkpoint {cfg.hf_checkpoint} with {data_flag} "
+                         f"{cfg.data.source}: synthetic tasks use the testbed's character "
+                         "tokenizer, not the checkpoint's; give the HF model a text dataset "
+                         "(--data FILE.jsonl / FILE.parquet / hf:NAME)")
+    if not synthetic and not cfg.hf_checkpoint:
+        why = (f"{data_flag} {cfg.data.source}: text prompts need a tokenizer, and only "
+               "synthetic:TASK sources use the built-in character tokenizer: add "
+               "--hf-checkpoint DIR (an HF model directory: tokenizer and initial weights)")
+        if not dry_run:
+            raise UsageError(why + (", e.g. --recipe scalerl --hf-checkpoint DIR"
+                                    if args.recipe == "testbed" else ""))
+        notes.append("a real run needs --hf-checkpoint DIR: text prompts need its tokenizer "
+                     "(only synthetic:TASK sources use the built-in character tokenizer)")
+    if cfg.sft is not None and not cfg.sft.source.startswith("synthetic:") and \
+            not os.path.exists(cfg.sft.source):
+        raise UsageError(f"sft.source={cfg.sft.source}: no such file or directory")
+    if cfg.reward.verifier:
+        module, _, name = cfg.reward.verifier.partition(":")
+        try:
+            ok = callable(getattr(importlib.import_module(module), name, None))
+        except ImportError as err:
+            raise UsageError(f"reward.verifier={cfg.reward.verifier}: cannot import {module} "
+                             f"({err})") from None
+        if not ok:
+            raise UsageError(f"reward.verifier={cfg.reward.verifier}: {module} has no "
+                             f"function {name!r}")
+    if args.wandb and importlib.util.find_spec("wandb") is None:
+        raise UsageError(f"--wandb {args.wandb}: the `wandb` package is not installed "
+                         "(pip install wandb)")
+    parent = os.path.abspath(cfg.workdir)
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
+        raise UsageError(f"--workdir {cfg.workdir}: {parent} is not a writable directory")
+    return notes
+
+
+# -------------------------------------------------------------------------------- devices
+def check_devices(cfg, topo) -> None:
+    """This machine can hold the meshes: the --tpu slice itself, or enough local devices."""
+    import jax
+
+    from scalerl_jax import mesh as mesh_lib
+
+    env = dict(os.environ)
+    tpu_vm = glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*")
+    if topo is not None and topo.hosts > 1 and tpu_vm and not (
+            env.get("SCALERL_COORDINATOR") or env.get("SCALERL_DISTRIBUTED")):
+        env["SCALERL_DISTRIBUTED"] = "auto"  # a TPU pod worker: JAX finds its peers
+    mesh_lib.maybe_initialize_distributed(env)
+    if topo is not None:
+        warning = plan.check_hardware(topo, jax.devices(), jax.process_count())
+        if warning:
+            log.warning(warning)
+        return
+    local = jax.local_devices()
+    if not cfg.mesh.colocate and len(local) < 2:
+        raise UsageError(f"{len(local)} {local[0].platform} device on this host, and the "
+                         "trainer and sampler need separate ones (mesh.colocate=false): pass "
+                         "--colocate (= mesh.colocate=true) to share it, or --tpu TOPOLOGY on "
+                         "a TPU slice")
+    try:
+        split = mesh_lib.split_devices(cfg.mesh)
+        mesh_lib.trainer_mesh(cfg.mesh, split.trainer)
+        mesh_lib.sampler_mesh(cfg.mesh, split.sampler)
+    except mesh_lib.MeshError as err:
+        raise UsageError(f"mesh.*: {err} ({len(local)} local {local[0].platform} devices)") \
+            from None
+
+
+def finished_step(cfg, allow_config_change: bool):
+    """The newest committed checkpoint's step when the run is already complete, else None."""
+    from scalerl_jax import rundir
+
+    if not allow_config_change:  # a different config is refused, complete or not
+        rundir.check_config(cfg.workdir, cfg.to_dict())
+    root = os.path.join(cfg.workdir, "checkpoints")
+    steps = [int(n) for n in (os.listdir(root) if os.path.isdir(root) else [])
+             if n.isdigit() and os.path.exists(os.path.join(root, n, rundir.MANIFEST))]
+    return max(steps) if steps and max(steps) >= cfg.steps else None
+
+
+def complete_message(cfg, step: int) -> str:
+    return (f"run already complete at step {step} in {cfg.workdir} (--steps {cfg.steps}); "
+            f"raise --steps above {step} to continue")

@@ -1,0 +1,126 @@
+"""Recipes: every name resolves to a valid RunConfig, and each one's documented difference from
+`scalerl` (its docstring's "Differs from scalerl:" block) is exactly the real one."""
+import pytest
+
+from scalerl_jax import recipes
+from scalerl_jax.config import ConfigError, RunConfig, apply_overrides, from_dict
+
+DERIVED = [n for n in recipes.RECIPES if n != "testbed"]  # everything built from scalerl
+
+
+def flatten(tree, prefix=""):
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[prefix + key] = value
+    return out
+
+
+def actual_diff(name, model):
+    """{dotted key: value} where `name` differs from scalerl with the same model, but workdir.
+    Values carry their type, so 1 vs 1.0 or True vs 1 is a difference."""
+    base = flatten(recipes.scalerl(model=model).to_dict())
+    cfg = flatten(recipes.get(name, model=model).to_dict())
+    assert cfg.keys() == base.keys()
+    return {k: v for k, v in cfg.items()
+            if k != "workdir" and (type(v), v) != (type(base[k]), base[k])}
+
+
+def typed(d):
+    return {k: (type(v).__name__, v) for k, v in d.items()}
+
+
+@pytest.mark.parametrize("model", [recipes.DEFAULT_MODEL, "tiny-qwen3"])
+@pytest.mark.parametrize("name", DERIVED)
+def test_documented_diff_is_the_real_diff(name, model):
+    documented = recipes.documented_diff(name)
+    assert typed(actual_diff(name, model)) == typed(documented)
+    assert (documented == {}) == (name == "scalerl")
+    cfg = recipes.get(name, model=model)
+    assert cfg.model.name == model and cfg.workdir == f"runs/{name.replace(':', '-')}-{model}"
+
+
+def test_testbed_is_not_a_scalerl_variant():
+    assert recipes.documented_diff("testbed") is None
+    assert recipes.documented_diff("scalerl") == {}
+
+
+@pytest.mark.parametrize("name", list(recipes.RECIPES))
+def test_every_recipe_is_a_valid_consistent_run_config(name):
+    cfg = recipes.get(name)
+    assert isinstance(cfg, RunConfig)
+    assert from_dict(RunConfig, cfg.to_dict()) == cfg  # rebuilt: every section re-validated
+    s, loss = cfg.sampler, cfg.loss
+    assert s.max_prefill_length + s.max_new_tokens <= s.max_target_length
+    if s.interruptions and name != "testbed":  # phrase (<= 1 token per character) + answer
+        # fit after the latest interruption point, before truncation
+        assert s.think_max + len(s.interruption_phrase) + s.answer_budget <= s.max_new_tokens
+    if loss.objective == "grpo":  # policy_loss rejects an asymmetric clip for 'grpo'
+        assert loss.clip_eps_low == loss.clip_eps_high
+
+
+BATCHES = {"scalerl": (48, 16), "grpo": (48, 16), "dapo": (80, 16), "magistral": (80, 16),
+           "minimax": (80, 16), "scalerl-batch512": (32, 16), "scalerl-batch2048": (128, 16),
+           "scalerl-gen8": (96, 8), "scalerl-gen24": (32, 24), "scalerl-gen32": (24, 32)}
+
+
+@pytest.mark.parametrize("name", list(BATCHES))
+def test_batch_shapes(name):
+    p = recipes.get(name).pipeline
+    assert (p.prompts_per_step, p.generations_per_prompt) == BATCHES[name]
+
+
+def test_paper_values():
+    s = recipes.scalerl()
+    assert (s.sampler.max_new_tokens, s.sampler.answer_budget) == (12288 + 2048, 2048)
+    assert (s.sampler.think_min, s.sampler.think_max, s.sampler.interruptions) == (10000, 12000,
+                                                                                 True)
+    assert (s.loss.objective, s.loss.aggregation, s.loss.advantage_norm) == ("cispo", "prompt",
+                                                                             "batch")
+    assert s.loss.zero_variance_filter and s.model.fp32_head and s.loss.kl_coef == 0
+    assert (s.loss.reward_correct, s.loss.reward_incorrect) == (1.0, -1.0)
+    assert s.pipeline.no_positive_resampling and s.pipeline.retire_pass_rate == 0.9
+    assert (s.pipeline.mode, s.pipeline.max_lag) == ("pipeline", 8)
+    o = s.optim
+    assert (o.learning_rate, o.warmup_steps, o.schedule, o.eps, o.weight_decay) == (
+        5e-7, 100, "constant", 1e-15, 0.01)
+    long = recipes.get("scalerl-32k").sampler
+    assert (long.max_new_tokens, long.think_min, long.think_max) == (32768, 25000, 30000)
+    lp = recipes.get("scalerl-loo:interruptions").loss
+    assert (lp.length_penalty_max, lp.length_penalty_cache) == (14336, 2048)
+
+
+def test_loo_covers_the_eight_pieces():
+    assert recipes.LOO_PIECES == ("loss", "fp32-head", "aggregation", "advantage-norm",
+                                  "zero-variance", "no-positive-resampling", "off-policy",
+                                  "interruptions")
+    for piece in recipes.LOO_PIECES:  # one piece each: a LOO changes one thing (two keys at most)
+        assert 1 <= len(recipes.documented_diff(recipes.LOO_PREFIX + piece)) <= 2
+
+
+def test_unknown_names_list_the_valid_choices():
+    with pytest.raises(KeyError) as err:
+        recipes.get("scalerl-xl")
+    assert "grpo" in str(err.value) and "scalerl-loo:loss" in str(err.value)
+    for bad in ("scalerl-loo:kl", "scalerl-loo:"):
+        with pytest.raises(KeyError) as err:
+            recipes.get(bad)
+        assert "off-policy" in str(err.value) and "interruptions" in str(err.value)
+    with pytest.raises(KeyError, match="grpo"):
+        recipes.documented_diff("nope")
+    with pytest.raises(ConfigError, match="own model"):  # not a str where a ModelConfig goes
+        recipes.get("testbed", model="tiny-llama")
+
+
+def test_describe_and_overrides():
+    listing = recipes.describe()
+    assert [n for n, _ in listing] == list(recipes.RECIPES)
+    assert all(d and "\n" not in d and len(n) + len(d) < 100 for n, d in listing)
+    cfg = recipes.get("dapo", model="tiny-llama", steps=7, workdir="/tmp/x")
+    assert (cfg.steps, cfg.workdir, cfg.model.name, cfg.loss.objective) == (7, "/tmp/x",
+                                                                           "tiny-llama", "dapo")
+    # experiments/run.py's key.path=value overrides apply to a variant like to scalerl.
+    cfg = apply_overrides(recipes.get("scalerl-loo:off-policy"), ["pipeline.max_lag=4"])
+    assert (cfg.pipeline.mode, cfg.pipeline.max_lag) == ("ppo_off_policy", 4)
