@@ -17,6 +17,9 @@ setup(
         "sentencepiece>=0.2",
         "matplotlib>=3.8",
         "sympy>=1.12",
+        # LaTeX answer parsing behind our own rules (rewards/math.py); the extra pins the ANTLR
+        # runtime its LaTeX grammar was generated with.
+        "math-verify[antlr4_13_2]>=0.9",
         "pyarrow>=15",
         "tqdm>=4.66",
         "tensorboardX>=2.6",  # writes TensorBoard event files without TensorFlow
@@ -26,7 +29,6 @@ setup(
         "tpu": ["jax[tpu]"],
         "tfds": ["tensorflow-datasets"],
         "data": ["datasets"],
-        "math": ["math-verify"],
         "wandb": ["wandb"],
         "dev": [
             "pytest>=8",

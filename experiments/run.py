@@ -109,6 +109,13 @@ def parse_args(argv=None):
                    help="resume a workdir whose config.json differs from this config")
     p.add_argument("--wandb", metavar="PROJECT", help="also log to Weights & Biases")
     p.add_argument("--no-fit", action="store_true", help="skip the scaling fit at the end")
+    p.add_argument("--budget", type=float, metavar="COMPUTE",
+                   help="online forecast: predict the pass rate at this compute (device-hours, "
+                        "or forecast.x_key units; = forecast.budget; default: the run's "
+                        "projected compute at its last step)")
+    p.add_argument("--target", type=float, metavar="PASS_RATE",
+                   help="online forecast: the compute needed to reach this pass rate "
+                        "(= forecast.target)")
     p.add_argument("--debug", action="store_true", help="show tracebacks of input errors")
     return p.parse_args(argv)
 
@@ -147,6 +154,10 @@ def build_config(args):
         top["data"] = dataclasses.replace(cfg.data, source=args.data)
     if args.colocate:
         top["mesh"] = dataclasses.replace(cfg.mesh, colocate=True)
+    forecast = {k: v for k, v in (("budget", args.budget), ("target", args.target))
+                if v is not None}
+    if forecast:
+        top["forecast"] = dataclasses.replace(cfg.forecast, **forecast)
     if args.hf_checkpoint:
         top["model"] = preflight.hf_model(args.hf_checkpoint, cfg.model)
     cfg = apply_overrides(dataclasses.replace(cfg, **top), args.overrides)
@@ -211,7 +222,8 @@ def run(args) -> int:
         return 0
     if result.evals:
         print("\n".join(summary_lines(cfg.workdir, result.evals, result.fit,
-                                      fit_reason=result.fit_reason)))
+                                      fit_reason=result.fit_reason,
+                                      domain_fits=result.domain_fits)))
     return 0
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import re
 import typing
 from typing import Any, Optional, Sequence
 
@@ -55,7 +57,8 @@ class RopeScaling:
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """One dense decoder family: Llama-3.x, Qwen2.5 (qkv_bias), Qwen3 (qk_norm)."""
+    """One decoder family: Llama-3.x, Qwen2.5 (qkv_bias), Qwen3 (qk_norm), and their
+    mixture-of-experts variants (num_experts > 0: Qwen3-MoE, Llama-4-style shapes)."""
 
     vocab_size: int
     hidden_size: int
@@ -78,6 +81,18 @@ class ModelConfig:
     # Training path: causal attention in query chunks of this size, each seeing only the keys
     # up to its end (skips ~half the score FLOPs, keeps score blocks cache-sized). 0: one block.
     attention_chunk: int = 128
+    # Mixture of experts (models/moe.py). 0 experts: every layer has the dense MLP.
+    num_experts: int = 0
+    experts_per_token: int = 0  # top-k
+    moe_intermediate_size: Optional[int] = None  # each expert's FFN width; None: intermediate_size
+    shared_expert_size: int = 0  # an always-on expert of this width (Llama-4); 0: none
+    moe_layer_step: int = 1  # layer i is MoE when (i + 1) % step == 0 (HF decoder_sparse_step)
+    dense_layers: tuple = ()  # layers kept dense regardless (HF mlp_only_layers)
+    # "softmax": top-k of softmax probabilities weight the expert outputs (Qwen3-MoE);
+    # "sigmoid": sigmoid of the top-k logits scales the expert inputs (Llama-4).
+    router: str = "softmax"
+    norm_topk_prob: bool = False  # renormalise the top-k softmax probabilities to sum to 1
+    router_aux_loss_coef: float = 0.0  # Switch-style load-balancing loss weight in the train step
     name: str = "custom"
 
     def __post_init__(self):
@@ -99,13 +114,50 @@ class ModelConfig:
         _choice(c, "compute_dtype", self.compute_dtype, DTYPES)
         _check(self.attention_chunk >= 0, c, "attention_chunk", self.attention_chunk,
                "must be >= 0 (0: no chunking)")
+        object.__setattr__(self, "dense_layers", tuple(self.dense_layers))  # JSON lists
+        _check(self.num_experts >= 0, c, "num_experts", self.num_experts, "must be >= 0 (0: dense)")
+        if self.num_experts:
+            _check(0 < self.experts_per_token <= self.num_experts, c, "experts_per_token",
+                   self.experts_per_token, f"must be in [1, num_experts={self.num_experts}]")
+            if self.moe_intermediate_size is not None:
+                _positive(c, moe_intermediate_size=self.moe_intermediate_size)
+            _check(self.shared_expert_size >= 0, c, "shared_expert_size",
+                   self.shared_expert_size, "must be >= 0 (0: no shared expert)")
+            _positive(c, moe_layer_step=self.moe_layer_step)
+            _check(all(0 <= i < self.num_layers for i in self.dense_layers), c, "dense_layers",
+                   self.dense_layers, f"must be layer indices in [0, {self.num_layers})")
+            _choice(c, "router", self.router, ("softmax", "sigmoid"))
+            _check(not (self.norm_topk_prob and self.router != "softmax"), c, "norm_topk_prob",
+                   self.norm_topk_prob, "only applies to router='softmax'")
+            _check(self.router_aux_loss_coef >= 0, c, "router_aux_loss_coef",
+                   self.router_aux_loss_coef, "must be >= 0 (0: no load-balancing loss)")
+        else:
+            _check(self.experts_per_token == 0 and self.shared_expert_size == 0 and
+                   self.router_aux_loss_coef == 0, c, "num_experts", 0,
+                   "experts_per_token, shared_expert_size and router_aux_loss_coef need "
+                   f"num_experts > 0 (got {self.experts_per_token}, {self.shared_expert_size}, "
+                   f"{self.router_aux_loss_coef})")
 
     @property
     def dim_per_head(self) -> int:
         return self.head_dim if self.head_dim is not None else self.hidden_size // self.num_heads
 
-    def num_params(self) -> int:
-        """Parameter count (embeddings included once when tied)."""
+    @property
+    def expert_size(self) -> int:
+        """FFN width of one routed expert."""
+        return self.moe_intermediate_size or self.intermediate_size
+
+    def is_moe_layer(self, i: int) -> bool:
+        return (self.num_experts > 0 and (i + 1) % self.moe_layer_step == 0 and
+                i not in self.dense_layers)
+
+    @property
+    def num_moe_layers(self) -> int:
+        return sum(self.is_moe_layer(i) for i in range(self.num_layers))
+
+    def num_params(self, active: bool = False) -> int:
+        """Parameter count (embeddings included once when tied). `active`: only what one token
+        uses: top-k of the routed experts (the router and shared expert always run)."""
         d, f, h, kv, hd = (self.hidden_size, self.intermediate_size, self.num_heads,
                            self.num_kv_heads, self.dim_per_head)
         attn = d * h * hd + 2 * d * kv * hd + h * hd * d
@@ -113,9 +165,14 @@ class ModelConfig:
             attn += h * hd + 2 * kv * hd
         if self.qk_norm:
             attn += 2 * hd
-        block = attn + 3 * d * f + 2 * d
+        experts = self.experts_per_token if active else self.num_experts
+        moe_ffn = (d * self.num_experts + 3 * d * self.expert_size * experts +
+                   3 * d * self.shared_expert_size)
+        moe = self.num_moe_layers
+        blocks = self.num_layers * (attn + 2 * d) + (self.num_layers - moe) * 3 * d * f + \
+            moe * moe_ffn
         emb = self.vocab_size * d * (1 if self.tie_embeddings else 2)
-        return self.num_layers * block + emb + d
+        return blocks + emb + d
 
     def replace(self, **kw) -> "ModelConfig":
         return dataclasses.replace(self, **kw)
@@ -133,6 +190,7 @@ class MeshConfig:
     trainer_devices_per_host: Optional[int] = None
     colocate: bool = False
     data: int = 1
+    expert: int = 1  # expert parallelism: MoE experts split over it; a data axis for the rest
     fsdp: int = -1
     tensor: int = 1
     sampler_tensor: int = -1  # tensor parallelism of each host-local sampler replica (-1: all)
@@ -141,6 +199,7 @@ class MeshConfig:
         c = "MeshConfig"
         if self.trainer_devices_per_host is not None:
             _positive(c, trainer_devices_per_host=self.trainer_devices_per_host)
+        _positive(c, expert=self.expert)  # a real size: it must divide the expert count
         sizes = {"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor}
         for name, v in sizes.items():
             _check(v == -1 or v > 0, c, name, v, "must be a positive size or -1 (fill)")
@@ -331,10 +390,59 @@ class PipelineConfig:
                "must be in (0, 1]")
 
 
+VERIFIER_NAMES = ("math", "code", "exact")  # or "package.module:function"
+MIXTURE = "mixture"  # DataConfig.source of a multi-domain run
+
+
+@dataclasses.dataclass(frozen=True)
+class DomainConfig:
+    """One domain of a data mixture (DataConfig.domains): its own source, field mapping, share
+    of the training prompts (`weight`, relative to the other domains'), verifier and number of
+    held-out validation prompts. `num_validation` / `template` / `system_prompt` of None use
+    DataConfig's.
+    `verifier`: "math", "code", "exact" or "package.module:function"; None picks one by source
+    (synthetic tasks: their own, else math)."""
+
+    name: str
+    source: str = ""
+    weight: float = 1.0
+    verifier: Optional[str] = None
+    split: str = "train"
+    prompt_field: str = "problem"
+    answer_field: str = "answer"
+    id_field: Optional[str] = "id"
+    num_validation: Optional[int] = None
+    template: Optional[str] = None
+    system_prompt: Optional[str] = None
+
+    def __post_init__(self):
+        c = f"DomainConfig[{self.name!r}]"
+        # The name keys metrics ("per_domain.NAME") and overrides (data.domains.NAME.weight=2).
+        _check(bool(re.fullmatch(r"[A-Za-z0-9_-]+", str(self.name))), "DomainConfig", "name",
+               self.name, "must be a non-empty word of letters, digits, '_' or '-'")
+        _check(bool(self.source), c, "source", self.source,
+               f"must be non-empty (set data.domains.{self.name}.source=...)")
+        _check(isinstance(self.weight, (int, float)) and math.isfinite(self.weight)
+               and self.weight > 0, c, "weight", self.weight, "must be a finite number > 0")
+        if self.verifier is not None:
+            _check(self.verifier in VERIFIER_NAMES or ":" in self.verifier, c, "verifier",
+                   self.verifier, f"must be one of {VERIFIER_NAMES} or 'package.module:function'")
+        if self.num_validation is not None:
+            _check(self.num_validation >= 0, c, "num_validation", self.num_validation,
+                   "must be >= 0")
+        if self.template is not None:
+            _check(self.template == "chat" or "{prompt}" in self.template, c, "template",
+                   self.template, "must be 'chat' or contain '{prompt}'")
+
+
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
     """Prompt source. `source` is a local .jsonl/.parquet path, `hf:NAME_OR_DIR`, `tfds:NAME`,
-    or `synthetic:TASK` for the CPU testbed."""
+    or `synthetic:TASK` for the CPU testbed; or "mixture" with `domains` set: several sources
+    drawn by weight (data/mixture.py). In a mixture each domain has its own source and field
+    mapping, so the single-source fields (split, prompt_field, answer_field, id_field) must
+    keep their defaults; num_validation (each domain's default), template, system_prompt,
+    max_bad_fraction and seed are shared."""
 
     source: str = "synthetic:arithmetic"
     split: str = "train"
@@ -346,6 +454,7 @@ class DataConfig:
     num_validation: int = 1000
     max_bad_fraction: float = 0.01
     seed: int = 0
+    domains: tuple[DomainConfig, ...] = ()  # a mixture (source="mixture"); () for one source
 
     def __post_init__(self):
         c = "DataConfig"
@@ -355,6 +464,52 @@ class DataConfig:
                "must be in [0, 1)")
         _check(self.template == "chat" or "{prompt}" in self.template, c, "template",
                self.template, "must be 'chat' or contain '{prompt}'")
+        domains = tuple(self.domains)  # a list (JSON, hand-written) becomes the hashable tuple
+        object.__setattr__(self, "domains", domains)
+        for d in domains:
+            _check(isinstance(d, DomainConfig), c, "domains", d, "items must be DomainConfig")
+        names = [d.name for d in domains]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        _check(not repeated, c, "domains", names, f"domain names must be unique; repeated: "
+               f"{repeated}")
+        if not domains:
+            _check(self.source != MIXTURE, c, "source", self.source,
+                   "a mixture needs DataConfig.domains (e.g. data.domains.math.source=...)")
+            return
+        _check(self.source == MIXTURE, c, "source", self.source,
+               f"must be {MIXTURE!r} when domains are set (each domain has its own source: "
+               f"{dict(zip(names, (d.source for d in domains)))})")
+        for f in dataclasses.fields(self):
+            if f.name in _PER_DOMAIN:
+                _check(getattr(self, f.name) == f.default, c, f.name, getattr(self, f.name),
+                       f"a mixture sets this per domain (data.domains.NAME.{f.name}); leave "
+                       f"it at its default {f.default!r}")
+
+    @property
+    def is_mixture(self) -> bool:
+        return bool(self.domains)
+
+    def sources(self) -> tuple[str, ...]:
+        """Every source the run reads: the domains' in a mixture, else (source,)."""
+        return tuple(d.source for d in self.domains) if self.domains else (self.source,)
+
+    def domain_data(self, name: str) -> "DataConfig":
+        """Domain `name` as a single-source DataConfig (its fields, the shared ones from here)."""
+        d = next((d for d in self.domains if d.name == name), None)
+        if d is None:
+            raise ConfigError(f"DataConfig.domains has no domain {name!r}; domains: "
+                              f"{[d.name for d in self.domains]}")
+        return DataConfig(
+            source=d.source, split=d.split, prompt_field=d.prompt_field,
+            answer_field=d.answer_field, id_field=d.id_field,
+            template=self.template if d.template is None else d.template,
+            system_prompt=self.system_prompt if d.system_prompt is None else d.system_prompt,
+            num_validation=self.num_validation if d.num_validation is None else
+            d.num_validation, max_bad_fraction=self.max_bad_fraction,
+            seed=self.seed)
+
+
+_PER_DOMAIN = ("split", "prompt_field", "answer_field", "id_field")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -363,15 +518,22 @@ class RewardConfig:
 
     workers: int = 8
     timeout_s: float = 10.0
-    processes: bool = False  # spawn-process workers: a hung SymPy call is killed, not abandoned
+    # Spawned child-process workers, killed and replaced when an item runs past timeout_s (a
+    # thread stuck in SymPy cannot be stopped). None: automatic (rewards.use_processes), i.e.
+    # processes for every verifier except the exact-match one of synthetic tasks.
+    processes: Optional[bool] = None
     require_think_close: bool = False  # no `</think>` -> no answer (templates that open <think>)
-    verifier: Optional[str] = None  # "package.module:function"; None: by data source
+    verifier: Optional[str] = None  # "math" / "code" / "exact" / "package.module:function";
+    # None: by data source (one source; a mixture sets DomainConfig.verifier)
 
     def __post_init__(self):
         _positive("RewardConfig", workers=self.workers, timeout_s=self.timeout_s)
+        _check(self.processes is None or isinstance(self.processes, bool), "RewardConfig",
+               "processes", self.processes, "must be true, false or none (automatic)")
         if self.verifier is not None:
-            _check(":" in self.verifier, "RewardConfig", "verifier", self.verifier,
-                   "must be 'package.module:function'")
+            _check(self.verifier in VERIFIER_NAMES or ":" in self.verifier, "RewardConfig",
+                   "verifier", self.verifier,
+                   f"must be one of {VERIFIER_NAMES} or 'package.module:function'")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -386,6 +548,36 @@ class EvalConfig:
     def __post_init__(self):
         _positive("EvalConfig", every_steps=self.every_steps, k=self.k,
                   num_prompts=self.num_prompts)
+
+
+@dataclasses.dataclass(frozen=True)
+class ForecastConfig:
+    """Online forecast (scaling/forecast.py): at each evaluation the sigmoid is refitted on the
+    validation points so far, in a background child process, and a `forecast` record is written.
+
+    budget: the compute (in `x_key` units) to predict the pass rate at; None: the compute the
+    run will have spent at its last step, extrapolated from the compute per step so far.
+    target: a pass rate whose required compute is forecast; None: not forecast.
+    n_boot: bootstrap resamples for the intervals (0: point estimates only).
+    """
+
+    enabled: bool = True
+    budget: Optional[float] = None
+    target: Optional[float] = None
+    n_boot: int = 100
+    x_key: str = "compute.device_hours"
+
+    def __post_init__(self):
+        c = "ForecastConfig"
+        if self.budget is not None:
+            _check(math.isfinite(self.budget) and self.budget > 0, c, "budget", self.budget,
+                   "must be a compute > 0 (in x_key units) or none (the run's projected end)")
+        if self.target is not None:
+            _check(math.isfinite(self.target) and 0 < self.target < 1, c, "target",
+                   self.target, "must be a pass rate in (0, 1) or none")
+        _check(self.n_boot == 0 or self.n_boot >= 10, c, "n_boot", self.n_boot,
+               "must be 0 (no intervals) or >= 10 resamples")
+        _check(bool(self.x_key), c, "x_key", self.x_key, "must be an eval-record key path")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -436,6 +628,7 @@ class RunConfig:
     keep_every: Optional[int] = None  # also keep every M-th step permanently
     hf_checkpoint: Optional[str] = None  # initial weights (HF directory); None: random init
     sft: Optional[SFTConfig] = None  # supervised warm-up before RL (from hf_checkpoint or init)
+    forecast: ForecastConfig = ForecastConfig()  # online sigmoid forecast at each evaluation
     max_skipped_steps: int = 5  # stop after this many consecutive non-finite steps
 
     def __post_init__(self):
@@ -446,7 +639,11 @@ class RunConfig:
             _positive(c, keep_every=self.keep_every)
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """Plain JSON types (tuples as lists), equal to what config.json reads back."""
+        out = json.loads(json.dumps(dataclasses.asdict(self)))
+        if not self.data.domains:  # one source: the dict of before mixtures
+            del out["data"]["domains"]
+        return out
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
@@ -461,7 +658,12 @@ def from_dict(cls, data: dict):
     kwargs = {}
     for name, value in data.items():
         sub = _NESTED.get((cls, name))
-        kwargs[name] = from_dict(sub, value) if sub is not None and value is not None else value
+        if sub is None or value is None:
+            kwargs[name] = value
+        elif isinstance(value, (list, tuple)):  # a tuple of sections, e.g. DataConfig.domains
+            kwargs[name] = tuple(from_dict(sub, v) for v in value)
+        else:
+            kwargs[name] = from_dict(sub, value)
     return cls(**kwargs)
 
 
@@ -474,11 +676,39 @@ _NESTED = {
     (RunConfig, "optim"): OptimConfig,
     (RunConfig, "pipeline"): PipelineConfig,
     (RunConfig, "data"): DataConfig,
+    (DataConfig, "domains"): DomainConfig,
     (RunConfig, "reward"): RewardConfig,
     (RunConfig, "eval"): EvalConfig,
     (RunConfig, "sft"): SFTConfig,
+    (RunConfig, "forecast"): ForecastConfig,
     (SFTConfig, "optim"): OptimConfig,
 }
+
+
+def field_defaults(cls=None, prefix: str = "") -> dict:
+    """{dotted path: default, as JSON} of every field with a default, sections walked. A run
+    directory started before a field existed resumes when the field keeps its default
+    (rundir.check_config)."""
+    cls = RunConfig if cls is None else cls
+    out = {}
+    for f in dataclasses.fields(cls):
+        path = f"{prefix}{f.name}"
+        sub = _NESTED.get((cls, f.name))
+        if sub is not None and f.default is dataclasses.MISSING and \
+                f.default_factory is dataclasses.MISSING:
+            out.update(field_defaults(sub, path + "."))
+            continue
+        if f.default is not dataclasses.MISSING:
+            value = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            value = f.default_factory()
+        else:
+            continue
+        if dataclasses.is_dataclass(value):
+            out.update(field_defaults(type(value), path + "."))
+            value = dataclasses.asdict(value)
+        out[path] = json.loads(json.dumps(value))
+    return out
 
 
 # ------------------------------------------------------------------------ command-line overrides
@@ -528,6 +758,10 @@ def _apply(obj: Any, tree: dict, prefix: str) -> Any:
             raise ConfigError(f"override {key}: {cls.__name__} has no field {name!r}; fields: "
                               f"{sorted(fields)}")
         current = getattr(obj, name)
+        item = _named_sections(hints[name])
+        if item is not None:  # data.domains.NAME.field=value: sections addressed by name
+            changes[name] = _apply_named(current, item, sub, key)
+            continue
         if not isinstance(sub, dict):
             if _parse_value(sub) is None and type(None) in typing.get_args(hints[name]):
                 changes[name] = None  # e.g. sft=none turns an optional stage off
@@ -553,12 +787,64 @@ def _apply(obj: Any, tree: dict, prefix: str) -> Any:
     return dataclasses.replace(obj, **changes)
 
 
+def _named_sections(hint: Any) -> Optional[type]:
+    """X when `hint` is tuple[X, ...] of a dataclass X with a `name` field, else None."""
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) is tuple and len(args) == 2 and args[1] is Ellipsis and \
+            dataclasses.is_dataclass(args[0]) and \
+            "name" in {f.name for f in dataclasses.fields(args[0])}:
+        return args[0]
+    return None
+
+
+def _apply_named(items: tuple, cls: type, tree: Any, key: str) -> tuple:
+    """`items` (a tuple of `cls` sections) with `tree` = {name: {field: text}} applied: a
+    known name is updated, a new one is added (built from its fields), `name=none` removes it
+    and `key=none` clears them all."""
+    if not isinstance(tree, dict):
+        if _parse_value(tree) is None:
+            return ()
+        raise ConfigError(f"override {key}={tree}: {key} holds named sections; set "
+                          f"{key}.NAME.<field>=... (or {key}.NAME=none to drop one)")
+    out = list(items)
+    for name, sub in tree.items():
+        where = next((i for i, it in enumerate(out) if it.name == name), None)
+        if not isinstance(sub, dict):
+            if _parse_value(sub) is not None:
+                raise ConfigError(f"override {key}.{name}={sub}: set {key}.{name}.<field>=... "
+                                  f"or {key}.{name}=none")
+            if where is None:
+                raise ConfigError(f"override {key}.{name}=none: no such entry; have "
+                                  f"{[it.name for it in out]}")
+            out.pop(where)
+            continue
+        if "name" in sub:
+            raise ConfigError(f"override {key}.{name}.name: the name is the key; rename by "
+                              f"dropping {key}.{name}=none and adding the new one")
+        if where is not None:
+            out[where] = _apply(out[where], sub, f"{key}.{name}.")
+            continue
+        hints, fields = typing.get_type_hints(cls), {f.name for f in dataclasses.fields(cls)}
+        values = {}
+        for field, text in sub.items():
+            if field not in fields or isinstance(text, dict):
+                raise ConfigError(f"override {key}.{name}.{field}: {cls.__name__} has no value "
+                                  f"field {field!r}; fields: {sorted(fields)}")
+            parsed = _parse_value(text)
+            values[field] = None if parsed is None and type(None) in typing.get_args(
+                hints[field]) else _coerce(parsed, hints[field], f"{key}.{name}.{field}={text}")
+        out.append(cls(name=name, **values))
+    return tuple(out)
+
+
 def apply_overrides(cfg: "RunConfig", overrides: Sequence[str]) -> "RunConfig":
     """`cfg` with `key.path=value` overrides, e.g. `pipeline.mode=sync`,
     `optim.learning_rate=3e-4`, `sft.steps=100`, `sampler.top_k=none`. Values are parsed as
     bool / none / int / float / text and checked against the field's type; each changed section
     is rebuilt once with all its new values and validated by its own dataclass, so a bad value
-    fails with the usual ConfigError. A later override of the same key wins."""
+    fails with the usual ConfigError. A later override of the same key wins. Sections kept in
+    a tuple by name (DataConfig.domains) are addressed by that name: `data.domains.code.weight=2`
+    changes one, a new name adds one, `data.domains.code=none` drops it."""
     tree: dict = {}
     for item in overrides:
         key, sep, value = item.partition("=")

@@ -22,17 +22,22 @@ from scalerl_jax.config import MeshConfig
 
 log = logging.getLogger(__name__)
 
-TRAINER_AXES = ("data", "fsdp", "tensor")
+# `expert` shards the MoE experts (expert parallelism); for every other weight it acts as one
+# more data axis (rows split over it, weights replicated), as usual for expert parallelism.
+# A trainer mesh has it only when MeshConfig.expert > 1, so dense meshes keep their three axes.
+TRAINER_AXES = ("data", "expert", "fsdp", "tensor")
 SAMPLER_AXES = ("data", "tensor")
 
 # Logical axis -> mesh axis (or tuple of axes, or None). The single source of truth.
 RULES: dict[str, object] = {
-    "batch": ("data", "fsdp"),
+    "batch": ("data", "expert", "fsdp"),
     "vocab": "tensor",
     "embed": "fsdp",
     "mlp": "tensor",
     "heads": "tensor",
     "kv_heads": "tensor",
+    "expert": "expert",  # the leading axis of MoE expert weights (models/moe.py)
+    "router": None,  # the router's expert-score axis: small, replicated
     "head_dim": None,
     "norm": None,
     "seq": None,
@@ -135,9 +140,11 @@ def _device_array(devices: Sequence, shape: tuple[int, ...]) -> np.ndarray:
 
 
 def trainer_mesh(cfg: MeshConfig, devices: Sequence) -> Mesh:
-    shape = _resolve_shape({"data": cfg.data, "fsdp": cfg.fsdp, "tensor": cfg.tensor},
-                           len(devices), "trainer mesh")
-    return Mesh(_device_array(devices, shape), TRAINER_AXES)
+    sizes = {"data": cfg.data, "expert": cfg.expert, "fsdp": cfg.fsdp, "tensor": cfg.tensor}
+    if cfg.expert == 1:
+        del sizes["expert"]
+    shape = _resolve_shape(sizes, len(devices), "trainer mesh")
+    return Mesh(_device_array(devices, shape), tuple(sizes))
 
 
 def sampler_mesh(cfg: MeshConfig, devices: Sequence) -> Mesh:

@@ -5,7 +5,7 @@ one JSON object per line, strict JSON (non-finite floats are written as `null`),
 order; a resumed run appends to the same file.
 
 Every line has
-    "event":  "run" | "train" | "eval"   (readers ignore events they do not know)
+    "event":  "run" | "train" | "eval" | "forecast"   (readers ignore events they do not know)
     "step":   int >= 0, the trainer step the record describes
     "wall_s": float, wall-clock seconds since the run started, cumulative over resumes
               (a resumed writer continues from the last `wall_s` in the file)
@@ -25,6 +25,11 @@ Every line has
         "tokens"                sampler + trainer tokens
         "sampler_tokens", "trainer_tokens"
     further keys (e.g. "num_prompts") may follow.
+`forecast` (scaling/forecast.py; after an eval, once its background refit is done; "step" is
+that eval's): "ok", "reason", "x_key", "n_points", "x_max", "A"/"B"/"C_mid" each with "_lo" and
+"_hi", "R0", "interval", "budget", "budget_source", "at_budget" (+ "_lo", "_hi"), "target",
+"compute_to_target" (+ "_lo", "_hi"), "stable", "superseded", "fit_s"; null where the points
+support no value. Curve readers use `eval` records only.
 
 Resume supersedes: a run killed at step 13 whose last checkpoint is step 10 had written
 records for steps 11-13 that the resumed run writes again. Right after restoring checkpoint

@@ -13,7 +13,7 @@ import logging
 import os
 
 from scalerl_jax import plan
-from scalerl_jax.config import ConfigError, ModelConfig
+from scalerl_jax.config import ConfigError, ModelConfig, field_defaults
 from scalerl_jax.data.prompts import DataError
 
 log = logging.getLogger(__name__)
@@ -148,8 +148,12 @@ def check_inputs(cfg, args, *, dry_run: bool) -> list[str]:
     """Every check that needs neither devices nor compilation; returns notes for --dry-run
     (what a real run would refuse but a plan does not need)."""
     data_flag = flag_for(args, "--data" if args.data else None, "data.source")
-    notes = check_data(cfg.data, data_flag, read=not dry_run)
-    synthetic = cfg.data.source.startswith("synthetic:")
+    if cfg.data.is_mixture:  # each domain's source, as its own single-source config
+        notes = [note for d in cfg.data.domains for note in check_data(
+            cfg.data.domain_data(d.name), f"data.domains.{d.name}.source", read=not dry_run)]
+    else:
+        notes = check_data(cfg.data, data_flag, read=not dry_run)
+    synthetic = all(src.startswith("synthetic:") for src in cfg.data.sources())
     if synthetic and cfg.hf_checkpoint:
         raise UsageError(f"--hf-checkpoint {cfg.hf_checkpoint} with {data_flag} "
                          f"{cfg.data.source}: synthetic tasks use the testbed's character "
@@ -226,7 +230,7 @@ def finished_step(cfg, allow_config_change: bool):
     from scalerl_jax import rundir
 
     if not allow_config_change:  # a different config is refused, complete or not
-        rundir.check_config(cfg.workdir, cfg.to_dict())
+        rundir.check_config(cfg.workdir, cfg.to_dict(), defaults=field_defaults())
     root = os.path.join(cfg.workdir, "checkpoints")
     steps = [int(n) for n in (os.listdir(root) if os.path.isdir(root) else [])
              if n.isdigit() and os.path.exists(os.path.join(root, n, rundir.MANIFEST))]

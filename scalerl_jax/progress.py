@@ -170,6 +170,7 @@ class Progress:
         self._values: dict[str, Any] = {}
         self._extra: dict[str, Any] = {}
         self._eval: Optional[tuple[int, Optional[float]]] = None
+        self._forecast: Optional[str] = None
         now, self._tokens, self._updates = time.monotonic(), 0.0, 0
         self._marks = collections.deque([(now, self.step, 0.0, 0)], maxlen=window + 1)
         self._logged = (now, None)  # (time, step) of the last plain line
@@ -200,6 +201,12 @@ class Progress:
         if self.bar is not None:
             self.bar.set_postfix_str(self.postfix())
 
+    def set_forecast(self, record: dict) -> None:
+        """Show a `forecast` record (scaling/forecast.py) after the validation pass rate."""
+        self._forecast = forecast_text(record)
+        if self.bar is not None:
+            self.bar.set_postfix_str(self.postfix())
+
     def note(self, text: str) -> None:
         """A one-off line above the bar (a log line when there is no bar)."""
         if self.bar is not None:
@@ -222,6 +229,8 @@ class Progress:
                  for f in self.fields if f.label in self._values]
         if self._eval is not None:
             parts.append(f"val {_fmt(self._eval[1], '.3f')}@{self._eval[0]}")
+        if self._forecast is not None:
+            parts.append(self._forecast)
         tokens_per_s = self.rates()[0]
         if tokens_per_s is not None:
             parts.append(f"tok/s {_si(tokens_per_s)}")
@@ -260,13 +269,42 @@ class Progress:
         self.close()
 
 
+def forecast_text(record: dict) -> str:
+    """'A≈0.74±0.02 stable' (± half the interval's width; 'stable' once A settled), or
+    'A≈ n/a' while the points do not support a fit."""
+    A = record.get("A")
+    if not record.get("ok") or not isinstance(A, (int, float)):
+        return "A≈ n/a"
+    text = f"A≈{A:.2f}"
+    lo, hi = record.get("A_lo"), record.get("A_hi")
+    if isinstance(lo, (int, float)) and isinstance(hi, (int, float)):
+        text += f"±{(hi - lo) / 2:.2f}"
+    return text + (" stable" if record.get("stable") else "")
+
+
+def _fit_line(label: str, fit: Optional[dict], reason: Optional[str], x_label: str) -> str:
+    if fit is None:
+        return f"{label}: none ({reason or 'not run'})"
+    parts = []
+    for name, fmt in (("A", ".3f"), ("B", ".3g"), ("C_mid", ".4g")):
+        text = f"{name} {_fmt(fit.get(name), fmt, 'n/a')}"
+        lo, hi = fit.get(f"{name}_lo"), fit.get(f"{name}_hi")
+        if lo is not None and hi is not None:
+            text += f" [{_fmt(lo, fmt, 'n/a')}, {_fmt(hi, fmt, 'n/a')}]"
+        parts.append(text)
+    return f"{label}: {'  '.join(parts)}  (C_mid in {x_label})"
+
+
 def summary_lines(workdir: str, evals: Sequence[dict], fit: Optional[dict] = None, *,
-                  fit_reason: Optional[str] = None, x_label: str = "device-hours") -> list[str]:
+                  fit_reason: Optional[str] = None, x_label: str = "device-hours",
+                  domain_fits: Optional[dict] = None) -> list[str]:
     """The end-of-run summary, one string per line.
 
     evals: the run's eval records (e.g. `read_metrics(workdir).of("eval")`); the last record of
     each step counts, as in `eval_xy`. fit: {"A", "B", "C_mid"} with optional "<name>_lo" and
     "<name>_hi" interval ends, or None with `fit_reason` saying why there is no fit.
+    domain_fits: a mixture's {domain: such a dict, or {"reason": why not}}
+    (`report.domain_headlines`); each domain's pass rates come from the records' `per_domain`.
     """
     by_step = {int(e["step"]): e for e in evals}
     lines = []
@@ -275,6 +313,10 @@ def summary_lines(workdir: str, evals: Sequence[dict], fit: Optional[dict] = Non
         lines.append(f"validation pass rate: {_fmt(first.get('pass_rate'), '.3f', 'n/a')} "
                      f"(step {first['step']}) -> {_fmt(last.get('pass_rate'), '.3f', 'n/a')} "
                      f"(step {last['step']}), {len(by_step)} eval points")
+        for domain in sorted(last.get("per_domain") or {}):
+            before = (first.get("per_domain") or {}).get(domain)
+            lines.append(f"  {domain}: {_fmt(before, '.3f', 'n/a')} -> "
+                         f"{_fmt(last['per_domain'][domain], '.3f', 'n/a')}")
         compute = last.get("compute") or {}
         if compute:
             lines.append("compute: " + ", ".join(
@@ -283,17 +325,10 @@ def summary_lines(workdir: str, evals: Sequence[dict], fit: Optional[dict] = Non
                                   ("tokens", "tokens"))))
     else:
         lines.append("validation pass rate: no eval points")
-    if fit is not None:
-        parts = []
-        for name, fmt in (("A", ".3f"), ("B", ".3g"), ("C_mid", ".4g")):
-            text = f"{name} {_fmt(fit.get(name), fmt, 'n/a')}"
-            lo, hi = fit.get(f"{name}_lo"), fit.get(f"{name}_hi")
-            if lo is not None and hi is not None:
-                text += f" [{_fmt(lo, fmt, 'n/a')}, {_fmt(hi, fmt, 'n/a')}]"
-            parts.append(text)
-        lines.append(f"fit: {'  '.join(parts)}  (C_mid in {x_label})")
-    else:
-        lines.append(f"fit: none ({fit_reason or 'not run'})")
+    lines.append(_fit_line("fit", fit, fit_reason, x_label))
+    for domain, dfit in (domain_fits or {}).items():
+        lines.append(_fit_line(f"  fit {domain}", None if "reason" in dfit else dfit,
+                               dfit.get("reason"), x_label))
     tb_dir, fit_dir = os.path.join(workdir, "tensorboard"), os.path.join(workdir, "fit")
     lines += [f"files: {workdir}", f"  metrics      {os.path.join(workdir, 'metrics.jsonl')}"]
     if os.path.isdir(tb_dir):

@@ -26,8 +26,8 @@ import inspect
 import textwrap
 from typing import Any, Callable, Optional
 
-from scalerl_jax.config import (ConfigError, DataConfig, EvalConfig, LossConfig, MeshConfig,
-                                ModelConfig, OptimConfig, PipelineConfig, RunConfig,
+from scalerl_jax.config import (ConfigError, DataConfig, DomainConfig, EvalConfig, LossConfig,
+                                MeshConfig, ModelConfig, OptimConfig, PipelineConfig, RunConfig,
                                 SamplerConfig, SFTConfig)
 from scalerl_jax.models import presets
 
@@ -114,6 +114,45 @@ def testbed(**overrides) -> RunConfig:
         steps=180,
         checkpoint_every=45,
     )
+    return dataclasses.replace(cfg, **overrides) if overrides else cfg
+
+
+MIX_MATH = "synthetic:countup?max_start=499&num=4000"
+MIX_CODE = "synthetic:pycode?num=4000"
+
+
+def testbed_mix(**overrides) -> RunConfig:
+    """The testbed on a math + code mixture: half of each step's prompts are `countup`
+    additions checked by exact match, half `pycode` programs ("code n*3+47=" -> a program
+    reading n from stdin and printing n*3+47) checked by running them on test inputs
+    (rewards/code.verify_code). The warm-up learns both from demonstrations (70% answer from
+    memory, as in testbed); validation holds 200 prompts of each domain, and metrics.jsonl gets
+    a curve per domain (`per_domain`), which the end-of-run fit fits one by one, as the paper
+    fits its math+code run's math and code curves. The block below is the override set that
+    turns `testbed` into this recipe (`python experiments/run.py KEY=VALUE ...` takes it too).
+
+    Differs from testbed:
+        data.source = "mixture"
+        data.num_validation = 200  # each domain's
+        data.domains.math.source = "synthetic:countup?max_start=499&num=4000"
+        data.domains.math.verifier = "exact"
+        data.domains.code.source = "synthetic:pycode?num=4000"
+        data.domains.code.verifier = "code"
+        sft.source = ("synthetic:countup?max_start=499&num=4000&direct=0.7"
+                      "|pycode?num=4000&direct=0.7")
+        sft.steps = 400
+        sft.optim.total_steps = 400
+    """
+    base = testbed()
+    cfg = dataclasses.replace(
+        base,
+        data=dataclasses.replace(base.data, source="mixture", num_validation=200, domains=(
+            DomainConfig("math", MIX_MATH, verifier="exact"),
+            DomainConfig("code", MIX_CODE, verifier="code"))),
+        sft=dataclasses.replace(
+            base.sft, source=f"{MIX_MATH}&direct=0.7|{MIX_CODE[len('synthetic:'):]}&direct=0.7",
+            steps=400, optim=dataclasses.replace(base.sft.optim, total_steps=400)),
+        workdir="runs/testbed-mix")
     return dataclasses.replace(cfg, **overrides) if overrides else cfg
 
 
@@ -379,6 +418,7 @@ LOO_PREFIX = "scalerl-loo:"
 RECIPES: dict[str, tuple[Callable[..., RunConfig], str]] = {
     "scalerl": (scalerl, "ScaleRL as published: 48x16, CISPO, PipelineRL-8, 14k generation"),
     "testbed": (testbed, "CPU default: tiny model, synthetic countup task, SFT warm-up then RL"),
+    "testbed-mix": (testbed_mix, "testbed on math + code: countup and pycode, a curve per domain"),
     "grpo": (grpo, "DeepSeek GRPO baseline: PPO-clip 0.2, sample average, PPO-off-policy-8, 768"),
     "dapo": (dapo, "Qwen2.5 DAPO baseline: clip 0.2/0.26, prompt avg, PPO-off-policy-8, 1280"),
     "magistral": (magistral, "Magistral baseline: clip 0.2/0.26, prompt avg, PipelineRL-8, 1280"),
@@ -433,17 +473,20 @@ def describe() -> list[tuple[str, str]]:
 DIFF_HEADER = "Differs from scalerl:"
 
 
-def documented_diff(name: str) -> Optional[dict[str, Any]]:
-    """{dotted field: value} that the recipe's docstring says differ from `scalerl` (same
-    model), read from its "Differs from scalerl:" block; `workdir` is never listed. {} for
-    `scalerl` itself; None for `testbed`, which is not built from scalerl."""
+def documented_diff(name: str, base: str = "scalerl") -> Optional[dict[str, Any]]:
+    """{dotted field: value} that the recipe's docstring says differ from `base` (same
+    model), read from its "Differs from BASE:" block; `workdir` is never listed. {} for
+    `base` itself; None for a recipe not built from `base` (`testbed` from scalerl).
+    `testbed-mix` documents its difference from `testbed` as override keys
+    (`data.domains.code.verifier`), the form `apply_overrides` takes."""
     fn = _lookup(name)
-    if fn is scalerl:
+    if fn is _lookup(base):
         return {}
     doc = inspect.getdoc(fn) or ""
-    if DIFF_HEADER not in doc:
+    header = DIFF_HEADER.replace("scalerl", base)
+    if header not in doc:
         return None
-    block = doc.split(DIFF_HEADER, 1)[1].split("\n\n", 1)[0]
+    block = doc.split(header, 1)[1].split("\n\n", 1)[0]
     diff = {}
     for node in ast.parse(textwrap.dedent(block).strip()).body:
         if not (isinstance(node, ast.Assign) and len(node.targets) == 1):

@@ -49,7 +49,7 @@ log = logging.getLogger(__name__)
 LOCK_NAME = ".lock"
 CONFIG_NAME = "config.json"
 # Keys a resumed run may change: more steps, and the workdir's own spelling (a moved run dir).
-RESUMABLE = ("steps", "workdir")
+RESUMABLE = ("steps", "workdir", "forecast")  # forecasting never changes the run itself
 MAX_LISTED = 10  # differing keys listed in a ConfigMismatch message
 MANIFEST = "scalerl_manifest.json"
 _CHUNK = 4 << 20
@@ -229,17 +229,23 @@ def _ignored(path: str, ignore: Sequence[str]) -> bool:
     return any(path == key or path.startswith(key + ".") for key in ignore)
 
 
-def config_diff(old: dict, new: dict, ignore: Sequence[str] = RESUMABLE) -> list[tuple]:
+def config_diff(old: dict, new: dict, ignore: Sequence[str] = RESUMABLE,
+                defaults: Optional[dict] = None) -> list[tuple]:
     """[(dotted key, old value, new value)] where the configs differ, `ignore`d keys (and
-    everything under them) left out; a key present on one side only shows as <absent>."""
+    everything under them) left out; a key present on one side only shows as <absent>, except
+    a key the old config predates whose new value is its default (`defaults`: {dotted key:
+    default}, e.g. config.field_defaults()): a field added by an upgrade changes nothing."""
     out: list = []
     # JSON round trip so that tuples compare equal to the lists read back from config.json.
     _diff(old, json.loads(json.dumps(new)), "", out)
-    return [d for d in out if not _ignored(d[0], ignore)]
+    defaults = defaults or {}
+    return [d for d in out if not _ignored(d[0], ignore) and
+            not (d[1] is _ABSENT and d[0] in defaults and defaults[d[0]] == d[2])]
 
 
 def check_config(workdir: str | os.PathLike, config: dict, *, allow_change: bool = False,
-                 ignore: Sequence[str] = RESUMABLE) -> list[tuple]:
+                 ignore: Sequence[str] = RESUMABLE,
+                 defaults: Optional[dict] = None) -> list[tuple]:
     """Refuse (ConfigMismatch) a config that differs from WORKDIR/config.json in any key but
     `ignore`; returns the differences (empty for a fresh workdir or an equal config).
 
@@ -259,7 +265,7 @@ def check_config(workdir: str | os.PathLike, config: dict, *, allow_change: bool
             return [("<root>", "<unreadable>", "<new config>")]
         raise ConfigError(f"{path} is not valid JSON ({err}); restore it, choose another "
                           "--workdir, or pass --allow-config-change to replace it") from None
-    diffs = config_diff(old, config, ignore)
+    diffs = config_diff(old, config, ignore, defaults)
     if not diffs:
         return []
     listed = "; ".join(f"{key}: {o!r} -> {n!r}" for key, o, n in diffs[:MAX_LISTED])

@@ -4,7 +4,11 @@
 metrics.jsonl stays the single source of truth and the trainer needs one extra line per record.
 Every finite numeric leaf becomes a scalar tagged `<event>/<dotted/path>` at the record's step:
 `train/loss`, `eval/pass_rate`, `eval/compute/device_hours`, `sft/loss`. Strings, lists, None,
-NaN and Inf are skipped; bools become 0/1.
+NaN and Inf are skipped; bools become 0/1. A mixture's per-domain values are nested dicts and so
+get a tag per domain: `eval/per_domain/code`, `eval/per_domain_se/code`,
+`train/per_domain_train/math`. The online forecast's records give `forecast/A`, `forecast/A_lo`,
+`forecast/A_hi`, `forecast/at_budget`, `forecast/compute_to_target`, `forecast/stable` (0/1),
+... at the step of the evaluation they were fitted on.
 
 TensorBoard layout (tensorboardX, no TensorFlow), one TensorBoard "run" per subdirectory of
 WORKDIR/tensorboard/:
@@ -12,7 +16,8 @@ WORKDIR/tensorboard/:
     <event>/     any other event (e.g. sft/), which counts its own steps
     vs_compute/  eval pass rates against cumulative compute: `eval/pass_rate_vs_device_seconds`
                  (x = round(device_hours * 3600)) and `eval/pass_rate_vs_gflops`
-                 (x = round(flops / 1e9)), the scaling-law axes, likewise for per_domain rates.
+                 (x = round(flops / 1e9)), the scaling-law axes, likewise for a mixture's
+                 per-domain rates (`eval/per_domain/code_vs_gflops`).
 TensorBoard steps are integers, hence the units: whole device-seconds and GFLOPs stay distinct
 between two evals of any real run. Stages get their own runs because a resume purge (below)
 applies to every tag of a run and the x axes of the stages have nothing in common.
@@ -102,7 +107,8 @@ class Tracker:
             writer.add_scalar(tag, value, step)
         if event == "eval":
             self._write_vs_compute(record)
-            self.flush()  # evals are rare and are what a researcher is waiting for
+        if event in ("eval", "forecast"):
+            self.flush()  # rare, and what a researcher is waiting for
         if self.wandb is not None and values:
             self._wandb_log(event, step, values)
 

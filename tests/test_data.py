@@ -231,7 +231,8 @@ def test_templates_and_chat(tmp_path):
 
 
 # ------------------------------------------------------------------------------- synthetic
-@pytest.mark.parametrize("task", TASKS)
+# Exact-match tasks; pycode's answers are test specs run by a program (tests/test_multitask.py).
+@pytest.mark.parametrize("task", [t for t in TASKS if t != "pycode"])
 def test_synthetic_tasks_deterministic_distinct_verifiable(task):
     rows = generate(task, 300, seed=3)
     assert rows == generate(task, 300, seed=3) and rows != generate(task, 300, seed=4)

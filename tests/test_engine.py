@@ -203,3 +203,35 @@ def test_top_k_top_p_support_and_renormalised_logprobs():
     assert (tok == 0).all() and np.allclose(lp, np.log(0.5))
     flp = sampling.token_logprob(logits[:2], jnp.array([3, 2]), temperature=1.0)
     np.testing.assert_allclose(flp, np.log([0.05, 0.15]), atol=1e-6)
+
+
+def test_windowed_generate_equals_full_cache_generate(engine, params):
+    # Attending over only the filled window must give the same tokens, log-probs and cache
+    # contents as attending over the whole (masked) cache; slot 3 stays inactive throughout.
+    assert engine.cache_windows == [16, 32, 48, 64]
+    prompts = {0: [5, 6, 7], 1: [9, 10, 11, 12, 13, 14, 15, 16, 17], 2: [4] * 12}
+    states = []
+    for _ in range(2):
+        state = engine.init_decode_state()
+        for slot, p in prompts.items():
+            state = engine.bulk_insert(prefill(engine, params, p), state, [slot],
+                                       keys=np.array([[slot, 1]], np.uint32))
+        states.append(state)
+    full, windowed = states
+    lengths = {s: len(p) - 1 for s, p in prompts.items()}
+    used = set()
+    for _ in range(30):  # lengths 11 .. 41: windows 16, 32 and 48 all run
+        filled = max(lengths.values())
+        used.add(next(w for w in engine.cache_windows if w >= filled + 1))
+        full, r_full = engine.generate(params, full)
+        windowed, r_win = engine.generate(params, windowed, max_length=filled)
+        r_full, r_win = jax.device_get((r_full, r_win))
+        np.testing.assert_array_equal(r_win.tokens, r_full.tokens)
+        np.testing.assert_allclose(r_win.logprobs, r_full.logprobs, atol=1e-5, rtol=0)
+        np.testing.assert_array_equal(r_win.valid, r_full.valid)
+        lengths = {s: n + 1 for s, n in lengths.items()}
+    assert used == {16, 32, 48}
+    np.testing.assert_array_equal(np.asarray(windowed.lengths), np.asarray(full.lengths))
+    for kw, kf in zip(windowed.cache.k, full.cache.k):
+        for s, n in lengths.items():  # the filled part of every live slot is the same
+            np.testing.assert_allclose(np.asarray(kw)[s, :n], np.asarray(kf)[s, :n], atol=1e-5)

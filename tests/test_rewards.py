@@ -12,9 +12,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from scalerl_jax.config import ConfigError, DataConfig, DomainConfig, RewardConfig
 from scalerl_jax.rewards import (RewardPool, extract_answer, extract_final, is_equivalent,
                                  normalize_answer, parse_math, strip_thinking, to_reward,
-                                 verifier_for_source, verify_exact, verify_math)
+                                 use_processes, verifier_for_source, verify_exact, verify_math)
+from scalerl_jax.rewards.math import within_limits
 
 # (completion, expected extracted answer)
 EXTRACTION = [
@@ -28,6 +30,14 @@ EXTRACTION = [
     ("**Answer:** 42", "42"),
     ("Answer: x = 3\nbecause reasons", "x = 3"),
     ("we get 10 apples and then 1,250 pears", "1,250"),
+    ("so x is $\\frac{1+\\sqrt{5}}{2}$.", "\\frac{1+\\sqrt{5}}{2}"),  # last line's math
+    ("the ratio is \\frac{1+\\sqrt{5}}{2}", None),  # not the 2 of an expression
+    ("the interval is -[0,1)", None),
+    ("the roots are 1, 2", None),  # a list is no single number
+    ("we get 2^{10}", None),
+    ("Putting it together, $2 + 3 = 5$.", "5"),
+    ("it is **17**", "17"),
+    ("which gives 45%", "45%"),
     ("so the ratio is 3/4", "3/4"),
     ("total -7", "-7"),
     ("5-3 gives 2.5", "2.5"),
@@ -141,8 +151,18 @@ def test_to_reward():
     assert to_reward(True, 1.0, 0.0) == 1.0 and to_reward(False, 1.0, 0.0) == 0.0
 
 
+# What math-verify's LaTeX path evaluates: latex2sympy2 turns a NUMBER token of its grammar
+# (digits, '.', an exponent) into `sympy.Number(text)`, which goes through `parse_expr`; SymPy's
+# unit prefixes build constant Symbols the same way on first use (and `E`), and its polynomial
+# code compiles monomial functions from its own templates. Nothing else may run.
+_LIBRARY_EVALS = re.compile(r"Integer \(\d+ \)|Float \('[0-9.eE+-]+' \)|Symbol \('[A-Za-z]+' \)"
+                            r"|from sympy import \*|E |def monomial_[a-z]+\([ABk, ]+\):\n.*",
+                            re.DOTALL)
+
+
 class _NoEval:
-    """Replaces builtins.eval/exec/compile while active and records any call."""
+    """Replaces builtins.eval/exec/compile while active and records any call on text (SymPy's
+    parse_expr evals a string) other than `_LIBRARY_EVALS`."""
 
     def __init__(self):
         self.calls = []
@@ -150,8 +170,16 @@ class _NoEval:
     def __enter__(self):
         self.saved = builtins.eval, builtins.exec, builtins.compile
 
+        saved = dict(zip(("eval", "exec", "compile"), self.saved))
+
         def refuse(name):
             def fn(*args, **kwargs):
+                # exec of a compiled module is the import system loading a library lazily
+                # (antlr4's modules on math-verify's first parse); text is what must not run.
+                if name == "exec" and args and not isinstance(args[0], (str, bytes)):
+                    return saved[name](*args, **kwargs)
+                if args and isinstance(args[0], str) and _LIBRARY_EVALS.fullmatch(args[0]):
+                    return saved[name](*args, **kwargs)
                 self.calls.append((name, args[:1]))
                 raise AssertionError(f"{name} called")
             return fn
@@ -181,8 +209,18 @@ def test_verify_never_raises_never_evaluates(completion, reference):
         equal_self = is_equivalent(reference, reference)
         parse_math(completion)
     assert isinstance(result, bool)
-    assert equal_self or normalize_answer(reference) == ""
+    # A reference beyond the size limits matches nothing, not even itself.
+    assert equal_self or normalize_answer(reference) == "" or not within_limits(reference)
     assert guard.calls == []
+
+
+def test_no_eval_guard_catches_parse_expr():
+    import sympy
+    with _NoEval() as guard:
+        with pytest.raises(Exception):
+            sympy.sympify("__import__('os').getcwd()")
+        assert sympy.Number("12") == 12  # a numeral, as math-verify's LaTeX path builds one
+    assert len(guard.calls) == 1 and guard.calls[0][0] == "eval"
 
 
 @pytest.mark.parametrize("text", ["__import__('os').system('touch /tmp/pwned_scalerl')",
@@ -209,6 +247,23 @@ def test_verify_exact():
     assert extract_final("<think>a</think>b</think>c") == "c"
     assert verifier_for_source("synthetic:addition") is verify_exact
     assert verifier_for_source("data/train.jsonl") is verify_math
+
+
+def test_use_processes():
+    math, exact = DataConfig(source="data/train.jsonl"), DataConfig(source="synthetic:addition")
+    assert use_processes(RewardConfig(), math)  # math: killable children
+    assert not use_processes(RewardConfig(), exact)  # exact match: threads
+    mixture = DataConfig(source="mixture", domains=(
+        DomainConfig("add", source="synthetic:addition"), DomainConfig("m", "data/math.jsonl")))
+    assert use_processes(RewardConfig(), mixture)
+    overridden = DataConfig(source="mixture", domains=(
+        DomainConfig("add", source="synthetic:addition", verifier="math"),))
+    assert use_processes(RewardConfig(), overridden)  # a domain's own verifier counts
+    assert use_processes(RewardConfig(verifier="mypkg.mod:check"), exact)
+    assert not use_processes(RewardConfig(processes=False), math)
+    assert use_processes(RewardConfig(processes=True), exact)
+    with pytest.raises(ConfigError, match="processes"):
+        RewardConfig(processes="yes")
 
 
 # ----------------------------------------------------------------------------------------- pool

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from scalerl_jax import rundir
-from scalerl_jax.config import ConfigError, RunConfig
+from scalerl_jax.config import ConfigError, RunConfig, field_defaults
 from scalerl_jax.models import presets
 from scalerl_jax.rundir import (ConfigMismatch, WorkdirInUseError, check_config, lock_workdir,
                                 write_config)
@@ -154,6 +154,20 @@ def test_config_guard_names_keys_allows_steps_and_override(tmp_path, caplog):
     (tmp_path / "config.json").write_text('{"model": {"num_')  # cut by a crash of old code
     with pytest.raises(ConfigError, match=r"config.json is not valid JSON.*allow-config-change"):
         check_config(tmp_path, cfg)
+
+
+def test_a_run_started_before_a_field_existed_resumes_while_it_keeps_its_default(tmp_path):
+    cfg = RunConfig(model=presets.get("tiny-qwen2", num_layers=1)).to_dict()
+    old = json.loads(json.dumps(cfg))
+    del old["model"]["num_experts"], old["reward"]["processes"]  # fields added by an upgrade
+    write_config(tmp_path, old)
+    assert check_config(tmp_path, cfg, defaults=field_defaults()) == []
+    with pytest.raises(ConfigMismatch, match="model.num_experts: <absent> -> 0"):
+        check_config(tmp_path, cfg)  # without the defaults every new key is a difference
+    moe = json.loads(json.dumps(cfg))
+    moe["model"]["num_experts"] = 4  # a new field set to a non-default value does differ
+    with pytest.raises(ConfigMismatch, match=r"1 key\(s\).*model.num_experts: <absent> -> 4"):
+        check_config(tmp_path, moe, defaults=field_defaults())
 
 
 def test_write_config_is_atomic(tmp_path, monkeypatch):

@@ -55,6 +55,7 @@ class Prompt:
     problem: str  # the question as stored in the data
     answer: str  # the reference answer given to the verifier
     text: str  # what the sampler sees: the template (or chat template) applied to `problem`
+    domain: str = ""  # the mixture domain it came from (data/mixture.py); "" for one source
 
 
 @dataclasses.dataclass(frozen=True)
@@ -220,8 +221,12 @@ def _prompt_id(record: Any, id_field: Optional[str], problem: str) -> str:
 
 
 def parse_records(records: Iterator[tuple[str, Any]], prompt_field: str, answer_field: str,
-                  id_field: Optional[str] = "id") -> tuple[list[Row], LoadStats]:
-    """Rows from records; bad records are counted, not raised (see `check_bad_fraction`)."""
+                  id_field: Optional[str] = "id",
+                  check_answer: Optional[Callable[[str], None]] = None
+                  ) -> tuple[list[Row], LoadStats]:
+    """Rows from records; bad records are counted, not raised (see `check_bad_fraction`).
+    `check_answer(answer)` raising ValueError marks a row bad too (e.g. a code domain's
+    malformed test spec)."""
     rows, seen, bad, examples = [], set(), Counter(), []
     n = duplicates = 0
     for where, record in records:
@@ -233,6 +238,11 @@ def parse_records(records: Iterator[tuple[str, Any]], prompt_field: str, answer_
             problem, reason = _as_text(get_field(record, prompt_field), prompt_field, False)
         if reason is None:
             answer, reason = _as_text(get_field(record, answer_field), answer_field, True)
+        if reason is None and check_answer is not None:
+            try:
+                check_answer(answer)
+            except ValueError as e:
+                reason = f"bad {answer_field!r} ({str(e)[:80]})"
         if reason is not None:
             bad[reason] += 1
             if len(examples) < 3:
@@ -271,7 +281,10 @@ def _number_or_text(value: str) -> Any:
 
 def synthetic_rows(spec: str, seed: int) -> list[synthetic.SyntheticRow]:
     """The rows of `TASK[?knob=value&...]` (the part after `synthetic:`); `num` defaults to
-    10,000."""
+    10,000. Several specs joined by `|` give all their rows, task after task (an SFT warm-up
+    for a mixture: `synthetic:countup?num=4000|pycode?num=2000`)."""
+    if "|" in spec:
+        return [row for part in spec.split("|") for row in synthetic_rows(part, seed)]
     task, _, query = spec.partition("?")
     knobs: dict[str, Any] = {k: _number_or_text(v) for k, v in
                              urllib.parse.parse_qsl(query, strict_parsing=bool(query))}
@@ -279,8 +292,11 @@ def synthetic_rows(spec: str, seed: int) -> list[synthetic.SyntheticRow]:
     return synthetic.generate(task, num, seed, **knobs)
 
 
-def load_rows(config: DataConfig, id_field: Optional[str] = "id") -> tuple[list[Row], LoadStats]:
-    """All usable rows of `config.source`, in file order, and the load statistics."""
+def load_rows(config: DataConfig, id_field: Optional[str] = "id",
+              check_answer: Optional[Callable[[str], None]] = None
+              ) -> tuple[list[Row], LoadStats]:
+    """All usable rows of `config.source`, in file order, and the load statistics.
+    `check_answer`: see `parse_records` (synthetic rows are valid by construction)."""
     if config.source.startswith("synthetic:"):
         try:
             rows = [Row(r.prompt_id, r.prompt, r.answer) for r in
@@ -289,7 +305,7 @@ def load_rows(config: DataConfig, id_field: Optional[str] = "id") -> tuple[list[
             raise DataError(f"DataConfig.source={config.source!r}: {e}") from None
         return rows, LoadStats(len(rows), len(rows), 0, {}, ())
     rows, stats = parse_records(read_records(config.source, config.split), config.prompt_field,
-                                config.answer_field, id_field)
+                                config.answer_field, id_field, check_answer)
     check_bad_fraction(stats, config.source, config.max_bad_fraction)
     return rows, stats
 
@@ -319,7 +335,8 @@ class PromptSource:
 
     def __init__(self, config: DataConfig, tokenizer: Any = None, *, process_index: int = 0,
                  process_count: int = 1, skip: Optional[Callable[[str], bool]] = None,
-                 id_field: Optional[str] = "id"):
+                 id_field: Optional[str] = "id", domain: str = "",
+                 check_answer: Optional[Callable[[str], None]] = None):
         if config.template == "chat" and tokenizer is None:
             raise DataError("DataConfig.template='chat' needs a tokenizer with apply_chat_template")
         if not 0 <= process_index < process_count:
@@ -327,7 +344,10 @@ class PromptSource:
                             f"{process_count})")
         self.config, self.tokenizer, self.skip = config, tokenizer, skip
         self.process_index, self.process_count = process_index, process_count
-        rows, self.stats = load_rows(config, id_field)
+        self.domain = domain
+        rows, self.stats = load_rows(config, id_field, check_answer)
+        if domain:  # ids unique across a mixture's domains (both may have an id "17")
+            rows = [row._replace(prompt_id=f"{domain}/{row.prompt_id}") for row in rows]
         ranked = sorted(rows, key=lambda r: _rank(config.seed, r.prompt_id))
         n_val = config.num_validation
         if n_val >= len(ranked):
@@ -365,7 +385,7 @@ class PromptSource:
 
     def _prompt(self, row: Row) -> Prompt:
         return Prompt(row.prompt_id, row.problem, row.answer,
-                      format_prompt(row.problem, self.config, self.tokenizer))
+                      format_prompt(row.problem, self.config, self.tokenizer), self.domain)
 
     def __iter__(self) -> "PromptSource":
         return self

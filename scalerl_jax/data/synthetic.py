@@ -10,6 +10,9 @@ string (verified by rewards/synthetic.verify_exact after the thinking block):
   count       "count a:abca=" -> "2"      knobs: min_len, max_len, alphabet
   chain       "23+7-5+14="    -> "39"     knobs: min_terms, max_terms (2, 5), digits (2)
   countup     "457+6="        -> "463"    knobs: max_start (99), min_add, max_add (2, 9), direct (0)
+  pycode      "code n*3+47="  -> a test spec: a program reading n from stdin and printing
+                                 n*3+47, checked by running it (rewards/code.verify_code);
+                                 knobs: max_mul (9), max_add (9999), direct (0)
 
 The model is expected to answer "<think>...</think>46"; `<think>` and `</think>` are single tokens
 of the CharTokenizer so the sampler can force `</think>` (interruptions) in one step.
@@ -24,12 +27,18 @@ a quick estimate within 3 of the sum, right one time in seven, as data mixing ca
 solutions with off-hand answers does. A tiny model copies both styles, and only the
 worked one is reliable: RL has a real behaviour to learn (think it through, at the right
 length) rather than facts to memorise, which is what makes the pass rate climb in minutes.
+`pycode` is the testbed's code domain: the demonstration thinks the program through,
+"<think>read n,print n*3+47</think>print(int(input())*3+47)", and with knob `direct` that share
+answer from memory with a constant within 3 of the right one. Its reference answer is not text
+to match but a JSON stdin/stdout test spec ({"inputs": [...], "outputs": [...]}) on
+`PYCODE_INPUTS`, so the program is judged by what it prints (`TASK_VERIFIERS`: "code").
 Generators are deterministic given the seed (Python's `random.Random`, whose integer streams are
 stable across versions) and return distinct problems: asking for more rows than the task's
 problem space holds is an error naming both numbers.
 """
 from __future__ import annotations
 
+import json
 import random
 from typing import NamedTuple, Optional, Sequence
 
@@ -97,6 +106,32 @@ def _countup(rng, max_start: int = 99, min_add: int = 2, max_add: int = 9, direc
     return f"{a}+{b}=", str(a + b), thought, str(a + b)
 
 
+# stdin values every pycode program is run on: zero, small, large and negative numbers, so a
+# program that hard-codes one output, or forgets the multiplier, fails. Few, since each run of
+# a program costs a process start.
+PYCODE_INPUTS = (0, 7, -5, 1000)
+
+
+def pycode_tests(mul: int, add: int) -> str:
+    """The JSON test spec of `code n*MUL+ADD=` (stdin/stdout pairs, rewards/code's format)."""
+    return json.dumps({"inputs": [f"{n}\n" for n in PYCODE_INPUTS],
+                       "outputs": [f"{n * mul + add}\n" for n in PYCODE_INPUTS]})
+
+
+def _pycode(rng, max_mul: int = 9, max_add: int = 9999, direct: float = 0.0):
+    if max_mul < 1 or max_add < 0 or not 0 <= direct <= 1:
+        raise ValueError(f"need max_mul={max_mul} >= 1, max_add={max_add} >= 0, "
+                         f"0 <= direct={direct} <= 1")
+    mul, add = rng.randint(1, max_mul), rng.randint(0, max_add)
+    # Always drawn, so the problems (and their ids) do not depend on `direct`.
+    from_memory, guess = rng.random() < direct, add + rng.randint(-3, 3)
+    program = "print(int(input())*{}+{})"
+    prompt, tests = f"code n*{mul}+{add}=", pycode_tests(mul, add)
+    if from_memory:  # a constant recalled roughly, right one time in seven
+        return prompt, tests, "", program.format(mul, max(guess, 0))
+    return prompt, tests, f"read n,print n*{mul}+{add}", program.format(mul, add)
+
+
 def _word(rng, min_len: int, max_len: int, alphabet: str) -> str:
     return "".join(rng.choice(alphabet) for _ in range(rng.randint(min_len, max_len)))
 
@@ -114,8 +149,10 @@ def _count(rng, min_len: int = 4, max_len: int = 10, alphabet: str = "abcd"):
 
 
 _TASKS = {"addition": _addition, "arithmetic": _arithmetic, "reverse": _reverse, "count": _count,
-          "chain": _chain, "countup": _countup}
+          "chain": _chain, "countup": _countup, "pycode": _pycode}
 TASKS = tuple(_TASKS)
+# The verifier of each task's reference answers (rewards.verifier_by_name); the others: "exact".
+TASK_VERIFIERS = {"pycode": "code"}
 
 
 def generate(task: str, num: int, seed: int = 0, **knobs) -> list[SyntheticRow]:

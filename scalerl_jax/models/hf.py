@@ -10,6 +10,14 @@ Layouts: HF linear weights are [out, in]; ours are [in, ..., out] with heads spl
 `q_proj.weight` [H*hd, D] <-> `q` [D, H, hd]. HF Llama/Qwen checkpoints already use the
 half-split (`rotate_half`) RoPE convention that `layers.apply_rope` implements, so no row
 permutation is needed.
+
+Qwen3-MoE experts: the hub stores one tensor per expert (`mlp.experts.{e}.gate_proj.weight`
+[F, D], ...), which is also what transformers 5's `save_pretrained` writes; in memory
+transformers 5 fuses them (`mlp.experts.gate_up_proj` [E, 2F, D], `mlp.experts.down_proj`
+[E, D, F]), and checkpoints saved from that layout are read too. Either way each device reads
+only its experts' slices into our stacked [E, D, F] / [E, F, D] params. Export writes the
+per-expert hub layout. Llama-4 checkpoints are not loaded: their attention (NoPE layers,
+chunked attention, L2 qk-norm) is not this decoder's.
 """
 from __future__ import annotations
 
@@ -30,9 +38,10 @@ from flax import nnx
 from scalerl_jax.config import DTYPES, ModelConfig, RopeScaling
 from scalerl_jax.models.transformer import Transformer
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                           "Qwen3MoeForCausalLM")
 _MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                "qwen3": "Qwen3ForCausalLM"}
+                "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
 _ST_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16", "float64": "F64"}
 
 
@@ -122,14 +131,42 @@ def config_from_hf(path_or_dict, **overrides) -> ModelConfig:
         head_dim=None if head_dim is None else int(head_dim), rope_theta=theta,
         rope_scaling=scaling, rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        qkv_bias=arch == "Qwen2ForCausalLM", qk_norm=arch == "Qwen3ForCausalLM",
+        qkv_bias=arch == "Qwen2ForCausalLM",
+        qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"),
         max_position_embeddings=int(hf.get("max_position_embeddings", 32768)))
+    if arch == "Qwen3MoeForCausalLM":
+        fields.update(_moe_fields(hf))
     fields.update(overrides)
     return ModelConfig(**fields)
 
 
+def _moe_fields(hf: dict) -> dict:
+    # transformers 5 writes `num_local_experts`; the hub's Qwen3-MoE configs say `num_experts`.
+    experts = hf.get("num_experts", hf.get("num_local_experts"))
+    if not experts:
+        raise HFError(f"Qwen3-MoE config.json has neither 'num_experts' nor 'num_local_experts' "
+                      f"(keys: {sorted(hf)})")
+    # The aux-loss coefficient is kept only when HF would train with it (output_router_logits).
+    coef = float(hf.get("router_aux_loss_coef", 0.0)) if hf.get("output_router_logits") else 0.0
+    return dict(num_experts=int(experts),
+                experts_per_token=int(_required(hf, "num_experts_per_tok")),
+                moe_intermediate_size=int(_required(hf, "moe_intermediate_size")),
+                moe_layer_step=int(hf.get("decoder_sparse_step", 1)),
+                dense_layers=tuple(int(i) for i in hf.get("mlp_only_layers") or ()),
+                norm_topk_prob=bool(hf.get("norm_topk_prob", False)), router="softmax",
+                router_aux_loss_coef=coef)
+
+
 def architecture_of(cfg: ModelConfig) -> str:
     """The HF class that has exactly this config's features."""
+    if cfg.num_experts:
+        if not cfg.qk_norm or cfg.qkv_bias or cfg.router != "softmax" or cfg.shared_expert_size:
+            raise HFError(
+                f"MoE ModelConfig {cfg.name!r} (qk_norm={cfg.qk_norm}, qkv_bias={cfg.qkv_bias}, "
+                f"router={cfg.router!r}, shared_expert_size={cfg.shared_expert_size}) has no HF "
+                "equivalent here: only Qwen3-MoE (qk_norm, softmax router, no shared expert) "
+                "is exported")
+        return "Qwen3MoeForCausalLM"
     if cfg.qk_norm and cfg.qkv_bias:
         raise HFError("ModelConfig with both qk_norm and qkv_bias has no HF equivalent "
                       "(Qwen3's attention_bias also adds an o_proj bias)")
@@ -152,6 +189,12 @@ def config_to_hf(cfg: ModelConfig) -> dict:
         rope_theta=cfg.rope_theta, rope_scaling=None)
     if cfg.rope_scaling is not None:
         out["rope_scaling"] = dict(rope_type="llama3", **dataclasses.asdict(cfg.rope_scaling))
+    if arch == "Qwen3MoeForCausalLM":
+        out.update(num_experts=cfg.num_experts, num_experts_per_tok=cfg.experts_per_token,
+                   moe_intermediate_size=cfg.expert_size, decoder_sparse_step=cfg.moe_layer_step,
+                   mlp_only_layers=list(cfg.dense_layers), norm_topk_prob=cfg.norm_topk_prob,
+                   router_aux_loss_coef=cfg.router_aux_loss_coef,
+                   output_router_logits=cfg.router_aux_loss_coef > 0)
     if arch != "Qwen2ForCausalLM":
         out["attention_bias"] = False
     if arch == "LlamaForCausalLM":
@@ -171,6 +214,12 @@ class _Entry:
     path: tuple
     groups: tuple
     perm: tuple
+    # MoE expert weights: our param stacks `experts` HF tensors along a leading axis; hf_name
+    # holds `{e}` and groups/perm describe one expert's tensor. `fused` = (name, part, parts):
+    # the transformers-5 in-memory layout, [E, parts * n, m] with this weight at rows part * n.
+    experts: int = 0
+    fused: Optional[tuple] = None
+    expert: int = -1  # export only: this HF tensor is expert `expert` of our param
 
     @property
     def hf_shape(self) -> tuple:
@@ -179,7 +228,13 @@ class _Entry:
     @property
     def shape(self) -> tuple:
         split = [s for g in self.groups for s in g]
-        return tuple(split[p] for p in self.perm)
+        one = tuple(split[p] for p in self.perm)
+        return (self.experts,) + one if self.experts else one
+
+    def per_expert(self) -> list["_Entry"]:
+        """One plain entry per expert (hub layout)."""
+        return [dataclasses.replace(self, hf_name=self.hf_name.format(e=e), experts=0,
+                                    fused=None, expert=e) for e in range(self.experts)]
 
 
 def tensor_map(cfg: ModelConfig) -> list[_Entry]:
@@ -199,10 +254,15 @@ def tensor_map(cfg: ModelConfig) -> list[_Entry]:
             _Entry(p + "self_attn.k_proj.weight", us + ("attn", "k"), ((kv, hd), (d,)), (2, 0, 1)),
             _Entry(p + "self_attn.v_proj.weight", us + ("attn", "v"), ((kv, hd), (d,)), (2, 0, 1)),
             _Entry(p + "self_attn.o_proj.weight", us + ("attn", "o"), ((d,), (h, hd)), (1, 2, 0)),
-            _Entry(p + "mlp.gate_proj.weight", us + ("mlp", "gate"), ((f,), (d,)), (1, 0)),
-            _Entry(p + "mlp.up_proj.weight", us + ("mlp", "up"), ((f,), (d,)), (1, 0)),
-            _Entry(p + "mlp.down_proj.weight", us + ("mlp", "down"), ((d,), (f,)), (1, 0)),
         ]
+        if cfg.is_moe_layer(i):
+            entries += _moe_entries(cfg, p + "mlp.", us + ("mlp",))
+        else:
+            entries += [
+                _Entry(p + "mlp.gate_proj.weight", us + ("mlp", "gate"), ((f,), (d,)), (1, 0)),
+                _Entry(p + "mlp.up_proj.weight", us + ("mlp", "up"), ((f,), (d,)), (1, 0)),
+                _Entry(p + "mlp.down_proj.weight", us + ("mlp", "down"), ((d,), (f,)), (1, 0)),
+            ]
         if cfg.qkv_bias:
             entries += [
                 _Entry(p + "self_attn.q_proj.bias", us + ("attn", "q_bias"), ((h, hd),), (0, 1)),
@@ -217,6 +277,47 @@ def tensor_map(cfg: ModelConfig) -> list[_Entry]:
                        (0,)),
             ]
     return entries
+
+
+def _moe_entries(cfg: ModelConfig, p: str, us: tuple) -> list[_Entry]:
+    d, e, f = cfg.hidden_size, cfg.num_experts, cfg.expert_size
+    x = p + "experts."
+    return [
+        _Entry(p + "gate.weight", us + ("router",), ((e,), (d,)), (1, 0)),
+        _Entry(x + "{e}.gate_proj.weight", us + ("gate",), ((f,), (d,)), (1, 0), e,
+               (x + "gate_up_proj", 0, 2)),
+        _Entry(x + "{e}.up_proj.weight", us + ("up",), ((f,), (d,)), (1, 0), e,
+               (x + "gate_up_proj", 1, 2)),
+        _Entry(x + "{e}.down_proj.weight", us + ("down",), ((d,), (f,)), (1, 0), e,
+               (x + "down_proj", 0, 1)),
+    ]
+
+
+def _layout(entry: _Entry, files: dict) -> str:
+    """'plain', 'split' (one HF tensor per expert) or 'fused' (transformers 5 in-memory)."""
+    if not entry.experts:
+        return "plain"
+    if entry.hf_name.format(e=0) in files:
+        return "split"
+    if entry.fused[0] in files:
+        return "fused"
+    return "missing"
+
+
+def _read_expert_slice(handles, files, entry: _Entry, index: tuple, dtype) -> np.ndarray:
+    """Our-layout block `index` ([experts, ...]) of a stacked expert param: only the experts
+    in the block's range are read, from either checkpoint layout."""
+    lo, hi = index[0].indices(entry.experts)[:2]
+    if _layout(entry, files) == "split":
+        parts = [_read_slice(handles[files[one.hf_name]], one, index[1:], dtype)
+                 for one in entry.per_expert()[lo:hi]]
+        return np.stack(parts) if parts else np.zeros((0,) + entry.shape[1:], dtype)
+    name, part, _ = entry.fused
+    n = entry.hf_shape[0]
+    block = np.asarray(handles[files[name]].get_slice(name)[lo:hi, part * n:(part + 1) * n])
+    split = [s for g in entry.groups for s in g]
+    block = block.reshape((hi - lo, *split)).transpose((0, *(q + 1 for q in entry.perm)))
+    return np.ascontiguousarray(block[(slice(None), *index[1:])], dtype=dtype)
 
 
 def _is_ignorable(name: str, cfg: ModelConfig) -> bool:
@@ -295,13 +396,14 @@ def load_params(path, mesh=None, cfg: Optional[ModelConfig] = None, dtype=None):
         np_dtype = np.dtype(cfg.param_dtype)
         for e in entries:
             sharding = shardings[e.path] if mesh is not None else one
-            handle = handles[files[e.hf_name]]
             cache: dict = {}  # replicated shards read once per distinct block
 
-            def block(index, e=e, handle=handle, cache=cache):
+            def block(index, e=e, cache=cache):
                 key = tuple(sl.indices(n)[:2] for sl, n in zip(index, e.shape))
                 if key not in cache:
-                    cache[key] = _read_slice(handle, e, index, np_dtype)
+                    cache[key] = (_read_expert_slice(handles, files, e, index, np_dtype)
+                                  if e.experts else
+                                  _read_slice(handles[files[e.hf_name]], e, index, np_dtype))
                 return cache[key]
 
             variables[e.path].set_value(jax.make_array_from_callback(e.shape, sharding, block))
@@ -316,8 +418,25 @@ def _dtype_name(dtype) -> str:
 
 
 def _check_names_and_shapes(entries, files, handles, cfg, path) -> None:
-    expected = {e.hf_name for e in entries}
+    plain, expected = [], set()
     for e in entries:
+        layout = _layout(e, files)
+        if layout == "missing":
+            raise HFError(f"missing expert tensors for {'.'.join(map(str, e.path))}: neither "
+                          f"{e.hf_name.format(e=0)!r} (per-expert) nor {e.fused[0]!r} (fused) "
+                          f"is in {path}")
+        if layout == "fused":
+            name, _, parts = e.fused
+            want = (e.experts, parts * e.hf_shape[0], e.hf_shape[1])
+            got = tuple(handles[files[name]].get_slice(name).get_shape())
+            if got != want:
+                raise HFError(f"tensor {name!r}: checkpoint shape {got} != expected shape "
+                              f"{want} for config {cfg.name!r}")
+            expected.add(name)
+        else:
+            plain += e.per_expert() if layout == "split" else [e]
+    expected.update(e.hf_name for e in plain)
+    for e in plain:
         if e.hf_name not in files:
             raise HFError(f"missing tensor {e.hf_name!r} (expected shape {e.hf_shape}) in {path}")
         got = tuple(handles[files[e.hf_name]].get_slice(e.hf_name).get_shape())
@@ -371,6 +490,8 @@ def export(params, cfg: ModelConfig, out_dir, max_shard_bytes: int = 5_000_000_0
     missing = [e.path for e in entries if e.path not in flat]
     if missing:
         raise HFError(f"params lack {missing[:5]} required by config {cfg.name!r}")
+    full_shapes = {e.path: e.shape for e in entries}
+    entries = [one for e in entries for one in (e.per_expert() if e.experts else [e])]
     shards, size = [[]], 0
     for e in entries:
         nbytes = math.prod(e.hf_shape) * dt.itemsize
@@ -385,12 +506,20 @@ def export(params, cfg: ModelConfig, out_dir, max_shard_bytes: int = 5_000_000_0
     if writer:
         os.makedirs(out_dir, exist_ok=True)
 
+    gathered: dict = {}  # the last gathered param: its experts are written one after another
+
     def hf_array(e: _Entry) -> np.ndarray:
-        value = flat[e.path].get_value() if isinstance(flat[e.path], nnx.Variable) else flat[e.path]
-        ours = _to_host(value)
-        if ours.shape != e.shape:
+        if e.path not in gathered:
+            value = flat[e.path].get_value() if isinstance(flat[e.path], nnx.Variable) \
+                else flat[e.path]
+            gathered.clear()
+            gathered[e.path] = _to_host(value)
+        ours = gathered[e.path]
+        if ours.shape != full_shapes[e.path]:
             raise HFError(f"param {'.'.join(map(str, e.path))}: shape {ours.shape} != "
-                          f"{e.shape} expected by config {cfg.name!r}")
+                          f"{full_shapes[e.path]} expected by config {cfg.name!r}")
+        if e.expert >= 0:
+            ours = ours[e.expert]
         return ours.transpose(np.argsort(e.perm)).reshape(e.hf_shape)
 
     for name, shard in zip(names, shards):

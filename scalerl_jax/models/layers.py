@@ -1,4 +1,5 @@
-"""Decoder building blocks: RMSNorm, RoPE (with Llama-3 scaling), GQA attention, SwiGLU MLP.
+"""Decoder building blocks: RMSNorm, RoPE (with Llama-3 scaling), GQA attention, SwiGLU MLP
+(the decoder block that joins them, dense or MoE, is in transformer.py).
 
 Weights are stored in the layout the einsums use ([in, ..., out]) and every parameter carries
 `logical_axes` metadata that `mesh.RULES` maps to mesh axes. Parameters live in `param_dtype`
@@ -163,8 +164,9 @@ def _attend_block(q, k, v, mask):
 
 
 class MLP(nnx.Module):
-    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
-        d, f, pd = cfg.hidden_size, cfg.intermediate_size, jnp.dtype(cfg.param_dtype)
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, intermediate_size: Optional[int] = None):
+        d, pd = cfg.hidden_size, jnp.dtype(cfg.param_dtype)
+        f = intermediate_size or cfg.intermediate_size
         self.gate = param(rngs, (d, f), ("embed", "mlp"), pd)
         self.up = param(rngs, (d, f), ("embed", "mlp"), pd)
         self.down = param(rngs, (f, d), ("mlp", "embed"), pd)
@@ -175,16 +177,3 @@ class MLP(nnx.Module):
         u = x @ self.up.get_value().astype(dt)
         return (jax.nn.silu(g) * u) @ self.down.get_value().astype(dt)
 
-
-class Block(nnx.Module):
-    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
-        pd = jnp.dtype(cfg.param_dtype)
-        self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pd, rngs)
-        self.attn = Attention(cfg, rngs)
-        self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pd, rngs)
-        self.mlp = MLP(cfg, rngs)
-
-    def __call__(self, x, positions, mask, cache=None):
-        h, cache = self.attn(self.attn_norm(x), positions, mask, cache)
-        x = x + h
-        return x + self.mlp(self.mlp_norm(x)), cache

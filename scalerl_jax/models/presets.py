@@ -34,6 +34,25 @@ def _llama(name, d, f, layers, heads, kv, rope, tied=False):
                        max_position_embeddings=131072)
 
 
+def _qwen3_moe(name, d, layers, heads, kv, experts, top_k, expert_f, dense_f):
+    return _qwen3(name, d, dense_f, layers, heads, kv).replace(
+        num_experts=experts, experts_per_token=top_k, moe_intermediate_size=expert_f,
+        norm_topk_prob=True)
+
+
+# Llama-4 Scout's text model (HF Llama4TextConfig of meta-llama/Llama-4-Scout-17B-16E): every
+# layer MoE with 16 routed experts (top-1, sigmoid router scaling the expert input) plus a shared
+# expert, both 8192 wide. This decoder has Llama-3 attention, not Llama-4's (no NoPE layers,
+# chunked attention or L2 qk-norm, none of which has parameters), so the preset has Scout's exact
+# parameter shapes and matmul cost, for plans and same-cost runs, but is not an HF-loadable Scout.
+_SCOUT = ModelConfig(
+    name="llama-4-scout-17b-16e", vocab_size=202048, hidden_size=5120, intermediate_size=16384,
+    num_layers=48, num_heads=40, num_kv_heads=8, head_dim=128, rope_theta=500000.0,
+    rope_scaling=_LLAMA31_ROPE, rms_norm_eps=1e-5, max_position_embeddings=131072,
+    num_experts=16, experts_per_token=1, moe_intermediate_size=8192, shared_expert_size=8192,
+    router="sigmoid")
+
+
 def _tiny(name, **kw):
     base = dict(name=name, vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2,
                 num_heads=4, num_kv_heads=2, rope_theta=10000.0, rms_norm_eps=1e-6,
@@ -52,12 +71,18 @@ PRESETS: dict[str, ModelConfig] = {
     "llama-3.2-1b": _llama("llama-3.2-1b", 2048, 8192, 16, 32, 8, _LLAMA32_ROPE, tied=True),
     "llama-3.1-8b": _llama("llama-3.1-8b", 4096, 14336, 32, 32, 8, _LLAMA31_ROPE),
     "llama-3.1-70b": _llama("llama-3.1-70b", 8192, 28672, 80, 64, 8, _LLAMA31_ROPE),
+    "qwen3-30b-a3b": _qwen3_moe("qwen3-30b-a3b", 2048, 48, 32, 4, 128, 8, 768, 6144),
+    "llama-4-scout-17b-16e": _SCOUT,
     # Tiny shapes: unit tests and the CPU testbed.
     "tiny-llama": _tiny("tiny-llama", rope_scaling=RopeScaling(
         factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
         original_max_position_embeddings=64)),
     "tiny-qwen2": _tiny("tiny-qwen2", qkv_bias=True, tie_embeddings=True),
     "tiny-qwen3": _tiny("tiny-qwen3", qk_norm=True, head_dim=32),
+    # 8 experts of width 32, top-2, layer 1 dense: a Qwen3-MoE in miniature.
+    "tiny-qwen3-moe": _tiny("tiny-qwen3-moe", qk_norm=True, head_dim=32, num_experts=8,
+                            experts_per_token=2, moe_intermediate_size=32, norm_topk_prob=True,
+                            dense_layers=(1,)),
 }
 
 

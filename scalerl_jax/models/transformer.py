@@ -1,9 +1,11 @@
-"""The decoder policy: Llama-3.x, Qwen2.5 and Qwen3 dense models in one Flax NNX module.
+"""The decoder policy: Llama-3.x, Qwen2.5 and Qwen3 models, dense or mixture-of-experts (Qwen3-MoE,
+Llama-4-style routed + shared experts; models/moe.py), in one Flax NNX module.
 
 Two paths share the weights:
 * `model(tokens, positions, segment_ids)` -> final hidden states [B, T, D], for training. The LM
   head is applied separately (`logits`, or chunked in the train step) so that [B, T, V] fp32
-  logits never need to exist at once.
+  logits never need to exist at once. `model.forward(...)` also returns the MoE layers' router
+  statistics (None for a dense model), which the train step logs and turns into the aux loss.
 * `model.decode(tokens, positions, cache)` -> (hidden, cache), the KV-cache path for the sampler:
   prefill writes a whole prompt, decode steps write one token per row.
 """
@@ -16,7 +18,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from scalerl_jax.config import ModelConfig
-from scalerl_jax.models.layers import Block, RMSNorm, param
+from scalerl_jax.models.layers import MLP, Attention, RMSNorm, param
+from scalerl_jax.models.moe import MoE, RouterStats
 
 
 class KVCache(NamedTuple):
@@ -37,12 +40,42 @@ def init_cache(cfg: ModelConfig, batch: int, length: int, dtype=None) -> KVCache
     return KVCache(zeros, tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)))
 
 
+class Block(nnx.Module):
+    """Pre-norm decoder layer; its FFN is the dense MLP or, on MoE layers
+    (`cfg.is_moe_layer(index)`), the routed experts."""
+
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, index: int = 0):
+        pd = jnp.dtype(cfg.param_dtype)
+        self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pd, rngs)
+        self.attn = Attention(cfg, rngs)
+        self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pd, rngs)
+        self.is_moe = cfg.is_moe_layer(index)
+        self.mlp = MoE(cfg, rngs) if self.is_moe else MLP(cfg, rngs)
+
+    def __call__(self, x, positions, mask, cache=None, valid=None):
+        """Returns (x, cache, RouterStats or None). `valid` [B, T]: tokens router stats count."""
+        h, cache = self.attn(self.attn_norm(x), positions, mask, cache)
+        x = x + h
+        if self.is_moe:
+            out, stats = self.mlp(self.mlp_norm(x), valid)
+            return x + out, cache, stats
+        return x + self.mlp(self.mlp_norm(x)), cache, None
+
+
+def _stack_stats(stats: list) -> Optional[RouterStats]:
+    """Per-MoE-layer RouterStats -> one RouterStats with a leading layer axis (None: dense)."""
+    stats = [s for s in stats if s is not None]
+    if not stats:
+        return None
+    return RouterStats(*(jnp.stack(x) for x in zip(*stats)))
+
+
 class Transformer(nnx.Module):
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
         pd = jnp.dtype(cfg.param_dtype)
         self.cfg = cfg
         self.embed = param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), pd)
-        self.layers = nnx.List([Block(cfg, rngs) for _ in range(cfg.num_layers)])
+        self.layers = nnx.List([Block(cfg, rngs, i) for i in range(cfg.num_layers)])
         self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pd, rngs)
         if not cfg.tie_embeddings:
             self.lm_head = param(rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), pd)
@@ -68,6 +101,11 @@ class Transformer(nnx.Module):
     def __call__(self, tokens, positions=None, segment_ids=None):
         """tokens, positions, segment_ids: [B, T] int. segment_ids == 0 marks padding; tokens
         attend causally (by index) within their own segment, so packed sequences work too."""
+        return self.forward(tokens, positions, segment_ids)[0]
+
+    def forward(self, tokens, positions=None, segment_ids=None):
+        """(final hidden [B, T, D], RouterStats stacked over MoE layers or None when dense).
+        Router statistics count the non-padding tokens (segment_ids > 0)."""
         b, t = tokens.shape
         if positions is None:
             positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
@@ -77,13 +115,17 @@ class Transformer(nnx.Module):
         causal = idx[:, None] >= idx[None, :]
         same = segment_ids[:, :, None] == segment_ids[:, None, :]
         mask = causal[None] & same & (segment_ids[:, None, :] > 0)
+        valid = segment_ids > 0
         x = self._embed(tokens)
+        stats = []
         for block in self.layers:
             if self.cfg.remat:
-                x = nnx.remat(lambda blk, h: blk(h, positions, mask)[0])(block, x)
+                x, st = nnx.remat(lambda blk, h: blk(h, positions, mask, valid=valid)[::2])(
+                    block, x)
             else:
-                x, _ = block(x, positions, mask)
-        return self.final_norm(x)
+                x, _, st = block(x, positions, mask, valid=valid)
+            stats.append(st)
+        return self.final_norm(x), _stack_stats(stats)
 
     # -- sampling path -------------------------------------------------------------------------
     def decode(self, tokens, positions, cache: KVCache):
@@ -95,7 +137,7 @@ class Transformer(nnx.Module):
         x = self._embed(tokens)
         ks, vs = [], []
         for block, ck, cv in zip(self.layers, cache.k, cache.v):
-            x, (ck, cv) = block(x, positions, mask, (ck, cv))
+            x, (ck, cv), _ = block(x, positions, mask, (ck, cv))
             ks.append(ck)
             vs.append(cv)
         return self.final_norm(x), KVCache(tuple(ks), tuple(vs))
@@ -132,8 +174,9 @@ def forward_logits(graphdef, params, tokens, positions=None, segment_ids=None):
 
 def matmul_params(cfg: ModelConfig) -> int:
     """Parameters used in matmuls per token: all but the embedding gather (a tied table still
-    counts once, as the LM head)."""
-    n = cfg.num_params()
+    counts once, as the LM head). MoE: only the active ones (router, top-k routed experts,
+    shared expert), so FLOPs and MFU count what a token really computes."""
+    n = cfg.num_params(active=True)
     return n if cfg.tie_embeddings else n - cfg.vocab_size * cfg.hidden_size
 
 

@@ -21,16 +21,26 @@ _BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 def param_inventory(m: ModelConfig) -> list[tuple[tuple, tuple, int]]:
     """(shape, logical axes, how many) of the parameters, as models/layers.py and
     transformer.py create them (tests/test_plan.py checks this against the real module).
-    Identical arrays are counted, not listed: every layer has the same ones."""
+    Identical arrays are counted, not listed: every layer has the same ones. MoE layers hold
+    all E experts (memory counts every expert; FLOPs count only the active ones)."""
     d, f, h, kv, hd, n = (m.hidden_size, m.intermediate_size, m.num_heads, m.num_kv_heads,
                           m.dim_per_head, m.num_layers)
+    moe = m.num_moe_layers
     out = [((m.vocab_size, d), ("vocab", "embed"), 1),
            ((d,), ("norm",), 2 * n + 1),  # attn_norm, mlp_norm per layer; final_norm
            ((d, h, hd), ("embed", "heads", "head_dim"), n),  # q
            ((d, kv, hd), ("embed", "kv_heads", "head_dim"), 2 * n),  # k, v
            ((h, hd, d), ("heads", "head_dim", "embed"), n),  # o
-           ((d, f), ("embed", "mlp"), 2 * n),  # gate, up
-           ((f, d), ("mlp", "embed"), n)]  # down
+           ((d, f), ("embed", "mlp"), 2 * (n - moe)),  # gate, up (dense layers)
+           ((f, d), ("mlp", "embed"), n - moe)]  # down
+    if moe:
+        e, fe, fs = m.num_experts, m.expert_size, m.shared_expert_size
+        out += [((d, e), ("embed", "router"), moe),
+                ((e, d, fe), ("expert", "embed", "mlp"), 2 * moe),  # expert gate, up
+                ((e, fe, d), ("expert", "mlp", "embed"), moe)]  # expert down
+        if fs:
+            out += [((d, fs), ("embed", "mlp"), 2 * moe), ((fs, d), ("mlp", "embed"), moe)]
+    out = [x for x in out if x[2]]
     if m.qkv_bias:
         out += [((h, hd), ("heads", "head_dim"), n), ((kv, hd), ("kv_heads", "head_dim"), 2 * n)]
     if m.qk_norm:
@@ -158,11 +168,22 @@ def activation_bytes(m: ModelConfig, rows: int, t: int, tensor: int, logprob_chu
     b = _BYTES[m.compute_dtype]
     d, f, hd = m.hidden_size, m.intermediate_size, m.dim_per_head
     h, kv = per_shard(m.num_heads, tensor), per_shard(m.num_kv_heads, tensor)
-    per_token = b * (5 * d + 3 * h * hd + 3 * kv * hd + 4 * per_shard(f, tensor)) + \
-        4 * ((h + kv) * hd + 2 * d)
+    per_token = b * (5 * d + 3 * h * hd + 3 * kv * hd) + 4 * ((h + kv) * hd + 2 * d)
+    # FFN: a dense layer keeps 4 F; an MoE layer the same for each of its k routed rows and the
+    # shared expert, plus the gathered rows and the expert outputs (2 k D) and the fp32 router
+    # logits and probabilities (2 E).
+    dense_ffn = b * 4 * per_shard(f, tensor)
+    k = m.experts_per_token
+    moe_ffn = b * (4 * (k * per_shard(m.expert_size, tensor) +
+                        per_shard(m.shared_expert_size, tensor)) + 2 * k * d) + \
+        4 * 2 * m.num_experts
     scores = h * _attention_score_elements(t, m.attention_chunk) * (4 + b)
-    layer = rows * (t * per_token + scores)
-    kept = m.num_layers * rows * t * d * b + layer if remat else m.num_layers * layer
+    layers = {dense_ffn: m.num_layers - m.num_moe_layers, moe_ffn: m.num_moe_layers}
+    sets = {ffn: rows * (t * (per_token + ffn) + scores) for ffn in layers}
+    if remat:
+        kept = m.num_layers * rows * t * d * b + max(sets[ffn] for ffn, c in layers.items() if c)
+    else:
+        kept = sum(sets[ffn] * c for ffn, c in layers.items())
     chunk = t if logprob_chunk is None else min(t, logprob_chunk)
     vocab = per_shard(m.vocab_size, tensor)
     common = rows * t * t + rows * t * d * 4 + 3 * rows * chunk * vocab * 4

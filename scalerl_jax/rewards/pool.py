@@ -5,13 +5,16 @@ as incorrect and is counted in `num_errors`; one that runs past `timeout_s` scor
 and is counted in `num_timeouts`. `score` returns on time whatever the verifiers do, and never
 raises because of them.
 
-Stuck verifiers. Python threads cannot be killed, so the two modes handle a hang differently:
+Stuck verifiers. Python threads cannot be killed, so the two modes handle a hang differently.
+A run picks the mode with `rewards.use_processes` (RewardConfig.processes, automatic by default):
+processes for math and every verifier but the exact match of synthetic tasks.
 
-* threads (default): an item past its deadline is abandoned. Its thread keeps running the stuck
-  call; the pool starts a replacement thread so capacity stays at `num_workers`, and the stuck
-  thread exits when (if ever) its call returns. At most `max_stuck_threads` replacements are
-  outstanding; beyond that capacity shrinks, and items that cannot start before the call's
-  deadline (timeout_s x (ceil(n / num_workers) + 1)) count as timeouts. `stuck_threads` is the
+* threads (`processes=False`, the class default): an item past its deadline is abandoned. Its
+  thread keeps running the stuck call; the pool starts a replacement thread so capacity stays at
+  `num_workers`, and the stuck thread exits when (if ever) its call returns. At most
+  `max_stuck_threads` replacements are outstanding; beyond that capacity shrinks, and items that
+  cannot start before the call's deadline (timeout_s x (ceil(n / num_workers) + 1)) count as
+  timeouts. `stuck_threads` is the
   number to log. Cheap; right for verifiers that are fast and rarely hang.
 * processes (`processes=True`): each worker thread feeds one child process ("spawn" start
   method: forking a process that runs JAX threads is unsafe). On timeout the child is killed and
@@ -20,8 +23,9 @@ Stuck verifiers. Python threads cannot be killed, so the two modes handle a hang
   verification. Verifiers must be picklable (module-level functions or partials of them) and
   entry points need the usual `if __name__ == "__main__":` guard. The first item a child gets
   imports the verifier's module; that import (bounded by `child_start_timeout_s`) is not
-  counted against the item's timeout. Every blocking step of a worker has a time limit, so the
-  workers themselves enforce the deadlines.
+  counted against the item's timeout, and is paid once per child (again only after a kill).
+  Every blocking step of a worker has a time limit, so the workers themselves enforce the
+  deadlines.
 """
 from __future__ import annotations
 
@@ -36,6 +40,8 @@ import time
 from typing import Callable, Optional, Sequence
 
 import numpy as np
+
+from scalerl_jax.reward_child import child_main as _child_main
 
 Verifier = Callable[[str, str], bool]
 _log = logging.getLogger(__name__)
@@ -310,23 +316,3 @@ class _Child:
             self.proc.kill()
         self.proc.join(timeout=5.0)
         self.conn.close()
-
-
-def _child_main(conn) -> None:
-    conn.send("ready")
-    while True:
-        try:
-            payload = conn.recv_bytes()
-        except (EOFError, OSError):
-            return
-        try:
-            verifier, completion, reference = pickle.loads(payload)
-        except BaseException as e:  # noqa: BLE001 - e.g. the verifier's module fails to import
-            conn.send(("err", _describe(e)))
-            continue
-        conn.send("go")
-        try:
-            result = ("ok", bool(verifier(completion, reference)))
-        except BaseException as e:  # noqa: BLE001
-            result = ("err", _describe(e))
-        conn.send(result)

@@ -334,7 +334,10 @@ class Driver:
             return True
         version = self.version
         t0 = time.perf_counter()
-        self._state, res = self.engine.generate(self._params, self._state)
+        # Every live slot holds its prompt but the last token plus its emitted tokens; inactive
+        # slots are not counted (the engine's contract), so attention reads only the filled part.
+        filled = max(len(s.group.tokens) - 1 + len(s.tokens) for s in self._slots if s is not None)
+        self._state, res = self.engine.generate(self._params, self._state, max_length=filled)
         res = jax.device_get(res)
         t1 = time.perf_counter()
         self._record(res, version)

@@ -3,7 +3,8 @@
 A decode state holds `max_concurrent_decodes` slots, each with its own KV cache rows, length,
 next input token, PRNG key and forced-token queue, sharded over the sampler mesh (slots over
 `data`, KV heads over `tensor`). Every function is jitted once per static shape: `generate` has
-one program, `prefill` and `bulk_insert` one per prompt-length bucket.
+one program per attention window (`cache_windows`: at most four, the whole cache when the caller
+gives no bound on the filled length), `prefill` and `bulk_insert` one per prompt-length bucket.
 
 Slot invariant: the cache holds the slot's first `lengths` tokens; `next_token` is the token after
 them, not yet in the cache. A generate step feeds `next_token` at position `lengths`, samples (or
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import NamedTuple, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -131,7 +132,8 @@ class Engine:
         self._init = jax.jit(self._traced("init_decode_state", self._init_impl), out_shardings=st)
         self._generate = jax.jit(self._traced("generate", self._generate_impl),
                                  in_shardings=(self.param_shardings, st),
-                                 out_shardings=(st, rep), donate_argnums=(1,))
+                                 out_shardings=(st, rep), donate_argnums=(1,),
+                                 static_argnums=(2,))
         self._prefill = jax.jit(self._traced("prefill", self._prefill_impl),
                                 in_shardings=(self.param_shardings, rep, rep),
                                 out_shardings=self.get_prefix_destination_sharding())
@@ -234,9 +236,26 @@ class Engine:
         return self._insert(prefix, decode_state, jnp.asarray(padded), jnp.int32(len(slots)),
                             jnp.asarray(new_keys), jnp.asarray(keys is not None))
 
-    def generate(self, params, decode_state: DecodeState):
-        """`decode_steps_per_call` decode steps for all slots -> (decode_state, ResultTokens)."""
-        return self._generate(params, decode_state)
+    @property
+    def cache_windows(self) -> list[int]:
+        """The attention windows `generate` compiles for: quarters of max_target_length."""
+        s = self.max_target_length
+        return sorted({max(1, -(-s * i // 4)) for i in range(1, 5)})
+
+    def generate(self, params, decode_state: DecodeState, max_length: Optional[int] = None):
+        """`decode_steps_per_call` decode steps for all slots -> (decode_state, ResultTokens).
+
+        max_length: optional promise that every ACTIVE slot's length (cached tokens) is at most
+        this. The steps then attend over (and write into) only the smallest of `cache_windows`
+        holding max_length + decode_steps_per_call entries instead of the whole cache: the same
+        result, since entries past a slot's length are masked anyway, at a cost that follows the
+        filled length (one compile per window). Inactive slots may write garbage inside the
+        window; their rows are rewritten by the next insert before anything reads them."""
+        window = self.max_target_length
+        if max_length is not None:
+            need = int(max_length) + self.decode_steps_per_call
+            window = next((w for w in self.cache_windows if w >= need), window)
+        return self._generate(params, decode_state, window)
 
     def free_resource(self, decode_state: DecodeState, slot: int) -> DecodeState:
         """Deactivate a slot; its cache rows are simply overwritten by the next insert."""
@@ -332,7 +351,17 @@ class Engine:
             queue=upd(state.queue, a["set_queue"], a["queue"]),
             queue_len=upd(state.queue_len, a["set_queue"], a["queue_len"]))
 
-    def _generate_impl(self, params, state):
+    def _generate_impl(self, params, state, window):
+        if window < self.max_target_length:
+            full = state.cache
+            cut = KVCache(tuple(k[:, :window] for k in full.k), tuple(v[:, :window] for v in full.v))
+            state, res = self._generate_impl(params, state._replace(cache=cut),
+                                             self.max_target_length)
+
+            def back(dst, src):
+                return jax.lax.dynamic_update_slice_in_dim(dst, src, 0, axis=1)
+            return state._replace(cache=KVCache(tuple(map(back, full.k, state.cache.k)),
+                                                tuple(map(back, full.v, state.cache.v)))), res
         model = nnx.merge(self.graphdef, params)
         cfg, s = self.cfg, self.max_target_length
 
@@ -340,14 +369,11 @@ class Engine:
             hidden, cache = model.decode(st.next_token[:, None], st.lengths[:, None], st.cache)
             logits = model.logits(hidden[:, 0])
             keys = jax.vmap(jax.random.split)(st.rng)  # [B, 2, 2]
-            sampled, lp = sampling.sample(logits, keys[:, 1], temperature=cfg.temperature,
-                                          top_p=cfg.top_p, top_k=cfg.top_k)
             valid = st.active
             forced = valid & (st.queue_len > 0)
-            head = st.queue[:, 0]
-            forced_lp = sampling.token_logprob(logits, head, temperature=cfg.temperature)
-            out = jnp.where(forced, head, sampled)
-            lp = jnp.where(forced, forced_lp, lp)
+            out, lp = sampling.sample_or_force(logits, keys[:, 1], st.queue[:, 0], forced,
+                                               temperature=cfg.temperature, top_p=cfg.top_p,
+                                               top_k=cfg.top_k)
             lengths = st.lengths + valid.astype(jnp.int32)
             shifted = jnp.concatenate([st.queue[:, 1:], jnp.zeros_like(st.queue[:, :1])], axis=1)
             new = DecodeState(

@@ -1,11 +1,29 @@
 """Uncertainty: bootstrap intervals for A, B, C_mid, bands for the curve, and per-seed fits.
 
-Resampling is by weights, so all resamples are one batched fit of the same padded arrays.
-Resamples are drawn within each seed (a pooled multi-seed curve keeps its design). block > 1
-draws runs of consecutive evaluations instead of single points, for noise that drifts between
-neighbouring evaluations (training wobble) rather than being independent. R0, when measured or
-given, stays fixed; A stays fixed when the fit held it fixed (comparison refits). Resamples are
-always fitted with the continuous Optax fit, also for a grid-procedure fit.
+Two resampling methods; every resample of one call is one batched fit of the same padded arrays.
+
+* "ar1" (default): a parametric residual bootstrap for serially correlated noise. Consecutive
+  evaluations share a policy (and a training wobble), so their errors are correlated; resampling
+  points independently then makes intervals too narrow (measured on synthetic AR(1) curves,
+  rho 0.7, 30 points: the 95% interval for A covered the truth 75% of the time). The residuals of
+  the fit are modelled as AR(1) along each seed's evaluations. Their lag-1 autocorrelation and
+  spread understate the noise's, because the fitted curve absorbs slow noise; so the noise
+  parameters are found by calibration: AR(1) noise with rho on a grid is simulated on the fitted
+  curve, refitted, and the residual statistics of those refits are matched to the observed ones.
+  Each resample then draws rho (weighted by how well it explains the observed residual
+  autocorrelation) and sigma (from the calibration's residual spread) before simulating its
+  noise, so the uncertainty of the noise model itself widens the interval (with the rho of
+  the best match alone, coverage at rho 0.7 was 88%). Intervals are "basic" (2 * estimate - the
+  resample quantiles, on a log scale for B and C_mid), which corrects the fit's bias. Measured
+  coverage of the 95% interval for A: see tests/test_scaling_coverage.py and bench/README.md.
+* "pairs": the classic bootstrap of evaluation points, resampled with replacement within each
+  seed (a pooled curve keeps its design); block > 1 draws runs of consecutive evaluations.
+
+No library offers these for a batched sigmoid fit (arch / statsmodels bootstrap a statistic of
+one series, not a nonlinear fit vmapped over thousands of resamples), hence the code here.
+R0, when measured, gets the noise of its own evaluation in "ar1" (it is the first point of each
+seed's chain) and is fixed in "pairs"; a given R0 and a fixed A stay fixed (comparison refits).
+Resamples are always fitted with the continuous Optax fit, also for a grid-procedure fit.
 """
 from __future__ import annotations
 
@@ -18,6 +36,10 @@ from scalerl_jax.scaling.fit import (Curve, FitSpec, SigmoidFit, padded, r0_valu
                                      window_mask)
 from scalerl_jax.scaling.sigmoid import fit_sigmoid_batch, sigmoid_law
 
+METHODS = ("ar1", "pairs")
+RHO_GRID = np.linspace(0.0, 0.95, 20)  # AR(1) coefficients the calibration simulates
+CALIBRATION_SIMS = 12  # simulated curves per grid value
+
 
 @dataclasses.dataclass(frozen=True)
 class Bootstrap:
@@ -29,6 +51,15 @@ class Bootstrap:
     n_boot: int
     level: float
     with_noise: bool  # band for new evaluations (True) or for the mean curve (False)
+    method: str = "ar1"
+    block: int = 1  # "pairs": evaluations per resampled run
+    rho: Optional[float] = None  # "ar1": the noise's lag-1 autocorrelation (mean of the draws)
+
+    def describe(self) -> str:
+        """'AR(1) residual bootstrap, rho 0.62' / 'pairs bootstrap, block 4', for tables."""
+        if self.method == "ar1":
+            return f"AR(1) residual bootstrap (rho {self.rho:.2f}), {self.n_ok} resamples"
+        return f"pairs bootstrap (block {self.block}), {self.n_ok} resamples"
 
 
 def resample_weights(mask: np.ndarray, seed_ids: np.ndarray, n_boot: int, block: int,
@@ -45,30 +76,155 @@ def resample_weights(mask: np.ndarray, seed_ids: np.ndarray, n_boot: int, block:
     return w
 
 
-def bootstrap_fit(curve: Curve, spec: FitSpec, fit: SigmoidFit, *, n_boot: int = 200,
-                  level: float = 0.95, seed: int = 0, block: int = 1,
-                  band_x: Optional[np.ndarray] = None, noise: bool = False) -> Bootstrap:
-    """Percentile intervals and band from `n_boot` refits on resampled points (one batched call).
+def ar1_noise(rng: np.random.Generator, rho: np.ndarray, sigma: np.ndarray,
+              length: int) -> np.ndarray:
+    """[n, length] stationary AR(1) series, row i with coefficient rho[i] and sd sigma[i]."""
+    rho, sigma = np.asarray(rho, np.float64), np.asarray(sigma, np.float64)
+    z = rng.standard_normal((len(rho), length))
+    e = np.empty_like(z)
+    e[:, 0] = z[:, 0]
+    innovation = np.sqrt(1.0 - rho ** 2)
+    for t in range(1, length):
+        e[:, t] = rho * e[:, t - 1] + innovation * z[:, t]
+    return e * sigma[:, None]
 
-    noise=True adds each resample's residual noise to its curve, giving a band for new
-    evaluations (a prediction band) rather than for the mean curve.
+
+def lag1_autocorrelation(resid: np.ndarray, chains: list) -> np.ndarray:
+    """Pooled lag-1 autocorrelation of resid [n, m] along each chain (index arrays), rows apart."""
+    num = den = 0.0
+    for idx in chains:
+        e = resid[:, idx] - resid[:, idx].mean(axis=1, keepdims=True)
+        num = num + np.sum(e[:, 1:] * e[:, :-1], axis=1)
+        den = den + np.sum(e ** 2, axis=1)
+    return num / np.maximum(den, 1e-300)
+
+
+class _Design:
+    """What every resample shares: the padded x, the window, each seed's chain of window
+    points in compute order, and how R0 and A are held."""
+
+    def __init__(self, curve: Curve, spec: FitSpec, fit: SigmoidFit):
+        self.curve, self.fit = curve, fit
+        self.mask = window_mask(curve, spec)
+        self.x, self.y, _ = padded(curve, self.mask)
+        self.m = len(curve.x)
+        self.chains = [np.flatnonzero(self.mask & (curve.seed == s))
+                       for s in np.unique(curve.seed[self.mask])]
+        self.r0, _ = r0_value(curve, spec)
+        self.r0_measured = spec.r0 == "measured"
+        self.A = fit.A if "A" in fit.fixed else None
+        self.spec = spec
+        with np.errstate(divide="ignore", over="ignore"):  # x = 0 (the R0 point) is fine
+            self.fitted = sigmoid_law(curve.x, fit.A, fit.B, fit.C_mid, fit.R0)
+
+    def refit(self, y: np.ndarray, w: np.ndarray, r0: np.ndarray) -> dict:
+        n = y.shape[0]
+        return fit_sigmoid_batch(np.broadcast_to(self.x, (n, self.x.shape[1])), y, w, A=self.A,
+                                 R0=r0, num_inits=self.spec.num_inits, check=False,
+                                 **self.spec.optim())
+
+    def simulate(self, rng, rho: np.ndarray, sigma: np.ndarray):
+        """Curves = the fit + AR(1) noise along each seed's chain, whose first element is the
+        seed's R0 evaluation when R0 is measured. Returns y [n, padded], w, R0 [n]."""
+        n = len(rho)
+        y = np.broadcast_to(self.y, (n, self.y.shape[1])).copy()
+        w = np.zeros_like(y)
+        r0_noise = np.zeros(n)
+        lead = 1 if self.r0_measured else 0
+        for idx in self.chains:
+            e = ar1_noise(rng, rho, sigma, len(idx) + lead)
+            y[:, idx] = self.fitted[idx] + e[:, lead:]
+            w[:, idx] = 1.0
+            if lead:
+                r0_noise += e[:, 0] / len(self.chains)
+        return y, w, np.full(n, self.r0) + r0_noise
+
+    def residuals(self, y: np.ndarray, out: dict) -> np.ndarray:
+        with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+            pred = sigmoid_law(self.x[:, :self.m], *(np.asarray(out[k])[:, None]
+                                                     for k in ("A", "B", "C_mid", "R0")))
+        return y[:, :self.m] - pred
+
+
+def _noise_draws(design: _Design, n_boot: int, rng) -> tuple[np.ndarray, np.ndarray]:
+    """rho [n_boot] and sigma [n_boot] for the resamples, from the calibration (module doc)."""
+    observed = design.curve.y[None, :] - design.fitted[None, :]
+    r_obs = float(lag1_autocorrelation(observed, design.chains)[0])
+    s_obs = float(np.sqrt(np.mean(observed[0, design.mask] ** 2)))
+    if not s_obs > 0:
+        return np.zeros(n_boot), np.zeros(n_boot)
+    rho_sim = np.repeat(RHO_GRID, CALIBRATION_SIMS)
+    y, w, r0 = design.simulate(rng, rho_sim, np.full(len(rho_sim), s_obs))
+    out = design.refit(y, w, r0)
+    resid = design.residuals(y, out)
+    r_sim = lag1_autocorrelation(resid, design.chains)
+    ratio = np.sqrt(np.mean(resid[:, design.mask] ** 2, axis=1)) / s_obs  # residual sd / noise sd
+    ok = np.isfinite(r_sim) & np.isfinite(ratio) & (ratio > 0)
+    loglik = np.full(len(RHO_GRID), -np.inf)
+    for g in range(len(RHO_GRID)):
+        r = r_sim[ok & (rho_sim == RHO_GRID[g])]
+        if len(r) >= 3:
+            sd = max(float(r.std()), 0.02)
+            loglik[g] = -0.5 * ((r_obs - r.mean()) / sd) ** 2 - np.log(sd)
+    if not np.isfinite(loglik).any():
+        return np.zeros(n_boot), np.full(n_boot, s_obs)
+    p = np.exp(loglik - loglik.max())
+    cells = rng.choice(len(RHO_GRID), size=n_boot, p=p / p.sum())
+    half = 0.5 * (RHO_GRID[1] - RHO_GRID[0])
+    rho = np.clip(RHO_GRID[cells] + rng.uniform(-half, half, n_boot), 0.0, 0.97)
+    # sigma: the observed spread over a residual/noise ratio drawn from the same grid cell
+    sigma = np.empty(n_boot)
+    for g in np.unique(cells):
+        pool = ratio[ok & (rho_sim == RHO_GRID[g])]
+        at = cells == g
+        sigma[at] = s_obs / rng.choice(pool, size=int(at.sum()))
+    return rho, sigma
+
+
+def _basic(estimate: float, draws: np.ndarray, level: float, log: bool) -> tuple[float, float]:
+    """Basic bootstrap interval (2 * estimate - quantiles), on a log scale for positive values."""
+    q = (50 * (1 - level), 50 * (1 + level))
+    if log:
+        lo_q, hi_q = np.percentile(np.log(draws[draws > 0]), q)
+        return float(np.exp(2 * np.log(estimate) - hi_q)), float(np.exp(2 * np.log(estimate) - lo_q))
+    lo_q, hi_q = np.percentile(draws, q)
+    return float(2 * estimate - hi_q), float(2 * estimate - lo_q)
+
+
+def bootstrap_fit(curve: Curve, spec: FitSpec, fit: SigmoidFit, *, n_boot: int = 200,
+                  level: float = 0.95, seed: int = 0, method: str = "ar1", block: int = 1,
+                  band_x: Optional[np.ndarray] = None, noise: bool = False) -> Bootstrap:
+    """Intervals for A, B, C_mid and a band for the curve from `n_boot` refits (module doc).
+
+    noise=True adds each resample's noise to its curve, giving a band for new evaluations (a
+    prediction band) rather than for the mean curve.
     """
     if not 0 < level < 1 or n_boot < 10:
         raise ValueError(f"bootstrap: level={level} must be in (0, 1), n_boot={n_boot} >= 10")
+    if method not in METHODS:
+        raise ValueError(f"bootstrap: method={method!r} must be one of {METHODS}")
+    if block < 1:
+        raise ValueError(f"bootstrap: block={block} must be >= 1")
     rng = np.random.default_rng(seed)
-    mask = window_mask(curve, spec)
-    x, y, _ = padded(curve, mask)
-    m = len(curve.x)
-    w = np.zeros((n_boot, x.shape[1]))
-    w[:, :m] = resample_weights(mask, curve.seed, n_boot, block, rng)
-    r0, _ = r0_value(curve, spec)
-    out = fit_sigmoid_batch(np.broadcast_to(x, w.shape), np.broadcast_to(y, w.shape), w,
-                            A=fit.A if "A" in fit.fixed else None, R0=r0,
-                            num_inits=spec.num_inits, check=False, **spec.optim())
+    design = _Design(curve, spec, fit)
+    rho_mean = None
+    if method == "ar1":
+        rho, sigma = _noise_draws(design, n_boot, rng)
+        y, w, r0 = design.simulate(rng, rho, sigma)
+        out = design.refit(y, w, r0)
+        spread = sigma
+        rho_mean = float(rho.mean())
+    else:
+        w = np.zeros((n_boot, design.x.shape[1]))
+        w[:, :design.m] = resample_weights(design.mask, curve.seed, n_boot, block, rng)
+        out = design.refit(np.broadcast_to(design.y, w.shape), w, np.full(n_boot, design.r0))
+        spread = out["rmse"]
     ok = np.all([np.isfinite(out[k]) for k in ("A", "B", "C_mid", "R0")], axis=0)
-    lo_q, hi_q = 50 * (1 - level), 50 * (1 + level)
-    intervals = {k: (float(np.percentile(out[k][ok], lo_q)), float(np.percentile(out[k][ok], hi_q)))
-                 for k in ("A", "B", "C_mid")} if ok.any() else {}
+    intervals = {}
+    if ok.any():
+        intervals["A"] = _basic(fit.A, out["A"][ok], level, log=False)
+        intervals["B"] = _basic(fit.B, out["B"][ok], level, log=True)
+        intervals["C_mid"] = _basic(fit.C_mid, out["C_mid"][ok], level, log=True)
     if band_x is None:
         band_x = np.geomspace(fit.x_range[0], fit.x_range[1], 100)
     band_x = np.asarray(band_x, np.float64)
@@ -76,13 +232,15 @@ def bootstrap_fit(curve: Curve, spec: FitSpec, fit: SigmoidFit, *, n_boot: int =
     if noise and ok.any():
         # One draw per resample, shared along x: each x still gets the right marginal spread
         # (the band is pointwise) and the band's edges come out smooth.
-        preds = preds + rng.standard_normal((preds.shape[0], 1)) * out["rmse"][ok][:, None]
+        preds = preds + rng.standard_normal((preds.shape[0], 1)) * spread[ok][:, None]
+    lo_q, hi_q = 50 * (1 - level), 50 * (1 + level)
     empty = np.full(len(band_x), np.nan)
     return Bootstrap(
         intervals=intervals, band_x=band_x,
         band_lo=np.percentile(preds, lo_q, axis=0) if ok.any() else empty,
         band_hi=np.percentile(preds, hi_q, axis=0) if ok.any() else empty,
-        n_ok=int(ok.sum()), n_boot=n_boot, level=level, with_noise=noise)
+        n_ok=int(ok.sum()), n_boot=n_boot, level=level, with_noise=noise, method=method,
+        block=block if method == "pairs" else 1, rho=rho_mean)
 
 
 def fit_seeds(curve: Curve, spec: FitSpec) -> dict:

@@ -4,9 +4,15 @@ Comparison rule (paper): seeds move A by up to +-0.015, so 0.02 is the margin. I
 differ by more, the higher A is the better ceiling. If they agree within it, refit both with A
 held at their average and compare B: the higher B reaches the shared ceiling with less compute.
 
+`decide` adds the evidence: the bootstrap interval of the deciding parameter for each run (A, or
+B of the refits at the shared A) and of the winner's margin (A: the difference, B: the ratio).
+The margin's interval combines the two runs' half-widths in quadrature (the runs are independent;
+B on a log scale), a normal approximation; "clear" means it excludes no difference.
+
 Extrapolation (paper: fit on half the budget, predict the rest): fit on compute <= fraction *
 (largest compute), predict the held-out points, report the errors and how many fall inside the
-bootstrap prediction band.
+bootstrap prediction band. With a fit window that ends (`FitSpec.fit_end`), pass `split=fit_end`:
+the fit is the window's own and the held-out points are exactly those after it.
 """
 from __future__ import annotations
 
@@ -31,6 +37,7 @@ class Comparison:
     B_refit: Optional[tuple] = None  # B of each curve refitted at A_shared
     winner: Optional[str] = None  # None: undecided (a refit failed)
     summary: str = ""
+    refits: tuple = ()  # rule "B": both curves' fits at A_shared (for intervals of B)
 
 
 def compare_fits(curve_a: Curve, curve_b: Curve, spec: FitSpec = FitSpec(), *,
@@ -60,9 +67,70 @@ def compare_fits(curve_a: Curve, curve_b: Curve, spec: FitSpec = FitSpec(), *,
     Bs = (refits[0].B, refits[1].B)
     winner = names[0] if Bs[0] > Bs[1] else names[1]
     return Comparison(names=names, A=As, rule="B", A_shared=shared, B_refit=Bs, winner=winner,
+                      refits=tuple(refits),
                       summary=f"A agree within {margin} (|dA| = {abs(gap):.3f}); at shared A = "
                               f"{shared:.3f}, B = {Bs[0]:.2f} vs {Bs[1]:.2f}: {winner} is more "
                               f"compute-efficient")
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """A comparison by the paper's rule with the intervals behind it (`decide`)."""
+
+    comparison: Comparison
+    param: str  # "A" or "B" (the refits' B at the shared A)
+    values: tuple  # that parameter of each run
+    intervals: tuple  # each run's (lo, hi), or None without a bootstrap
+    margin: float  # A: winner's minus loser's; B: winner's over loser's
+    margin_interval: Optional[tuple]
+    clear: Optional[bool]  # the margin's interval excludes 0 (A) or 1 (B); None: no intervals
+    level: Optional[float] = None
+
+
+def _half(interval: Optional[tuple], log: bool) -> Optional[float]:
+    if interval is None or not all(np.isfinite(interval)) or (log and min(interval) <= 0):
+        return None
+    lo, hi = (np.log(v) for v in interval) if log else interval
+    return 0.5 * float(hi - lo)
+
+
+def decide(curve_a: Curve, curve_b: Curve, spec: FitSpec = FitSpec(), *, fit_a: FitResult,
+           fit_b: FitResult, boot_a: Optional[Bootstrap] = None,
+           boot_b: Optional[Bootstrap] = None, margin: float = A_MARGIN, n_boot: int = 200,
+           level: float = 0.95, method: str = "ar1",
+           seed: int = 0) -> Union[Decision, Comparison, FitFailure]:
+    """`compare_fits` plus intervals (module doc). boot_a/boot_b: the runs' own bootstraps
+    (for A); the refits at the shared A are bootstrapped here (`n_boot`, 0: none). Returns the
+    Comparison or FitFailure as is when there is no winner."""
+    c = compare_fits(curve_a, curve_b, spec, fit_a=fit_a, fit_b=fit_b, margin=margin)
+    if isinstance(c, FitFailure) or c.winner is None:
+        return c
+    first_wins = c.winner == c.names[0]
+    if c.rule == "A":
+        values, log = c.A, False
+        intervals = tuple(None if b is None else b.intervals.get("A") for b in (boot_a, boot_b))
+        got = next((b.level for b in (boot_a, boot_b) if b is not None), None)
+    else:
+        values, log = c.B_refit, True
+        boots = [bootstrap_fit(curve, spec, refit, n_boot=n_boot, level=level, seed=seed,
+                               method=method) if n_boot else None
+                 for curve, refit in zip((curve_a, curve_b), c.refits)]
+        intervals = tuple(None if b is None else b.intervals.get("B") for b in boots)
+        got = level if n_boot else None
+    win, lose = (0, 1) if first_wins else (1, 0)
+    amount = values[win] / values[lose] if log else values[win] - values[lose]
+    halves = [_half(iv, log) for iv in intervals]
+    span = None if None in halves else float(np.hypot(*halves))
+    interval, clear = None, None
+    if span is not None:
+        if log:
+            interval = (float(amount * np.exp(-span)), float(amount * np.exp(span)))
+            clear = interval[0] > 1.0
+        else:
+            interval = (amount - span, amount + span)
+            clear = interval[0] > 0.0
+    return Decision(comparison=c, param=c.rule, values=tuple(values), intervals=intervals,
+                    margin=float(amount), margin_interval=interval, clear=clear, level=got)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,22 +146,30 @@ class Extrapolation:
 
 
 def extrapolate(curve: Curve, spec: FitSpec = FitSpec(), *, fraction: float = 0.5,
+                split: Optional[float] = None, fit: Optional[FitResult] = None,
                 n_boot: int = 0, band_x: Optional[np.ndarray] = None,
                 seed: int = 0) -> Union[Extrapolation, FitFailure]:
-    if not 0 < fraction < 1:
-        raise ValueError(f"extrapolate: fraction={fraction} must be in (0, 1)")
-    window = window_mask(curve, spec)
-    if not window.any():
-        return FitFailure(reason="no points in the fit window", n_points=0)
-    split = fraction * float(curve.x[window].max())
+    """Fit on compute <= split, predict the points after it. split=None: `fraction` of the
+    window's largest compute. `fit`: the fit on that window when the caller has it already."""
+    if split is None:
+        if not 0 < fraction < 1:
+            raise ValueError(f"extrapolate: fraction={fraction} must be in (0, 1)")
+        window = window_mask(curve, spec)
+        if not window.any():
+            return FitFailure(reason="no points in the fit window", n_points=0)
+        split = fraction * float(curve.x[window].max())
+        where = f"{fraction:g} of the largest compute"
+    else:
+        where = "the given split"
     if split <= spec.fit_start:
-        return FitFailure(reason=f"split at {split:.4g} ({fraction:g} of the largest compute) "
-                                 f"is not past fit_start = {spec.fit_start:.4g}", n_points=0)
+        return FitFailure(reason=f"split at {split:.4g} ({where}) is not past fit_start = "
+                                 f"{spec.fit_start:.4g}", n_points=0)
     part = dataclasses.replace(spec, fit_end=split)
     heldout = (curve.x > split) & np.isfinite(curve.y)
     if heldout.sum() < 1:
-        return FitFailure(reason="no held-out points beyond the split", n_points=0)
-    fit = fit_curve(curve, part)
+        return FitFailure(reason=f"no points after {split:.4g} to check the extrapolation on",
+                          n_points=0)
+    fit = fit if fit is not None else fit_curve(curve, part)
     if not fit.ok:
         return FitFailure(reason=f"fit on compute <= {split:.4g}: {fit.reason}",
                           n_points=fit.n_points)

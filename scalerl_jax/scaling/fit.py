@@ -60,7 +60,8 @@ class Curve:
 
 @dataclasses.dataclass(frozen=True)
 class FitSpec:
-    """How to fit. fit_start: keep points with compute > fit_start (paper: 1500 GPU-hours)."""
+    """How to fit. The window is fit_start <= compute <= fit_end (paper: from 1500 GPU-hours);
+    compute 0 (the step-0 evaluation, R0) is never in it."""
 
     r0: Union[str, float] = "measured"  # "measured" | "free" | a number
     fit_start: float = 0.0
@@ -138,9 +139,10 @@ def record_breaking(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 def window_mask(curve: Curve, spec: FitSpec) -> np.ndarray:
-    """Points the fit uses: compute in (fit_start, fit_end], finite, optionally record-breaking."""
+    """Points the fit uses: compute in [fit_start, fit_end] and > 0, finite, optionally
+    record-breaking. Both bounds are inclusive: `fit_start=1500` keeps a point at 1,500."""
     x, y = curve.x, curve.y
-    mask = (x > max(spec.fit_start, 0.0)) & np.isfinite(y) & np.isfinite(x)
+    mask = (x >= spec.fit_start) & (x > 0) & np.isfinite(y) & np.isfinite(x)
     if spec.fit_end is not None:
         mask &= x <= spec.fit_end
     if spec.record_breaking:

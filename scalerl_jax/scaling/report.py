@@ -2,6 +2,8 @@
 
 A run directory holds `metrics.jsonl` (schema: scalerl_jax/metrics.py). A directory without one
 whose subdirectories have one is a multi-seed group: its seeds are pooled into one curve.
+A run on a mixture of domains (eval records with `per_domain`) has a curve per domain as well,
+y = `per_domain.NAME`: `domain_y_key`, `run_domains`; `fit_run_dir` fits them all.
 """
 from __future__ import annotations
 
@@ -15,7 +17,8 @@ import numpy as np
 from scalerl_jax import metrics
 from scalerl_jax.scaling import alternatives, plot
 from scalerl_jax.scaling.bootstrap import Bootstrap, bootstrap_fit, fit_seeds, seed_spread
-from scalerl_jax.scaling.compare import Comparison, Extrapolation, compare_fits, extrapolate
+from scalerl_jax.scaling.compare import (Comparison, Decision, Extrapolation, compare_fits,
+                                         decide, extrapolate)
 from scalerl_jax.scaling.fit import Curve, FitFailure, FitResult, FitSpec, fit_curve
 
 
@@ -29,6 +32,21 @@ def _seed_dirs(run_dir: str) -> list:
     if not subs:
         raise FileNotFoundError(f"{run_dir}: no {metrics.FILENAME} in it or in its subdirectories")
     return subs
+
+
+def domain_y_key(domain: str) -> str:
+    """The eval-record key path of a domain's pass rate."""
+    return f"per_domain.{domain}"
+
+
+def run_domains(run_dirs: Sequence[str]) -> list[str]:
+    """The domains with a validation curve in these runs (sorted; [] for single-source runs)."""
+    names: set = set()
+    for d in (d for run_dir in run_dirs for d in _seed_dirs(run_dir)):
+        for record in metrics.read_metrics(d).of("eval"):
+            per_domain = record.get("per_domain")
+            names.update(per_domain if isinstance(per_domain, dict) else ())
+    return sorted(names)
 
 
 def load_curve(run_dirs: Sequence[str], name: Optional[str] = None,
@@ -67,6 +85,8 @@ class RunAnalysis:
     per_seed: Optional[dict] = None
     alternatives: dict = dataclasses.field(default_factory=dict)
     notes: list = dataclasses.field(default_factory=list)
+    domains: dict = dataclasses.field(default_factory=dict)  # domain -> its RunAnalysis
+    spec: FitSpec = FitSpec()
 
     def at_target(self) -> Optional[tuple]:
         """(R, lo, hi) predicted at the target compute; lo/hi NaN without a bootstrap."""
@@ -82,18 +102,25 @@ class RunAnalysis:
 
 
 def analyse(curve: Curve, spec: FitSpec, *, n_boot: int = 200, level: float = 0.95,
-            block: int = 1, target: Optional[float] = None, extrapolate_fraction: float = 0.5,
+            interval: str = "ar1", block: int = 1, target: Optional[float] = None,
+            extrapolate_fraction: float = 0.5,
             with_alternatives: bool = False, seed: int = 0,
             notes: Sequence[str] = ()) -> RunAnalysis:
     positive = curve.x[(curve.x > 0) & np.isfinite(curve.x)]
     target = float(target) if target else 2.0 * float(positive.max()) if len(positive) else 1.0
-    result = RunAnalysis(curve=curve, fit=fit_curve(curve, spec), target=target, notes=list(notes))
+    result = RunAnalysis(curve=curve, fit=fit_curve(curve, spec), target=target,
+                         notes=list(notes), spec=spec)
     fit = result.fit
     if fit.ok and n_boot:
         band_x = np.geomspace(min(target, fit.x_range[0]), max(target, fit.x_range[1]), 120)
         result.boot = bootstrap_fit(curve, spec, fit, n_boot=n_boot, level=level, seed=seed,
-                                    block=block, band_x=band_x)
-    if extrapolate_fraction:
+                                    method=interval, block=block, band_x=band_x)
+    if extrapolate_fraction and spec.fit_end is not None:
+        # A window that ends is its own extrapolation check: the window's fit, judged on the
+        # points after fit_end (and only those).
+        result.extrap = extrapolate(curve, spec, split=spec.fit_end,
+                                    fit=fit if fit.ok else None, n_boot=n_boot, seed=seed)
+    elif extrapolate_fraction:
         result.extrap = extrapolate(curve, spec, fraction=extrapolate_fraction, n_boot=n_boot,
                                     seed=seed)
     if len(curve.seeds) > 1:
@@ -104,21 +131,41 @@ def analyse(curve: Curve, spec: FitSpec, *, n_boot: int = 200, level: float = 0.
     return result
 
 
-def _interval(fit: FitResult, boot: Optional[Bootstrap], name: str, fmt: str) -> str:
-    value = format(getattr(fit, name), fmt)
+def _interval(fit: FitResult, boot: Optional[Bootstrap], name: str, fmt) -> str:
+    """'0.612 [0.600, 0.624]'; fmt: a format spec or a function (plot.readable)."""
+    show = fmt if callable(fmt) else (lambda v: format(v, fmt))
+    value = show(getattr(fit, name))
     if boot is None or name not in boot.intervals:
         return value
     lo, hi = boot.intervals[name]
-    return f"{value} [{lo:{fmt}}, {hi:{fmt}}]"
+    return f"{value} [{show(lo)}, {show(hi)}]"
 
 
-def _extrap_text(e) -> str:
+def extrapolation_mode(a: RunAnalysis) -> str:
+    """'after fit_end' (the window's fit judged on the points after it) or 'split' (a fit on
+    part of the window, judged on the rest)."""
+    e = a.extrap
+    fit_end = a.spec.fit_end
+    return "after fit_end" if isinstance(e, Extrapolation) and fit_end is not None \
+        and e.split == fit_end else "split"
+
+
+def _extrap_text(a: RunAnalysis) -> str:
+    e = a.extrap
     if e is None:
         return "-"
     if isinstance(e, FitFailure):
         return f"n/a: {e.reason}"
     cover = "" if e.coverage is None else f", {100 * e.coverage:.0f}% in band"
-    return f"fit <= {e.split:.3g}: RMSE {e.rmse:.4f}, end err {e.final_err:+.4f}{cover}"
+    if extrapolation_mode(a) == "after fit_end":
+        return (f"{e.n_heldout} pts after {plot.readable(e.split)}: RMSE {e.rmse:.4f}, "
+                f"last err {e.final_err:+.4f}{cover}")
+    return f"fit <= {plot.readable(e.split)}: RMSE {e.rmse:.4f}, end err {e.final_err:+.4f}{cover}"
+
+
+def _x_fitted(fit: FitResult) -> str:
+    lo, hi = fit.x_range
+    return f"{plot.readable(lo)}-{plot.readable(hi)}"
 
 
 def _columns(rows: list) -> str:
@@ -136,8 +183,8 @@ def _columns(rows: list) -> str:
 def format_table(analyses: Sequence[RunAnalysis]) -> str:
     level = next((a.boot.level for a in analyses if a.boot is not None), None)
     ci = f" [{100 * level:.0f}% CI]" if level else ""
-    rows = [["run", "pts", "A" + ci, "B" + ci, "C_mid" + ci, "R0", "RMSE", "R at target C",
-             "extrapolation"]]
+    rows = [["run", "pts", "x fitted", "A" + ci, "B" + ci, "C_mid" + ci, "R0", "RMSE",
+             "R at target C", "extrapolation"]]
     for a in analyses:
         f = a.fit
         if not f.ok:
@@ -145,11 +192,15 @@ def format_table(analyses: Sequence[RunAnalysis]) -> str:
             continue
         r, lo, hi = a.at_target()
         pred = f"{r:.3f}" + (f" [{lo:.3f}, {hi:.3f}]" if np.isfinite(lo) else "")
-        rows.append([a.curve.name, str(f.n_points), _interval(f, a.boot, "A", ".3f"),
-                     _interval(f, a.boot, "B", ".2f"), _interval(f, a.boot, "C_mid", ".3g"),
+        rows.append([a.curve.name, str(f.n_points), _x_fitted(f),
+                     _interval(f, a.boot, "A", ".3f"), _interval(f, a.boot, "B", ".2f"),
+                     _interval(f, a.boot, "C_mid", plot.readable),
                      f"{f.R0:.3f} ({f.r0_mode})", f"{f.rmse:.4f}",
-                     f"{pred} @ {a.target:.3g}", _extrap_text(a.extrap)])
+                     f"{pred} @ {plot.readable(a.target)}", _extrap_text(a)])
     text = [_columns(rows)]
+    methods = sorted({f"{a.boot.describe()}" for a in analyses if a.boot is not None})
+    if methods:
+        text.append("intervals: " + "; ".join(methods))
     for a in analyses:
         if a.per_seed:
             parts = [f"{s}: {f.A:.3f}" if f.ok else f"{s}: no fit" for s, f in a.per_seed.items()]
@@ -165,7 +216,7 @@ def format_table(analyses: Sequence[RunAnalysis]) -> str:
             params = (f"A={fit.A:.3f} B={fit.B:.3f} log D={fit.log_D:.3g}" if form == "power law"
                       else f"k={fit.k:.4f} E={fit.E:.3f}")
             alt_rows.append([a.curve.name, form, params, f"{fit.rmse:.4f}",
-                             f"{float(fit.predict(a.target)):.3f} @ {a.target:.3g}",
+                             f"{float(fit.predict(a.target)):.3f} @ {plot.readable(a.target)}",
                              getattr(fit, "note", "")])
     if len(alt_rows) > 1:
         text += ["", "alternative forms (same fit window):", _columns(alt_rows)]
@@ -189,6 +240,74 @@ def format_comparisons(comparisons: Sequence, margin: float) -> str:
     return "\n".join(lines)
 
 
+def decide_all(analyses: Sequence[RunAnalysis], spec: FitSpec, margin: float, *,
+               pairwise: bool = False, n_boot: int = 200, level: float = 0.95,
+               interval: str = "ar1", seed: int = 0) -> list:
+    """`compare.decide` for each run against the first, or for every pair (`pairwise`)."""
+    n = len(analyses)
+    pairs = [(i, j) for i in range(n) for j in range(i + 1, n)] if pairwise else \
+        [(0, j) for j in range(1, n)]
+    return [decide(analyses[i].curve, analyses[j].curve, spec, fit_a=analyses[i].fit,
+                   fit_b=analyses[j].fit, boot_a=analyses[i].boot, boot_b=analyses[j].boot,
+                   margin=margin, n_boot=n_boot, level=level, method=interval, seed=seed)
+            for i, j in pairs]
+
+
+def _with_interval(value: float, iv: Optional[tuple], fmt: str) -> str:
+    return format(value, fmt) + ("" if iv is None else f" [{iv[0]:{fmt}}, {iv[1]:{fmt}}]")
+
+
+def format_decisions(decisions: Sequence, margin: float, pairwise: bool = False) -> str:
+    """Who wins each comparison, by how much, with the intervals (compare.decide)."""
+    which = "every pair" if pairwise else "each run against the first"
+    lines = [f"recipe comparison, {which} (paper's rule: |A difference| > {margin} -> the "
+             f"higher A wins; otherwise both are refitted at their mean A and the higher B "
+             f"wins):"]
+    for d in decisions:
+        if not isinstance(d, Decision):
+            lines.append(f"  {' vs '.join(d.names)}: {d.summary}" if isinstance(d, Comparison)
+                         else f"  {d.reason}")
+            continue
+        c = d.comparison
+        gap = abs(c.A[0] - c.A[1])
+        level = "" if d.level is None else f" ({100 * d.level:.0f}% intervals)"
+        none = "0" if d.param == "A" else "1"
+        verdict = ("no intervals" if d.clear is None else
+                   f"clear: its interval excludes {none}" if d.clear else
+                   f"within noise: its interval includes {none}")
+        if d.param == "A":
+            lines.append(
+                f"  {c.names[0]} vs {c.names[1]}: A decides (|dA| {gap:.3f} > {margin}): "
+                f"{c.winner} wins by {_with_interval(d.margin, d.margin_interval, '+.3f')} "
+                f"in A ({verdict}); A {_with_interval(d.values[0], d.intervals[0], '.3f')} vs "
+                f"{_with_interval(d.values[1], d.intervals[1], '.3f')}{level}")
+        else:
+            lines.append(
+                f"  {c.names[0]} vs {c.names[1]}: B decides (|dA| {gap:.3f} <= {margin}; both "
+                f"refitted at A = {c.A_shared:.3f}): {c.winner} is more compute-efficient, B "
+                f"ratio {_with_interval(d.margin, d.margin_interval, '.2f')} ({verdict}); B "
+                f"{_with_interval(d.values[0], d.intervals[0], '.2f')} vs "
+                f"{_with_interval(d.values[1], d.intervals[1], '.2f')}{level}")
+    return "\n".join(lines)
+
+
+def decisions_json(decisions: Sequence) -> list:
+    out = []
+    for d in decisions:
+        if isinstance(d, Decision):
+            c = d.comparison
+            out.append({"runs": list(c.names), "rule": c.rule, "winner": c.winner,
+                        "A": _plain(c.A), "A_shared": _plain(c.A_shared),
+                        "B_refit": _plain(c.B_refit), "param": d.param,
+                        "values": _plain(d.values), "intervals": _plain(d.intervals),
+                        "margin": _plain(d.margin), "margin_interval": _plain(d.margin_interval),
+                        "clear": d.clear, "level": d.level, "summary": c.summary})
+        else:
+            out.append({"runs": list(getattr(d, "names", ())), "winner": None,
+                        "reason": getattr(d, "summary", None) or getattr(d, "reason", "")})
+    return out
+
+
 def _plain(obj):
     if dataclasses.is_dataclass(obj):
         return {k: _plain(v) for k, v in dataclasses.asdict(obj).items()}
@@ -208,11 +327,14 @@ def _plain(obj):
 def to_json(a: RunAnalysis, spec: FitSpec) -> dict:
     fit = {"ok": a.fit.ok, **_plain(a.fit)}
     boot = None if a.boot is None else {"intervals": _plain(a.boot.intervals), "n_ok": a.boot.n_ok,
-                                        "n_boot": a.boot.n_boot, "level": a.boot.level}
+                                        "n_boot": a.boot.n_boot, "level": a.boot.level,
+                                        "method": a.boot.method, "block": a.boot.block,
+                                        "rho": _plain(a.boot.rho)}
     extrap = None
     if isinstance(a.extrap, Extrapolation):
         extrap = {k: _plain(getattr(a.extrap, k)) for k in
                   ("split", "fit", "n_heldout", "rmse", "max_abs_err", "final_err", "coverage")}
+        extrap["mode"] = extrapolation_mode(a)
     elif a.extrap is not None:
         extrap = {"ok": False, "reason": a.extrap.reason}
     return {"run": a.curve.name, "x_key": a.curve.x_key, "y_key": a.curve.y_key,
@@ -233,22 +355,39 @@ def write_run(a: RunAnalysis, spec: FitSpec, out_dir: str, plots: bool = True) -
     if plots:
         extrap = a.extrap if isinstance(a.extrap, Extrapolation) else None
         paths.append(plot.plot_run(os.path.join(out_dir, "fit.png"), a.curve, spec, a.fit,
-                                   boot=a.boot, extrap=extrap, target=a.target))
+                                   boot=a.boot, extrap=extrap, target=a.target,
+                                   at_target=a.at_target()))
     return paths
 
 
 def fit_run_dir(run_dir: str, spec: FitSpec = FitSpec(), *, n_boot: int = 200, seed: int = 0,
-                plots: bool = True) -> tuple[RunAnalysis, list]:
+                plots: bool = True, out: Optional[str] = None) -> tuple[RunAnalysis, list]:
     """Fit one run directory's validation curve with the defaults of `experiments/fit.py` and
-    write RUN_DIR/fit/ (what a training run does at its end). Returns (analysis, files)."""
+    write RUN_DIR/fit/ (or `out`; what a training run does at its end). Returns
+    (analysis, files).
+
+    A mixture's run also gets each domain's curve fitted (`analysis.domains`), written to
+    RUN_DIR/fit/DOMAIN/, and RUN_DIR/fit/fit.txt lists the overall row and one per domain."""
     curve, notes = load_curve([run_dir])
     analysis = analyse(curve, spec, n_boot=n_boot, seed=seed, notes=notes)
-    return analysis, write_run(analysis, spec, os.path.join(run_dir, "fit"), plots=plots)
+    out = out or os.path.join(run_dir, "fit")
+    files = write_run(analysis, spec, out, plots=plots)
+    for domain in run_domains([run_dir]):
+        sub, sub_notes = load_curve([run_dir], name=f"{curve.name}:{domain}",
+                                    y_key=domain_y_key(domain))
+        analysis.domains[domain] = analyse(sub, spec, n_boot=n_boot, seed=seed,
+                                           notes=sub_notes)
+        files += write_run(analysis.domains[domain], spec, os.path.join(out, domain),
+                           plots=plots)
+    if analysis.domains:
+        with open(files[0], "w") as f:  # fit.txt: the overall row, then each domain's
+            f.write(format_table([analysis, *analysis.domains.values()]) + "\n")
+    return analysis, files
 
 
 def headline(a: RunAnalysis) -> Optional[dict]:
     """{"A", "B", "C_mid"} with "<name>_lo" / "<name>_hi" interval ends when bootstrapped; None
-    when the fit failed (its reason is `a.fit.reason`)."""
+    when the fit failed (its reason is `a.fit.reason`). See `domain_headlines` for domains."""
     if not a.fit.ok:
         return None
     out = {name: float(getattr(a.fit, name)) for name in ("A", "B", "C_mid")}
@@ -256,3 +395,8 @@ def headline(a: RunAnalysis) -> Optional[dict]:
         if name in out:
             out[f"{name}_lo"], out[f"{name}_hi"] = float(lo), float(hi)
     return out
+
+
+def domain_headlines(a: RunAnalysis) -> dict:
+    """{domain: headline dict, or {"reason": why there is no fit}} of a mixture's run."""
+    return {d: headline(sub) or {"reason": sub.fit.reason} for d, sub in a.domains.items()}

@@ -1,8 +1,9 @@
-"""Held-out validation: mean@k pass rate, the y-axis of the scaling curve."""
+"""Scoring by domain, and held-out validation: mean@k pass rate, the y-axis of the scaling curve
+(overall and, for a mixture of domains, per domain)."""
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence, Union
 
 import numpy as np
 
@@ -13,17 +14,60 @@ from scalerl_jax.sampler.driver import Driver, Prompt as SamplerPrompt
 from scalerl_jax.sampler.types import Group
 
 
-def score_groups(groups: Sequence[Group], *, tokenizer: Any, verifier: Verifier,
+def group_domain(group: Group) -> str:
+    """The data domain a group's prompt came from ("" for a single-source run)."""
+    return group.metadata.get("domain", "")
+
+
+def score_groups(groups: Sequence[Group], *, tokenizer: Any,
+                 verifier: Union[Verifier, Mapping[str, Verifier]],
                  pool: RewardPool) -> ScoreResult:
-    """Verify every completion of `groups` against its group's reference answer, in order."""
-    items = [(tokenizer.decode(c.tokens, skip_special_tokens=True), g.metadata["answer"])
-             for g in groups for c in g.completions]
-    return pool.score(verifier, items)
+    """Verify every completion of `groups` against its group's reference answer, in order.
+
+    `verifier` is one verifier, or {domain: verifier} (rewards.domain_verifiers): each group
+    is then checked by its domain's, with one `pool.score` call per domain present."""
+    verifiers = verifier if isinstance(verifier, Mapping) else None
+    if verifiers is None or len(verifiers) == 1 and not any(map(group_domain, groups)):
+        one = verifier if verifiers is None else next(iter(verifiers.values()))
+        items = [(tokenizer.decode(c.tokens, skip_special_tokens=True), g.metadata["answer"])
+                 for g in groups for c in g.completions]
+        return pool.score(one, items)
+    by_domain: dict[str, list[int]] = {}  # domain -> indices of its completions in the batch
+    items, n = [], 0
+    for g in groups:
+        domain = group_domain(g)
+        if domain not in verifiers:
+            raise KeyError(f"group {g.prompt_id!r} is of domain {domain!r}, which has no "
+                           f"verifier (domains: {sorted(verifiers)})")
+        for c in g.completions:
+            items.append((tokenizer.decode(c.tokens, skip_special_tokens=True),
+                          g.metadata["answer"]))
+            by_domain.setdefault(domain, []).append(n)
+            n += 1
+    rewards, correct = np.zeros(n, np.float32), np.zeros(n, bool)
+    timeouts = errors = 0
+    seconds, example = 0.0, None
+    for domain, where in by_domain.items():
+        part = pool.score(verifiers[domain], [items[i] for i in where])
+        rewards[where], correct[where] = part.rewards, part.correct
+        timeouts, errors = timeouts + part.num_timeouts, errors + part.num_errors
+        seconds += part.seconds
+        example = example or (part.error_example and f"[{domain}] {part.error_example}")
+    return ScoreResult(rewards, correct, timeouts, errors, seconds, example)
+
+
+def rate_and_se(per_prompt: np.ndarray) -> tuple[float, Any]:
+    """Mean of per-prompt pass rates and its standard error (None below two prompts).
+    Prompts are the independent units (a prompt's k samples share its difficulty), so the
+    standard error comes from the spread of the per-prompt pass rates."""
+    rate = float(per_prompt.mean()) if per_prompt.size else 0.0
+    se = float(per_prompt.std(ddof=1) / np.sqrt(per_prompt.size)) if per_prompt.size > 1 else None
+    return rate, se
 
 
 def evaluate(engine, params, prompts: Sequence[Prompt], *, tokenizer: Any, k: int,
-             verifier: Verifier, pool: RewardPool, driver_kwargs: dict, version: int,
-             seed: int = 0) -> dict:
+             verifier: Union[Verifier, Mapping[str, Verifier]], pool: RewardPool,
+             driver_kwargs: dict, version: int, seed: int = 0) -> dict:
     """Generate k samples per held-out prompt with `params` and score them.
 
     Runs a second driver on the same engine in the caller's thread (the training sampler keeps
@@ -31,30 +75,39 @@ def evaluate(engine, params, prompts: Sequence[Prompt], *, tokenizer: Any, k: in
     Sample j of prompt i is seeded by (seed, i, j): every evaluation of a run draws the same
     random numbers, so the differences between its points come from the policy, not the dice.
 
+    Prompts of a mixture (`Prompt.domain` set) also give `per_domain` {domain: pass rate},
+    `per_domain_se` {domain: standard error} and `per_domain_prompts` {domain: prompts}.
+
     Multi-process: each process passes its own share of the prompts (e.g.
     `PromptSource.validation(shard=True)`); the counts are summed over processes, so every
     process returns the same figures for the whole validation set.
     """
     start = time.monotonic()
     groups: list[Group] = []
-    stream = [SamplerPrompt(p.prompt_id, tokenizer.encode(p.text), {"answer": p.answer}, i)
+    stream = [SamplerPrompt(p.prompt_id, tokenizer.encode(p.text),
+                            {"answer": p.answer, "domain": p.domain}, i)
               for i, p in enumerate(prompts)]
     driver = Driver(engine, params, stream, group_size=k, version=version, seed=seed,
                     on_group=groups.append, **driver_kwargs)
     driver.run()
     scored = score_groups(groups, tokenizer=tokenizer, verifier=verifier, pool=pool)
     per_prompt = np.asarray(scored.correct, np.float64).reshape(len(groups), k).mean(axis=1)
-    local = (per_prompt, int(driver.stats["tokens"]), int(driver.stats["finish_truncated"]),
-             int(driver.stats["interrupted"]))
+    local = (per_prompt, [group_domain(g) for g in groups], int(driver.stats["tokens"]),
+             int(driver.stats["finish_truncated"]), int(driver.stats["interrupted"]))
     shared = allgather_objects(local)
     per_prompt = np.concatenate([part[0] for part in shared])
-    tokens, truncated, interrupted = (sum(part[i] for part in shared) for i in (1, 2, 3))
+    domains = np.array([d for part in shared for d in part[1]], dtype=object)
+    tokens, truncated, interrupted = (sum(part[i] for part in shared) for i in (2, 3, 4))
     samples = max(per_prompt.size * k, 1)
-    # Prompts are the independent units (a prompt's k samples share its difficulty), so the
-    # standard error comes from the spread of the per-prompt pass rates.
-    se = float(per_prompt.std(ddof=1) / np.sqrt(per_prompt.size)) if per_prompt.size > 1 else None
-    return {"pass_rate": float(per_prompt.mean()) if per_prompt.size else 0.0,
-            "pass_rate_se": se, "k": k, "num_prompts": int(per_prompt.size),
-            "eval_seconds": time.monotonic() - start, "eval_tokens": tokens,
-            "eval_truncation_rate": truncated / samples,
-            "eval_interruption_rate": interrupted / samples}
+    rate, se = rate_and_se(per_prompt)
+    out = {"pass_rate": rate, "pass_rate_se": se, "k": k, "num_prompts": int(per_prompt.size),
+           "eval_seconds": time.monotonic() - start, "eval_tokens": tokens,
+           "eval_truncation_rate": truncated / samples,
+           "eval_interruption_rate": interrupted / samples}
+    names = sorted({d for d in domains if d})
+    if names:  # a mixture: one curve per domain as well
+        stats = {d: rate_and_se(per_prompt[domains == d]) for d in names}
+        out["per_domain"] = {d: stats[d][0] for d in names}
+        out["per_domain_se"] = {d: stats[d][1] for d in names}
+        out["per_domain_prompts"] = {d: int((domains == d).sum()) for d in names}
+    return out

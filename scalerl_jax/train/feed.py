@@ -8,7 +8,9 @@ The sampler pulls prompts ahead of the trainer, so the data cursor alone would l
 in flight at a checkpoint. The feed remembers every prompt issued but not yet consumed; a
 checkpoint stores them (in ticket order) with the cursor, and a resumed feed re-issues them first
 under the same tickets (their generations are regenerated, with the same per-ticket seeds), then
-continues from the cursor.
+continues from the cursor. The source may be a mixture of domains (data/mixture.py): its cursor
+covers the domain draws and every domain's position, and each prompt's domain travels with it
+(`metadata["domain"]`) to the scorer, which picks the domain's verifier.
 """
 from __future__ import annotations
 
@@ -16,12 +18,13 @@ import dataclasses
 import threading
 from typing import Any
 
+from scalerl_jax.data.mixture import MixtureSource
 from scalerl_jax.data.prompts import Prompt, PromptSource
 from scalerl_jax.sampler.driver import Prompt as SamplerPrompt
 
 
 class PromptFeed:
-    def __init__(self, source: PromptSource, tokenizer: Any):
+    def __init__(self, source: PromptSource | MixtureSource, tokenizer: Any):
         self._source, self._tokenizer = source, tokenizer
         self._lock = threading.Lock()
         self._next_ticket = 0
@@ -43,8 +46,9 @@ class PromptFeed:
             ticket, self._next_ticket = self._next_ticket, self._next_ticket + 1
             self._inflight[ticket] = prompt
         ids = self._tokenizer.encode(prompt.text)
-        return SamplerPrompt(prompt.prompt_id, ids,
-                             {"answer": prompt.answer, "problem": prompt.problem}, ticket)
+        return SamplerPrompt(prompt.prompt_id, ids, {"answer": prompt.answer,
+                                                     "problem": prompt.problem,
+                                                     "domain": prompt.domain}, ticket)
 
     def consumed(self, ticket: int) -> None:
         """The group of `ticket` reached the trainer (trained on, filtered or dropped)."""

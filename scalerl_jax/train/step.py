@@ -18,6 +18,12 @@ The forward pass runs in the model's compute dtype (bf16 in production); log-pro
 come from `train.logprobs` in sequence chunks with an fp32 LM head when `fp32_head`. The
 objective is `rl.losses.policy_loss` selected by `LossConfig.objective`.
 
+MoE policies add router metrics: `moe_aux_loss` (the Switch load-balancing loss, mean over MoE
+layers), `moe_load_e{i}` (expert i's share of the token->expert assignments, mean over layers),
+and `moe_load_max` / `moe_load_min` (the largest / smallest share times E, so 1.0 is perfect
+balance; the worst micro-batch). With `ModelConfig.router_aux_loss_coef > 0` the loss gets
+coef x moe_aux_loss. Dispatch never drops a token (models/moe.py), so there is no dropped count.
+
 Non-finite guard: when the loss or the gradient norm is not finite, params and optimizer state
 are kept as they were, `state.skipped` counts it and metric `skipped` is 1. `state.step` counts
 every batch consumed, skipped ones included; the learning-rate schedule follows the optimizer's
@@ -81,6 +87,16 @@ def put_batch(batch: TrainBatch, mesh) -> TrainBatch:
     return put_global(batch, batch_sharding(mesh))
 
 
+def router_metrics(stats) -> dict:
+    """RouterStats stacked over MoE layers (load [L, E], aux_loss [L]) -> scalar metrics."""
+    load = jnp.mean(stats.load, axis=0)
+    e = load.shape[0]
+    out = {"moe_aux_loss": jnp.mean(stats.aux_loss),
+           "moe_load_max": jnp.max(stats.load) * e, "moe_load_min": jnp.min(stats.load) * e}
+    out.update({f"moe_load_e{i}": load[i] for i in range(e)})
+    return out
+
+
 def _combine(ms: dict) -> dict:
     """Per-micro-batch metrics (each [M]) -> whole-batch metrics (see module docstring)."""
     norm, tokens = ms["normaliser"], ms["tokens"]
@@ -92,6 +108,8 @@ def _combine(ms: dict) -> dict:
             out[k] = (v * norm).sum() / jnp.maximum(norm.sum(), 1.0)
         elif k.endswith("_max"):
             out[k] = v.max()
+        elif k.endswith("_min"):
+            out[k] = v.min()
         else:  # token means (ratio_mean, clip/cap fractions, sampler-trainer KL)
             out[k] = (v * tokens).sum() / jnp.maximum(tokens.sum(), 1.0)
     return out
@@ -156,7 +174,7 @@ def make_train_step(graphdef, abstract_state: TrainState, mesh, *, model_cfg: Mo
     def micro_step(params, mb: TrainBatch):
         def loss_fn(p):
             model = nnx.merge(graphdef, p)
-            hidden = model(mb.tokens, mb.positions, mb.segment_ids)
+            hidden, router = model.forward(mb.tokens, mb.positions, mb.segment_ids)
             hidden = jax.lax.with_sharding_constraint(hidden, hidden_sh)
             logp, entropy = token_logprobs(hidden, model.head_kernel(), mb.targets,
                                            chunk_size=logprob_chunk, fp32=model_cfg.fp32_head,
@@ -175,6 +193,10 @@ def make_train_step(graphdef, abstract_state: TrainState, mesh, *, model_cfg: Mo
             m["kl_sampler_k3"] = masked_mean(
                 rl_losses.kl_penalty(mb.behaviour_logp, lp, "k3"), counted)
             m["seq_tokens"] = jnp.sum(mb.segment_ids > 0).astype(jnp.float32)
+            if router is not None:  # an MoE policy
+                m.update(router_metrics(router))
+                if model_cfg.router_aux_loss_coef:
+                    loss = loss + model_cfg.router_aux_loss_coef * m["moe_aux_loss"]
             # Scaled by this micro-batch's normaliser; the sum is divided once at the end.
             return loss * sg(m["normaliser"]), m
 

@@ -5,8 +5,9 @@ Every host runs this same program. Each host samples its own share of every step
 its sampler devices (train/pipeline.py: PipelineRL-k, ppo_off_policy or sync, all by admission
 of ticketed prompts), scores them, and the hosts exchange their scored groups so that each
 builds the same global batch for the jitted step on the trainer mesh. Host 0 writes the run
-directory: `config.json`, `metrics.jsonl` (schema in metrics.py), `tensorboard/`, Orbax
-`checkpoints/`, `sft/` (the warm-up's HF checkpoint) and, at the end, `fit/`.
+directory: `config.json`, `metrics.jsonl` (schema in metrics.py; a `forecast` record follows
+each evaluation, scaling/forecast.py), `tensorboard/`, Orbax `checkpoints/`, `sft/` (the
+warm-up's HF checkpoint) and, at the end, `fit/`.
 
 Resume: re-running the same command restores the newest good checkpoint (params, optimizer,
 step, RNG, curriculum, every host's data cursor and in-flight prompts, compute meter), and the
@@ -29,22 +30,23 @@ from scalerl_jax import checkpoint as ckpt_lib
 from scalerl_jax import mesh as mesh_lib
 from scalerl_jax import metrics as metrics_lib
 from scalerl_jax import rundir
-from scalerl_jax.config import ConfigError, RunConfig
-from scalerl_jax.data.prompts import PromptSource
+from scalerl_jax.config import ConfigError, RunConfig, field_defaults
+from scalerl_jax.data.mixture import open_source
 from scalerl_jax.models.transformer import matmul_params
 from scalerl_jax.multihost import allgather_objects
 from scalerl_jax.progress import SFT_FIELDS, Progress
-from scalerl_jax.rewards import RewardPool, verifier_for_source
+from scalerl_jax.rewards import RewardPool, answer_checks, domain_verifiers, use_processes
 from scalerl_jax.rl.curriculum import NoPositiveResampling
 from scalerl_jax.sampler.driver import Driver, driver_token_ids
 from scalerl_jax.sampler.engine import Engine
 from scalerl_jax.sampler.weight_sync import WeightSync
 from scalerl_jax.scaling import report
+from scalerl_jax.scaling.forecast import Forecaster
 from scalerl_jax.tracking import Tracker
 from scalerl_jax.train import batch as batch_lib
 from scalerl_jax.train import sft as sft_lib
 from scalerl_jax.train import state as state_lib
-from scalerl_jax.train.evaluate import evaluate, score_groups
+from scalerl_jax.train.evaluate import evaluate, group_domain, score_groups
 from scalerl_jax.train.feed import PromptFeed
 from scalerl_jax.train.pipeline import Rollouts, Schedule
 from scalerl_jax.train.step import batch_shards, make_train_step
@@ -60,16 +62,18 @@ class RunResult:
     evals: list  # this run directory's eval records
     fit: Optional[dict] = None  # report.headline of the end-of-run fit
     fit_reason: Optional[str] = None  # why there is no fit
+    domain_fits: dict = dataclasses.field(default_factory=dict)  # report.domain_headlines
     stopped_by: Optional[str] = None  # "SIGTERM" / "SIGINT" when a signal ended the run early
 
 
 def load_tokenizer(cfg: RunConfig):
-    if cfg.data.source.startswith("synthetic:"):
+    if all(src.startswith("synthetic:") for src in cfg.data.sources()):
         from scalerl_jax.data.synthetic import CharTokenizer
         return CharTokenizer()
     if cfg.hf_checkpoint is None:
-        raise ConfigError(f"DataConfig.source={cfg.data.source!r} needs a tokenizer: set "
-                          "RunConfig.hf_checkpoint to an HF model directory")
+        raise ConfigError(f"DataConfig.source={cfg.data.source!r} needs a tokenizer (sources "
+                          f"{list(cfg.data.sources())}): set RunConfig.hf_checkpoint to an HF "
+                          "model directory")
     from scalerl_jax.models.tokenizer import load_tokenizer as load
     return load(cfg.hf_checkpoint)
 
@@ -91,7 +95,8 @@ def _run(cfg: RunConfig, tokenizer, cleanup: contextlib.ExitStack, allow_config_
          wandb_project, fit) -> RunResult:
     main = jax.process_index() == 0
     if main:
-        rundir.check_config(cfg.workdir, cfg.to_dict(), allow_change=allow_config_change)
+        rundir.check_config(cfg.workdir, cfg.to_dict(), allow_change=allow_config_change,
+                            defaults=field_defaults())
 
     # Meshes: trainer devices of all hosts, this host's sampler devices.
     split = mesh_lib.split_devices(cfg.mesh)
@@ -100,17 +105,20 @@ def _run(cfg: RunConfig, tokenizer, cleanup: contextlib.ExitStack, allow_config_
     hosts, host = jax.process_count(), jax.process_index()
     schedule = Schedule.from_config(cfg.pipeline, hosts, host)
 
-    # Data: this host's shard of the training prompts; the validation set, split over hosts.
+    # Data: this host's shard of the training prompts (one source, or a mixture of domains
+    # drawn by weight); the validation set, split over hosts. Each domain's verifier.
     curriculum = NoPositiveResampling(threshold=cfg.pipeline.retire_pass_rate)
     retire = cfg.pipeline.no_positive_resampling
-    source = PromptSource(cfg.data, tokenizer, process_index=host, process_count=hosts,
-                          skip=lambda pid: curriculum.is_retired(pid) if retire else False,
-                          id_field=cfg.data.id_field)
+    verifiers = domain_verifiers(cfg.data, cfg.reward.verifier)  # {domain: verifier}
+    source = open_source(cfg.data, tokenizer, process_index=host, process_count=hosts,
+                         skip=lambda pid: curriculum.is_retired(pid) if retire else False,
+                         check_answers=answer_checks(cfg.data, cfg.reward.verifier))
     validation = source.validation()[:cfg.eval.num_prompts]
-    verifier = verifier_for_source(cfg.data.source, cfg.reward.verifier)
+    # Thread or child-process workers, decided from all domains' sources.
+    processes = use_processes(cfg.reward, cfg.data)
     pool = RewardPool(cfg.reward.workers, cfg.reward.timeout_s,
                       reward_correct=cfg.loss.reward_correct,
-                      reward_incorrect=cfg.loss.reward_incorrect, processes=cfg.reward.processes)
+                      reward_incorrect=cfg.loss.reward_incorrect, processes=processes)
     cleanup.callback(pool.close)
 
     # Resume from the newest good checkpoint; else the initial policy (SFT warm-up, HF, init).
@@ -161,6 +169,15 @@ def _run(cfg: RunConfig, tokenizer, cleanup: contextlib.ExitStack, allow_config_
         tracker.write(rec)
         return rec
 
+    # Online forecast (process 0): each evaluation queues a refit of the sigmoid in a
+    # background thread; finished forecasts are written here, after the step that saw them.
+    forecaster = cleanup.enter_context(Forecaster.for_run(cfg.forecast, cfg.workdir,
+                                                          total_steps=cfg.steps, enabled=main))
+
+    def write_forecasts(done: list) -> None:
+        for fields in done:
+            bar.set_forecast(record("forecast", **fields))
+
     record("run", start, schema=metrics_lib.SCHEMA_VERSION, time=time.time(),
            resumed=restored is not None, config=cfg.to_dict())
     # The base policy is evaluated at step 0; a resumed run re-evaluates its restored step only
@@ -189,11 +206,13 @@ def _run(cfg: RunConfig, tokenizer, cleanup: contextlib.ExitStack, allow_config_
 
     def run_eval(step: int, params) -> dict:
         result = evaluate(engine, params, validation[host::hosts], tokenizer=tokenizer,
-                          k=cfg.eval.k, verifier=verifier, pool=pool,
+                          k=cfg.eval.k, verifier=verifiers, pool=pool,
                           driver_kwargs=driver_kwargs, version=step, seed=sample_seed)
         rec = record("eval", step, compute=meter.compute(), **result)
-        log.info("eval step %d: pass rate %.3f (%d prompts x %d)", step, result["pass_rate"],
-                 result["num_prompts"], cfg.eval.k)
+        forecaster.submit(rec)
+        domains = "".join(f", {d} {r:.3f}" for d, r in result.get("per_domain", {}).items())
+        log.info("eval step %d: pass rate %.3f%s (%d prompts x %d)", step, result["pass_rate"],
+                 domains, result["num_prompts"], cfg.eval.k)
         return rec
 
     def meta_now() -> dict:  # collective: every host's data cursor goes into the checkpoint
@@ -210,7 +229,7 @@ def _run(cfg: RunConfig, tokenizer, cleanup: contextlib.ExitStack, allow_config_
         t0 = time.monotonic()
         step, version = int(state.step) + 1, int(state.step)
         local, roll = rollouts.take(step, version)
-        scored = score_groups(local, tokenizer=tokenizer, verifier=verifier, pool=pool)
+        scored = score_groups(local, tokenizer=tokenizer, verifier=verifiers, pool=pool)
         sampled, tokens_seen = driver.stats["tokens"] - tokens_seen, driver.stats["tokens"]
         data = _share(local, scored, sampled, cfg.pipeline.generations_per_prompt)
         groups, correct, rewards = data.groups, data.correct, data.rewards
@@ -243,12 +262,13 @@ def _run(cfg: RunConfig, tokenizer, cleanup: contextlib.ExitStack, allow_config_
             reward_mean=float(rewards.mean()), pass_rate_train=float(correct.mean()),
             truncation_rate=np.mean([c.finish_reason == "truncated" for c in completions]),
             interruption_rate=np.mean([c.interrupted for c in completions]),
-            mean_completion_len=mean_len, **roll,
+            mean_completion_len=mean_len, **_per_domain_train(groups, correct), **roll,
             trainer_wait_frac=roll["wait_s"] / max(step_wall, 1e-9),
             reward_timeouts=data.timeouts, reward_errors=data.errors,
             retired_prompts=curriculum.num_retired, policy_version=step, train_s=t_train,
             step_s=step_wall, samples_per_s=len(completions) / max(step_wall, 1e-9))
         bar.update(step, last)
+        write_forecasts(forecaster.poll())
         skipped_in_a_row = skipped_in_a_row + 1 if step_metrics["skipped"] else 0
         _check_not_diverged(skipped_in_a_row, cfg, step, step_metrics)
         if step % cfg.eval.every_steps == 0 or step == cfg.steps:
@@ -262,6 +282,7 @@ def _run(cfg: RunConfig, tokenizer, cleanup: contextlib.ExitStack, allow_config_
             break
     else:
         checkpoints.save(int(state.step), state, meta_now)
+    write_forecasts(forecaster.finish(timeout=None if stopped_by is None else 0.0))
     bar.close()
     rollouts.stop()
     checkpoints.wait()
@@ -269,7 +290,7 @@ def _run(cfg: RunConfig, tokenizer, cleanup: contextlib.ExitStack, allow_config_
                        metrics_lib.read_metrics(cfg.workdir).of("eval") if main else [],
                        stopped_by=stopped_by)
     if fit and main and stopped_by is None:
-        result.fit, result.fit_reason = _fit(cfg.workdir)
+        result.fit, result.fit_reason, result.domain_fits = _fit(cfg.workdir)
     return result
 
 
@@ -293,6 +314,17 @@ def _share(local, scored, sampled: int, group_size: int) -> _Shared:
             -1, group_size),
         sampled_tokens=sum(p[3] for p in parts), timeouts=sum(p[4] for p in parts),
         errors=sum(p[5] for p in parts))
+
+
+def _per_domain_train(groups, correct: np.ndarray) -> dict:
+    """A mixture's train record fields: each domain's pass rate over this step's samples and
+    its number of prompts; {} for a single source."""
+    domains = np.array([group_domain(g) for g in groups], dtype=object)
+    names = sorted({d for d in domains if d})
+    if not names:
+        return {}
+    return {"per_domain_train": {d: float(correct[domains == d].mean()) for d in names},
+            "per_domain_prompts_train": {d: int((domains == d).sum()) for d in names}}
 
 
 def _check_not_diverged(skipped_in_a_row: int, cfg: RunConfig, step: int, m: dict) -> None:
@@ -321,11 +353,13 @@ def _warm_up(cfg: RunConfig, mesh, tokenizer, validation, tracker: Tracker) -> s
                                logprob_chunk=cfg.sft.optim.logprob_chunk, on_step=on_step)
 
 
-def _fit(workdir: str) -> tuple[Optional[dict], Optional[str]]:
-    """Fit the run's own validation curve into WORKDIR/fit; (headline, None) or (None, why)."""
+def _fit(workdir: str) -> tuple[Optional[dict], Optional[str], dict]:
+    """Fit the run's own validation curve (and a mixture's per-domain curves) into
+    WORKDIR/fit; (headline, None, domain headlines) or (None, why, ...)."""
     try:
         analysis, files = report.fit_run_dir(workdir)
     except (ValueError, KeyError, FileNotFoundError) as err:
-        return None, str(err)
+        return None, str(err), {}
     log.info("scaling fit written to %s", os.path.dirname(files[0]))
-    return report.headline(analysis), None if analysis.fit.ok else analysis.fit.reason
+    return (report.headline(analysis), None if analysis.fit.ok else analysis.fit.reason,
+            report.domain_headlines(analysis))

@@ -1,0 +1,250 @@
+"""Peer benchmark: our sampler and train step against google-tunix 0.1.7 on the same shapes.
+
+    .venv/bin/python bench/peer.py                       # alternate ours / tunix, 3 rounds each
+    .venv/bin/python bench/peer.py --rounds 5
+    .venv/bin/python bench/peer.py ours                  # only our side, one JSON line
+
+Shapes (issue 14): a Qwen2-shaped 8.0M-param model (hidden 256, 4 layers, 8 query / 2 KV heads,
+head_dim 32, MLP 1024, vocab 8192, untied, fp32, random init) on 1 CPU device.
+* sampler: 32 prompts x 64 tokens, 256 new tokens each, temperature 1, no EOS; one "call" is
+  a fresh `Driver` over 32 prompts run to completion (prefills + decode + host bookkeeping), the
+  same span tunix's `Sampler.__call__` covers. tokens/s = generated tokens / wall of the call.
+* mixed lengths: the same sampler with `--eos` of the 8,192 ids as EOS (the random model's
+  next-token distribution is near uniform, so lengths are ~geometric, capped at 256): useful
+  (generated) tokens/s in the steady state of an endless prompt stream under continuous
+  batching (`--mixed-steps` decode steps after the first 256). Tunix decodes every row
+  of a batch until the longest row ends (256 when any row reaches the cap), so its cost per batch
+  is that of the full-length call: its useful tokens/s = its measured tokens/s x mean / 256.
+* train step: our jitted CISPO step (bench/train_step.py's `bench_step`) on 32 x 320 tokens
+  against tunix's GRPO policy update (`RLCluster.update_actor`) on the same token count.
+
+The driver runs our side and tunix's script (`--tunix-script`, with `--tunix-python`, installed in
+a separate virtualenv) as alternating subprocesses, so both see the same machine load, and prints
+the per-round ratios, their medians and the load average before each run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+SHAPE = dict(hidden=256, layers=4, heads=8, kv_heads=2, head_dim=32, mlp=1024, vocab=8192)
+PROMPT, GEN, BATCH = 64, 256, 32
+
+
+def model_config():
+    from scalerl_jax.config import ModelConfig
+    return ModelConfig(name="peer-qwen2-8m", vocab_size=SHAPE["vocab"],
+                       hidden_size=SHAPE["hidden"], intermediate_size=SHAPE["mlp"],
+                       num_layers=SHAPE["layers"], num_heads=SHAPE["heads"],
+                       num_kv_heads=SHAPE["kv_heads"], head_dim=SHAPE["head_dim"],
+                       qkv_bias=True, rope_theta=1e6, max_position_embeddings=PROMPT + GEN)
+
+
+def bench_sampler(args) -> dict:
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh
+
+    from scalerl_jax.config import SamplerConfig
+    from scalerl_jax.sampler import Driver, Engine, Prompt
+
+    mesh = Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("data", "tensor"))
+    cfg = SamplerConfig(max_concurrent_decodes=BATCH, max_prefill_length=PROMPT,
+                        max_target_length=PROMPT + GEN, max_new_tokens=GEN,
+                        interruptions=False, temperature=1.0,
+                        decode_steps_per_call=args.steps_per_call)
+    engine = Engine(model_config(), mesh, cfg)
+    rng = np.random.default_rng(0)
+
+    def init(path, a):  # N(0, 1/fan_in) like tunix_bench's re-drawn init; norms at 1
+        if "scale" in jax.tree_util.keystr(path):
+            return np.ones(a.shape, a.dtype)
+        fan_in = a.shape[0] if a.ndim >= 2 else 1
+        return (rng.normal(0, 1, a.shape) / np.sqrt(fan_in)).astype(a.dtype)
+    params = engine.load_params(jax.tree.map_with_path(init, engine.abstract_params))
+
+    def prompts(n, seed):
+        r = np.random.default_rng(seed)
+        return [Prompt(f"p{seed}-{i}", r.integers(1, SHAPE["vocab"], PROMPT).tolist())
+                for i in range(n)]
+
+    def call(n_prompts, seed, eos):
+        lengths = []
+        driver = Driver(engine, params, prompts(n_prompts, seed), group_size=1, eos_ids=eos,
+                        seed=seed,
+                        on_group=lambda g: lengths.extend(len(c.tokens) for c in g.completions))
+        t0 = time.perf_counter()
+        driver.run()
+        wall = time.perf_counter() - t0
+        return wall, lengths, driver.stats
+
+    call(BATCH, 0, [])  # warm-up: compiles generate, the prefill bucket, insert, slot update
+    full = []
+    for i in range(args.sample_iters):
+        wall, lengths, stats = call(BATCH, i + 1, [])
+        full.append(dict(wall_s=wall, tokens=int(sum(lengths)),
+                         host_s=stats["time_host"], prefill_s=stats["time_prefill"]))
+    tokens = sum(r["tokens"] for r in full)
+    wall = sum(r["wall_s"] for r in full)
+    out = dict(decode_tok_s=round(tokens / wall, 1), call_s=[round(r["wall_s"], 3) for r in full],
+               tokens_per_call=[r["tokens"] for r in full],
+               step_ms=round(1e3 * wall / (GEN * len(full)), 2),
+               host_frac=round(sum(r["host_s"] for r in full) / wall, 3),
+               prefill_frac=round(sum(r["prefill_s"] for r in full) / wall, 3))
+    if args.mixed_steps:
+        out["mixed"] = bench_mixed(args, engine, params)
+    return out
+
+
+def bench_mixed(args, engine, params) -> dict:
+    """Steady state on an endless prompt stream (PipelineRL never runs dry): useful tokens/s
+    over `--mixed-steps` decode steps after a warm-up that fills the slots."""
+    import itertools
+
+    import numpy as np
+
+    from scalerl_jax.sampler import Driver, Prompt
+
+    def stream():
+        r = np.random.default_rng(1000)
+        for i in itertools.count():
+            yield Prompt(f"m{i}", r.integers(1, SHAPE["vocab"], PROMPT).tolist())
+
+    lengths = []
+    driver = Driver(engine, params, stream(), group_size=1, eos_ids=list(range(args.eos)),
+                    on_group=lambda g: lengths.extend(len(c.tokens) for c in g.completions))
+    while driver.stats["decode_steps"] < GEN:  # past the first wave of (all long) completions
+        driver.step()
+    before, n_before = dict(driver.stats), len(lengths)
+    t0 = time.perf_counter()
+    while driver.stats["decode_steps"] - before["decode_steps"] < args.mixed_steps:
+        driver.step()
+    wall = time.perf_counter() - t0
+    d = {k: driver.stats[k] - before[k] for k in before}
+    done = lengths[n_before:]
+    return dict(eos_ids=args.eos, decode_steps=d["decode_steps"],
+                useful_tok_s=round(d["tokens"] / wall, 1),
+                utilisation=round(d["tokens"] / d["slot_steps"], 3),
+                completions=len(done), mean_len=round(float(np.mean(done)), 1),
+                min_len=int(np.min(done)), max_len=int(np.max(done)), wall_s=round(wall, 2))
+
+
+def bench_train(args) -> dict:
+    sys.path.insert(0, HERE)
+    import train_step
+    ns = argparse.Namespace(layers=SHAPE["layers"], d=SHAPE["hidden"], ffn=SHAPE["mlp"],
+                            heads=SHAPE["heads"], kv_heads=SHAPE["kv_heads"],
+                            vocab=SHAPE["vocab"], seq=PROMPT + GEN, rows=BATCH,
+                            dtype="float32", chunk=512, remat=False, steps=args.train_iters,
+                            peak_n=2048)
+    r = train_step.bench_step(ns)
+    return dict(tok_s=r["tokens_per_s"], step_s=r["step_s"], mfu=r["mfu_vs_matmul_peak"],
+                params_M=r["params_M"])
+
+
+def run_ours(args) -> dict:
+    sys.path.insert(0, ROOT)
+    import jax
+    res = dict(sampler=bench_sampler(args), devices=f"{jax.devices()[0].platform} x1")
+    if not args.no_train:
+        res["train_update"] = bench_train(args)
+    return res
+
+
+def last_json(text: str) -> dict:
+    for line in reversed(text.strip().splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    raise RuntimeError(f"no JSON summary line in the output:\n{text[-2000:]}")
+
+
+def run_sub(cmd, label) -> dict:
+    load = os.getloadavg()[0]
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    if p.returncode:
+        raise RuntimeError(f"{label} exited {p.returncode}:\n{p.stderr[-3000:]}")
+    res = last_json(p.stdout)
+    res["_load"], res["_wall"] = load, time.perf_counter() - t0
+    return res
+
+
+def drive(args):
+    ours_cmd = [sys.executable, os.path.abspath(__file__), "ours",
+                "--sample-iters", str(args.sample_iters), "--train-iters", str(args.train_iters),
+                "--steps-per-call", str(args.steps_per_call), "--eos", str(args.eos),
+                "--mixed-steps", str(args.mixed_steps)] + (["--no-train"] if args.no_train
+                                                                else [])
+    tunix_cmd = [args.tunix_python, args.tunix_script, "--grpo-steps", "0",
+                 "--no-prefill-probe", "--sample-iters", str(args.sample_iters),
+                 "--train-iters", str(1 if args.no_train else args.train_iters)]
+    rounds = []
+    for i in range(args.rounds):
+        o = run_sub(ours_cmd, "ours")
+        t = run_sub(tunix_cmd, "tunix")
+        r = dict(round=i, load_ours=o["_load"], load_tunix=t["_load"],
+                 ours_tok_s=o["sampler"]["decode_tok_s"], tunix_tok_s=t["sampler"]["decode_tok_s"],
+                 ours_step_ms=o["sampler"]["step_ms"])
+        r["sampler_ratio"] = r["ours_tok_s"] / r["tunix_tok_s"]
+        if "mixed" in o["sampler"]:
+            m = o["sampler"]["mixed"]
+            r["mixed_ours"] = m["useful_tok_s"]
+            r["mixed_tunix"] = r["tunix_tok_s"] * m["mean_len"] / GEN
+            r["mixed_ratio"] = r["mixed_ours"] / r["mixed_tunix"]
+            r["mixed_mean_len"] = m["mean_len"]
+        if not args.no_train:
+            r["ours_train_tok_s"] = o["train_update"]["tok_s"]
+            r["tunix_train_tok_s"] = t["train_update"]["tok_s"]
+            r["train_ratio"] = r["ours_train_tok_s"] / r["tunix_train_tok_s"]
+            r["ours_mfu"] = o["train_update"]["mfu"]
+        rounds.append(r)
+        print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()}),
+              flush=True)
+    med = {k: round(statistics.median(r[k] for r in rounds), 3)
+           for k in rounds[0] if k != "round"}
+    print("median over rounds: " + json.dumps(med))
+    print(f"sampler (32 x 64 prompt, 256 new): ours {med['ours_tok_s']:.0f} tok/s vs tunix "
+          f"{med['tunix_tok_s']:.0f} -> x{med['sampler_ratio']:.2f}; load average "
+          f"{min(r['load_ours'] for r in rounds):.1f}-{max(r['load_tunix'] for r in rounds):.1f}")
+    if "mixed_ratio" in med:
+        print(f"mixed lengths (mean {med['mixed_mean_len']:.0f} of max {GEN}): useful tok/s ours "
+              f"{med['mixed_ours']:.0f} vs tunix {med['mixed_tunix']:.0f} (decodes to the "
+              f"longest) -> x{med['mixed_ratio']:.2f}")
+    if "train_ratio" in med:
+        print(f"train update (32 x 320): ours {med['ours_train_tok_s']:.0f} tok/s vs tunix "
+              f"{med['tunix_train_tok_s']:.0f} -> x{med['train_ratio']:.2f}; ours MFU "
+              f"{med['ours_mfu']:.2f} of the run's matmul peak")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("side", nargs="?", choices=("drive", "ours"), default="drive")
+    p.add_argument("--rounds", type=int, default=3, help="alternations of ours / tunix")
+    p.add_argument("--sample-iters", type=int, default=2, help="timed sampler calls per run")
+    p.add_argument("--train-iters", type=int, default=3, help="timed update steps per run")
+    p.add_argument("--steps-per-call", type=int, default=4,
+                   help="our decode steps fused per generate() call")
+    p.add_argument("--mixed-steps", type=int, default=512,
+                   help="timed decode steps of the mixed-length run (0: skip it)")
+    p.add_argument("--eos", type=int, default=64,
+                   help="EOS ids among the 8,192 in the mixed run: mean length ~8192/eos")
+    p.add_argument("--no-train", action="store_true", help="sampler only")
+    p.add_argument("--tunix-python", default="/tmp/tunix-venv/bin/python")
+    p.add_argument("--tunix-script", default=os.path.join(ROOT, "..", "shared", "bench",
+                                                          "tunix_bench.py"))
+    args = p.parse_args()
+    if args.side == "ours":
+        print(json.dumps(run_ours(args)))
+    else:
+        drive(args)
+
+
+if __name__ == "__main__":
+    main()

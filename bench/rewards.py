@@ -1,0 +1,223 @@
+"""Math verification: throughput on realistic completions and agreement on the case table, for the
+code at git HEAD ("before") and the working tree ("after").
+
+    python bench/rewards.py [--completions 1000] [--workers 2] [--timeout 5] [--ref HEAD]
+                            [--repeats 3]
+
+Completions are generated (seeded): a chain of thought of 1-4k characters of arithmetic prose,
+ending in a boxed answer (80%), "The answer is ..." (10%) or a bare last line (10%), half right
+and half wrong, over every answer category of tests/test_math_verify_cases.py (numbers,
+fractions, percent, scientific notation, units, text, multiple choice, sets, tuples, intervals,
+unions, inequalities, matrices, named values, expressions).
+
+"before" is `git show REF:scalerl_jax/rewards/{math,sympy_safe}.py` imported as a separate
+package, in two variants: as shipped (math-verify is installed now, so its optional fallback runs)
+and with that fallback off (the default install at REF). Rows:
+
+* verifications/s inline (one thread, per CPU-second), and through RewardPool with --workers
+  threads and --workers processes (wall clock, best of --repeats passes), after a first pass
+  that warms imports, math-verify's parser and SymPy's cache; the process pool's cold pass;
+* child start-up: RewardPool(processes=True) construction (spawn) and the first item of each
+  child (import of sympy + math_verify, math-verify's lazily loaded parser), paid once per
+  worker, against a second item;
+* agreement and false positives on the case table, each case through a process pool with a
+  --timeout s limit (a timeout scores as incorrect and is counted): at REF math-verify
+  computes 9^{9^{9^{9}}} for ever.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from scalerl_jax.rewards import RewardPool  # noqa: E402
+from scalerl_jax.rewards.math import verify_math  # noqa: E402
+
+# (reference, right answers, wrong answers): the answer text a model writes.
+CATEGORIES = [
+    ("42", ["42", "42.0", "x = 42"], ["24", "41", "4.2"]),
+    ("\\frac{3}{4}", ["\\dfrac{3}{4}", "0.75", "3/4"], ["\\frac{4}{3}", "0.7", "\\frac{3}{5}"]),
+    ("2\\sqrt{3}", ["\\sqrt{12}", "2 \\sqrt 3"], ["3\\sqrt{2}", "\\sqrt{6}"]),
+    ("\\frac{\\pi}{3}", ["\\pi/3", "\\frac{1}{3}\\pi"], ["\\frac{\\pi}{6}", "60"]),
+    ("12\\%", ["12\\%", "0.12"], ["21\\%", "0.012"]),
+    ("1.5 \\times 10^{3}", ["1500", "1.5 \\cdot 10^3"], ["150", "1.5 \\times 10^{4}"]),
+    ("1000000", ["1,000,000", "10^6"], ["100000", "1,000,001"]),
+    ("15", ["15\\text{ cm}", "15 \\text{ meters}"], ["16\\text{ cm}"]),
+    ("90^\\circ", ["90", "90^{\\circ}"], ["45^\\circ", "180"]),
+    ("\\text{Evelyn}", ["\\text{Evelyn}", "\\text{evelyn}"], ["\\text{Emily}"]),
+    ("B", ["(B)", "\\text{(B)}", "B"], ["(C)", "A"]),
+    ("\\{1, 2, 3\\}", ["\\{3, 1, 2\\}", "1, 2, 3"], ["\\{1, 2\\}", "(1, 2, 3)"]),
+    ("(1, -2)", ["(1, -2)", "\\left(1,-2\\right)"], ["(-2, 1)", "[1, -2]", "\\{1, -2\\}"]),
+    ("[2, 5)", ["[2, 5)", "x \\in [2,5)"], ["[2, 5]", "(2, 5)"]),
+    ("(-\\infty, 1) \\cup (3, \\infty)", ["(3,\\infty)\\cup(-\\infty,1)"],
+     ["(-\\infty, 1] \\cup (3, \\infty)", "(1, 3)"]),
+    ("x \\le 4", ["x \\leq 4", "4 \\ge x"], ["x < 4", "x \\ge 4"]),
+    ("\\begin{pmatrix} 1 & 2 \\\\ 0 & 1 \\end{pmatrix}",
+     ["\\begin{bmatrix}1&2\\\\0&1\\end{bmatrix}"], ["\\begin{pmatrix}1&0\\\\2&1\\end{pmatrix}"]),
+    ("a_3 = 2, a_{37} = 19", ["a_{37} = 19, a_3 = 2"], ["a_3 = 19, a_{37} = 2"]),
+    ("x^2 + 2x + 1", ["(x+1)^2", "1 + 2x + x^2"], ["(x-1)^2", "x^2 + 1"]),
+    ("\\frac{1+\\sqrt{5}}{2}", ["\\frac{\\sqrt{5}+1}{2}"], ["\\frac{1-\\sqrt{5}}{2}", "2"]),
+]
+
+_SENTENCES = ["We first compute {a} + {b} = {s}.", "Multiplying, {a} \\cdot {b} = {p}.",
+              "Let $x_{{{a}}}$ denote the {b}-th term, so the recurrence gives {s}.",
+              "Checking the case $n = {a}$: the remainder is {r}.",
+              "Hmm, wait. That is not right; {a} - {b} should be {d}.",
+              "So far the partial sum is $\\frac{{{a}}}{{{b}}}$, which simplifies further."]
+
+
+def _thought(rng: random.Random) -> str:
+    parts, size = [], rng.randint(1000, 4000)
+    while sum(map(len, parts)) < size:
+        a, b = rng.randint(2, 999), rng.randint(2, 99)
+        parts.append(rng.choice(_SENTENCES).format(a=a, b=b, s=a + b, p=a * b, r=a % b, d=a - b))
+    return " ".join(parts)
+
+
+def make_completions(n: int, seed: int = 0) -> list[tuple[str, str, bool]]:
+    """(completion, reference, intended verdict), half right and half wrong."""
+    rng, out = random.Random(seed), []
+    for i in range(n):
+        gold, right, wrong = CATEGORIES[i % len(CATEGORIES)]
+        correct = i % 2 == 0
+        answer = rng.choice(right if correct else wrong)
+        style = rng.random()
+        if style < 0.8:
+            end = f"Therefore, the final answer is $\\boxed{{{answer}}}$."
+        elif style < 0.9:
+            end = f"The answer is ${answer}$."
+        else:
+            end = f"Putting everything together:\n${answer}$"
+        out.append((f"<think>{_thought(rng)}</think>\n{_thought(rng)[:400]}\n\n{end}", gold,
+                    correct))
+    return out
+
+
+def load_before(ref: str, dest: str, package: str, math_verify: bool):
+    """REF's math verifier as package `package` under `dest` (put on sys.path), with its optional
+    math-verify fallback on or off (off: the default install at REF)."""
+    pkg = os.path.join(dest, package)
+    os.makedirs(pkg, exist_ok=True)
+    open(os.path.join(pkg, "__init__.py"), "w").close()
+    for name in ("math", "sympy_safe"):
+        text = subprocess.run(["git", "show", f"{ref}:scalerl_jax/rewards/{name}.py"], cwd=ROOT,
+                              check=True, capture_output=True, text=True).stdout
+        text = text.replace("scalerl_jax.rewards.sympy_safe", f"{package}.sympy_safe")
+        if not math_verify:
+            off = "import math_verify  # optional: pip install math-verify"
+            assert name != "math" or off in text, "REF's optional import changed"
+            text = text.replace(off, "raise ImportError")
+        with open(os.path.join(pkg, f"{name}.py"), "w") as f:
+            f.write(text)
+    if dest not in sys.path:
+        sys.path.insert(0, dest)
+    return importlib.import_module(f"{package}.math")
+
+
+def throughput(verifier, items, workers: int, timeout: float, repeats: int) -> dict:
+    """Verifications/s after a first pass over `items` that warms imports, math-verify's parser
+    and SymPy's cache (in this process or the pool's children). Inline: per CPU-second of this
+    process (other jobs on a shared machine barely move it). Pools: wall clock, the best of
+    `repeats` passes; also the process pool's cold first pass."""
+    out = {}
+    for c, r in items:
+        verifier(c, r)
+    t0 = time.process_time()
+    for c, r in items:
+        verifier(c, r)
+    out["inline"] = len(items) / (time.process_time() - t0)
+    for mode, processes in (("threads", False), ("processes", True)):
+        with RewardPool(workers, timeout, processes=processes) as pool:
+            cold = pool.score(verifier, items)
+            runs = [pool.score(verifier, items) for _ in range(repeats)]
+        out[mode] = len(items) / min(r.seconds for r in runs)
+        out[mode + "_cold"] = len(items) / cold.seconds
+        out[mode + "_timeouts"] = sum(r.num_timeouts for r in runs) + cold.num_timeouts
+    return out
+
+
+def agreement(verifier, cases, workers: int, timeout: float) -> dict:
+    with RewardPool(workers, timeout, processes=True) as pool:
+        pool.score(verifier, [(c, g) for g, c, _ in cases[:40]])  # warm-up
+        res = pool.score(verifier, [(c, g) for g, c, _ in cases])
+    expected = [e for *_, e in cases]
+    got = res.correct.tolist()
+    return {"agreement": sum(a == b for a, b in zip(got, expected)) / len(cases),
+            "false_positives": sum(a and not b for a, b in zip(got, expected)),
+            "missed": sum(b and not a for a, b in zip(got, expected)),
+            "timeouts": res.num_timeouts, "seconds": res.seconds}
+
+
+_STARTUP = """
+import time
+from scalerl_jax.rewards.pool import RewardPool
+from scalerl_jax.rewards.math import verify_math
+t0 = time.perf_counter()
+pool = RewardPool({workers}, 60.0, processes=True)
+t1 = time.perf_counter()
+item = ("\\\\boxed{{\\\\binom{{10}}{{3}}}}", "120")  # decided by math-verify: loads its parser
+first = pool.score(verify_math, [item] * {workers}).seconds
+second = pool.score(verify_math, [item] * {workers}).seconds
+pool.close()
+print(f"spawn {{t1 - t0:.2f}} s, first item {{first:.2f}} s, second item {{second * 1000:.1f}} ms")
+"""
+
+
+def startup(workers: int) -> str:
+    """Child start-up as in a run whose entry point imports nothing heavy (`python -c`: spawned
+    children re-import a script's main module, which would hide the verifier's import)."""
+    return subprocess.run([sys.executable, "-c", _STARTUP.format(workers=workers)], cwd=ROOT,
+                          check=True, capture_output=True, text=True).stdout.strip()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--completions", type=int, default=1000)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--timeout", type=float, default=5.0)
+    ap.add_argument("--ref", default="HEAD")
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+
+    sys.path.insert(0, os.path.join(ROOT, "tests"))  # the case table imports a test helper
+    spec = importlib.util.spec_from_file_location(
+        "cases", os.path.join(ROOT, "tests", "test_math_verify_cases.py"))
+    cases_mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cases_mod)
+    cases = cases_mod.CASES
+    items = make_completions(args.completions)
+    pairs = [(c, r) for c, r, _ in items]
+
+    with tempfile.TemporaryDirectory() as tmp:
+        verifiers = {
+            f"{args.ref} (no math-verify)":
+                load_before(args.ref, tmp, "before_plain", math_verify=False).verify_math,
+            f"{args.ref} (+ math-verify)":
+                load_before(args.ref, tmp, "before_mv", math_verify=True).verify_math,
+            "after": verify_math}
+        mean_chars = sum(len(c) for c, _ in pairs) / len(pairs)
+        print(f"{len(items)} completions, mean {mean_chars:.0f} chars; case table {len(cases)} "
+              f"cases; {args.workers} workers, timeout {args.timeout} s")
+        print(f"child start-up (after, {args.workers} workers): {startup(args.workers)}")
+        for name, fn in verifiers.items():
+            intended = sum(fn(c, r) == ok for c, r, ok in items[:200]) / 200
+            tp = throughput(fn, pairs, args.workers, args.timeout, args.repeats)
+            ag = agreement(fn, cases, args.workers, args.timeout)
+            print(f"{name:28s} verif/s inline {tp['inline']:7.1f}  threads {tp['threads']:7.1f}"
+                  f"  processes {tp['processes']:7.1f} (cold {tp['processes_cold']:6.1f}, "
+                  f"timeouts {tp['processes_timeouts']}) | intended verdict on generated "
+                  f"{intended:.3f} | table agreement {ag['agreement']:.3f}, false positives "
+                  f"{ag['false_positives']}, missed {ag['missed']}, timeouts {ag['timeouts']}",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()

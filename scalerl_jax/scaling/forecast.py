@@ -1,0 +1,361 @@
+"""Online forecast: where a run is heading, refitted at every evaluation while it trains.
+
+`forecast(points, ...)` is the pure part: the sigmoid law fitted to the validation points so far
+(scaling/fit.py, the same defaults as the end-of-run fit), bootstrap intervals for A, B and
+C_mid (scaling/bootstrap.py, default method), the predicted pass rate at the budget with its
+interval, and the compute needed to reach a target pass rate with its interval. `Forecaster`
+queues the refits from one background thread so the training step never waits for a fit, and
+hands the finished forecasts back to the trainer's thread, which writes them (metrics.jsonl has
+one writer). `is_stable` is the paper's yardstick: seeds move A by up to +-0.015, so a forecast
+whose A moved less than 0.02 over the last few evaluations has settled.
+
+Compute-to-target interval. For a curve increasing in compute, "R(C) >= target" and
+"C(target) <= C" are the same event, so the quantiles of the bootstrap band, read sideways where
+they cross the target, are the quantiles of the resamples' required compute: the optimistic end
+is where the band's upper edge reaches the target, the pessimistic end where its lower edge
+does. The point value inverts the fitted law in closed form.
+
+Where the fit runs: in a child process (`ProcessRunner`, entry point forecast_child.py), on the
+CPU and at a lower priority. In a thread of the trainer's process the first refit's tracing and
+compiling (tens of seconds of Python on a busy CPU) held the GIL against the training loop's own
+Python and slowed the steps around it by about a quarter on the 2-core testbed; a niced child
+shares nothing with the step but idle CPU, and never touches the trainer's accelerator. It is
+started once, at the first evaluation, and pays JAX's import and the fit's compile there.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import multiprocessing
+import os
+import threading
+import time
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+from scalerl_jax import metrics
+from scalerl_jax.scaling.bootstrap import bootstrap_fit
+from scalerl_jax.scaling.compare import A_MARGIN
+from scalerl_jax.scaling.fit import Curve, FitSpec, fit_curve
+
+log = logging.getLogger(__name__)
+
+STABLE_WINDOW = 3  # forecasts whose A must agree within A_MARGIN
+BAND_REACH = 1e4  # the band (for compute-to-target) extends this far beyond the data or budget
+BAND_POINTS = 300
+
+
+def is_stable(history: Sequence[Optional[float]], margin: float = A_MARGIN,
+              window: int = STABLE_WINDOW) -> bool:
+    """True when the last `window` forecasts all have an A (None: that forecast had no fit) and
+    those A lie within `margin` of each other (max - min < margin)."""
+    last = list(history)[-window:]
+    if len(last) < window or any(a is None or not math.isfinite(a) for a in last):
+        return False
+    return max(last) - min(last) < margin
+
+
+def required_compute(target: float, A: float, B: float, C_mid: float, R0: float
+                     ) -> Optional[float]:
+    """C with R(C) = target under the law; 0.0 when R0 already reaches it, None when A does
+    not (the fitted curve never gets there)."""
+    if target <= R0:
+        return 0.0
+    if target >= A:
+        return None
+    return float(C_mid * ((A - R0) / (target - R0) - 1.0) ** (-1.0 / B))
+
+
+def _crossing(x: np.ndarray, r: np.ndarray, target: float) -> Optional[float]:
+    """The first x where r reaches target (log-linear interpolation); None if it never does."""
+    above = np.flatnonzero(r >= target)
+    if not len(above):
+        return None
+    i = int(above[0])
+    if i == 0:  # reached at the first x already (the band starts at the first fitted point)
+        return float(x[0])
+    u0, u1 = np.log(x[i - 1]), np.log(x[i])
+    t = (target - r[i - 1]) / (r[i] - r[i - 1])
+    return float(np.exp(u0 + t * (u1 - u0)))
+
+
+def blank(*, x_key: str, budget: Optional[float], target: Optional[float],
+          reason: Optional[str] = None) -> dict:
+    """Every forecast field, with no values yet (`reason`: why not)."""
+    out: dict = {"ok": False, "reason": reason, "x_key": x_key, "n_points": 0, "x_max": None,
+                 "interval": None}
+    for name in ("A", "B", "C_mid"):
+        out.update({name: None, f"{name}_lo": None, f"{name}_hi": None})
+    out.update(R0=None, budget=budget, at_budget=None, at_budget_lo=None, at_budget_hi=None,
+               target=target, compute_to_target=None, compute_to_target_lo=None,
+               compute_to_target_hi=None)
+    return out
+
+
+def forecast(x: np.ndarray, y: np.ndarray, *, budget: Optional[float],
+             target: Optional[float], n_boot: int = 100, spec: FitSpec = FitSpec(),
+             seed: int = 0, x_key: str = "compute.device_hours") -> dict:
+    """The forecast fields for validation points (x, y) (see README, `forecast` event).
+
+    Always returns the keys; values the data cannot support are None and `reason` says why.
+    """
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    out = blank(x_key=x_key, budget=budget, target=target)
+    positive = x[(x > 0) & np.isfinite(x)]
+    out["x_max"] = float(positive.max()) if len(positive) else None
+    curve = Curve("forecast", x, y, x_key=x_key)
+    fit = fit_curve(curve, spec)
+    out["n_points"] = fit.n_points
+    if not fit.ok:
+        out["reason"] = fit.reason
+        return out
+    out.update(ok=True, A=fit.A, B=fit.B, C_mid=fit.C_mid, R0=fit.R0)
+    far = max(fit.x_range[1], budget or 0.0) * BAND_REACH
+    band_x = np.geomspace(fit.x_range[0], far, BAND_POINTS)
+    if budget is not None:
+        band_x = np.unique(np.append(band_x, budget))
+        out["at_budget"] = float(fit.predict(budget))
+    boot = None
+    if n_boot:
+        boot = bootstrap_fit(curve, spec, fit, n_boot=n_boot, seed=seed, band_x=band_x)
+        out["interval"] = boot.describe()
+        for name, (lo, hi) in boot.intervals.items():
+            out[f"{name}_lo"], out[f"{name}_hi"] = float(lo), float(hi)
+        if budget is not None and np.isfinite(boot.band_lo).all():
+            at = np.searchsorted(boot.band_x, budget)
+            out["at_budget_lo"] = float(boot.band_lo[at])
+            out["at_budget_hi"] = float(boot.band_hi[at])
+    if target is not None:
+        out.update(_to_target(target, fit, boot))
+    return out
+
+
+def _to_target(target: float, fit, boot) -> dict:
+    a_hi = fit.A if boot is None or "A" not in boot.intervals else boot.intervals["A"][1]
+    if target >= max(a_hi, fit.A):  # beyond any plausible ceiling: no compute gets there
+        return {}
+    out = {"compute_to_target": required_compute(target, fit.A, fit.B, fit.C_mid, fit.R0)}
+    if boot is not None and np.isfinite(boot.band_lo).all():
+        # Pointwise quantiles of increasing curves increase; the running max guards the rare
+        # resample with A < R0 (a decreasing curve) from making the crossing ambiguous.
+        hi_edge = np.maximum.accumulate(boot.band_hi)
+        lo_edge = np.maximum.accumulate(boot.band_lo)
+        at_start = fit.R0 >= target
+        out["compute_to_target_lo"] = 0.0 if at_start else _crossing(boot.band_x, hi_edge, target)
+        out["compute_to_target_hi"] = 0.0 if at_start else _crossing(boot.band_x, lo_edge, target)
+    return out
+
+
+def projected_budget(x_now: float, step: int, total_steps: int) -> Optional[float]:
+    """The x the run will reach at `total_steps` at its rate so far (None before step 1)."""
+    if step <= 0 or total_steps <= 0 or not x_now > 0:
+        return None
+    return float(x_now) * total_steps / step
+
+
+class ProcessRunner:
+    """`forecast(x, y, **kwargs)` computed in a spawned child process (module doc), started
+    at the first call and again after a crash. Called from one thread at a time."""
+
+    def __init__(self, nice: int = 10, start_timeout_s: float = 600.0):
+        self.nice, self.start_timeout_s = nice, start_timeout_s
+        self._ctx = multiprocessing.get_context("spawn")
+        self._proc = self._conn = None
+
+    def _start(self) -> None:
+        from scalerl_jax.forecast_child import child_main
+        self._conn, child_conn = self._ctx.Pipe()
+        self._proc = self._ctx.Process(target=child_main, args=(child_conn, self.nice),
+                                       daemon=True, name="scalerl-forecast")
+        self._proc.start()
+        child_conn.close()
+        if not self._conn.poll(self.start_timeout_s) or self._conn.recv() != "ready":
+            self.close()
+            raise RuntimeError(f"the forecast child did not start in {self.start_timeout_s} s")
+
+    def __call__(self, x, y, **kwargs) -> dict:
+        if self._proc is None or not self._proc.is_alive():
+            self._start()
+        try:
+            self._conn.send((np.asarray(x), np.asarray(y), kwargs))
+            status, value = self._conn.recv()
+        except (EOFError, OSError, BrokenPipeError) as err:
+            code = self._proc.exitcode if self._proc is not None else None
+            self.close()
+            raise RuntimeError(f"the forecast child exited (code {code})") from err
+        if status != "ok":
+            raise RuntimeError(value)
+        return value
+
+    def close(self) -> None:
+        if self._proc is not None and self._proc.is_alive():
+            self._proc.terminate()
+            self._proc.join(5)
+        if self._conn is not None:
+            self._conn.close()
+        self._proc = self._conn = None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Job:
+    step: int
+    x: np.ndarray
+    y: np.ndarray
+    budget: Optional[float]
+    budget_source: str  # "config" | "projected"
+
+
+class Forecaster:
+    """Refits from one background thread; `submit` never waits, `poll` hands back results.
+
+    One job runs at a time. An evaluation that arrives while a refit is running waits as the
+    pending job; a newer evaluation replaces a pending one (counted in `superseded`), so the
+    forecast keeps up with the newest data however slow the fit is. `poll()` (trainer thread)
+    returns the finished forecasts as record fields, with `stable` from the A of the forecasts
+    so far and the running `superseded` count. `finish()` waits for the running and pending
+    jobs and stops the thread; `close()` stops it without waiting (a fit in flight is dropped).
+
+    `run(x, y, **kwargs)` does a refit: `forecast` in a child process (`ProcessRunner`) unless
+    given. With enabled=False (not process 0, or forecasting off) every method is a no-op.
+    """
+
+    def __init__(self, *, budget: Optional[float] = None, target: Optional[float] = None,
+                 n_boot: int = 100, x_key: str = "compute.device_hours", total_steps: int = 0,
+                 points: Sequence[tuple] = (), history: Sequence[Optional[float]] = (),
+                 enabled: bool = True, spec: FitSpec = FitSpec(),
+                 run: Optional[Callable[..., dict]] = None):
+        self.budget, self.target, self.n_boot = budget, target, n_boot
+        self.x_key, self.total_steps, self.enabled, self.spec = x_key, total_steps, enabled, spec
+        self._run = run if run is not None else ProcessRunner()
+        self._points = {int(s): (float(x), float(y)) for s, x, y in points}  # step -> (x, y)
+        self.history = list(history)  # A of each forecast written (None: no fit)
+        self.superseded = 0
+        self.submitted = 0
+        self._lock = threading.Condition()
+        self._pending: Optional[_Job] = None
+        self._running = False
+        self._done: list = []
+        self._stop = False
+        self._thread: Optional[threading.Thread] = None
+
+    @classmethod
+    def for_run(cls, cfg, workdir: str, *, total_steps: int, enabled: bool) -> "Forecaster":
+        """From a ForecastConfig; a resumed run's surviving eval points and forecasts are its
+        starting data and stability history."""
+        enabled = enabled and cfg.enabled
+        points, history = [], []
+        if enabled and os.path.exists(os.path.join(workdir, metrics.FILENAME)):
+            log_ = metrics.read_metrics(workdir)
+            for rec in log_.of("eval"):
+                xy = _xy(rec, cfg.x_key)
+                if xy is not None:
+                    points.append((rec["step"], *xy))
+            history = [rec.get("A") for rec in log_.of("forecast")]
+        return cls(budget=cfg.budget, target=cfg.target, n_boot=cfg.n_boot, x_key=cfg.x_key,
+                   total_steps=total_steps, points=points, history=history, enabled=enabled)
+
+    def submit(self, eval_record: dict) -> None:
+        """Queue a refit with this evaluation's point added (returns at once)."""
+        if not self.enabled:
+            return
+        xy = _xy(eval_record, self.x_key)
+        if xy is None:
+            return
+        step = int(eval_record["step"])
+        self._points[step] = xy
+        steps = sorted(self._points)
+        x = np.array([self._points[s][0] for s in steps])
+        y = np.array([self._points[s][1] for s in steps])
+        budget, source = self.budget, "config"
+        if budget is None:
+            budget, source = projected_budget(xy[0], step, self.total_steps), "projected"
+        job = _Job(step, x, y, budget, source)
+        with self._lock:
+            if self._pending is not None:
+                self.superseded += 1
+            self._pending = job
+            self.submitted += 1
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._work, name="forecast", daemon=True)
+                self._thread.start()
+            self._lock.notify_all()
+
+    def poll(self) -> list[dict]:
+        """The forecasts finished since the last call, oldest first, as record fields
+        (`step` is the evaluation's)."""
+        if not self.enabled:
+            return []
+        with self._lock:
+            done, self._done = self._done, []
+        out = []
+        for step, fields in done:
+            self.history.append(fields["A"] if fields.get("ok") else None)
+            out.append({"step": step, **fields, "stable": is_stable(self.history),
+                        "superseded": self.superseded})
+        return out
+
+    def finish(self, timeout: Optional[float] = None) -> list[dict]:
+        """Wait (up to `timeout` s) for the running and pending refits, stop, return `poll()`."""
+        if not self.enabled:
+            return []
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            while self._running or self._pending is not None:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    break
+                self._lock.wait(left)
+        self.close()
+        return self.poll()
+
+    def close(self) -> None:
+        with self._lock:
+            self._stop = True
+            self._pending = None
+            self._lock.notify_all()
+        if isinstance(self._run, ProcessRunner):
+            self._run.close()  # a refit in flight fails; the stopping worker drops it
+
+    def __enter__(self) -> "Forecaster":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _work(self) -> None:
+        while True:
+            with self._lock:
+                while self._pending is None and not self._stop:
+                    self._lock.wait()
+                if self._stop:
+                    return
+                job, self._pending, self._running = self._pending, None, True
+            t0 = time.monotonic()
+            try:
+                fields = self._run(job.x, job.y, budget=job.budget, target=self.target,
+                                   n_boot=self.n_boot, spec=self.spec, seed=job.step,
+                                   x_key=self.x_key)
+            except Exception as err:  # noqa: BLE001 - a forecast must never take the run down
+                reason = f"{type(err).__name__}: {err}"
+                if not self._stop:  # close() ending a refit in flight is not a failure
+                    log.warning("forecast at step %d failed: %s", job.step, reason)
+                fields = blank(x_key=self.x_key, budget=job.budget, target=self.target,
+                               reason=reason)
+            fields.update(budget_source=job.budget_source, fit_s=time.monotonic() - t0)
+            with self._lock:
+                self._done.append((job.step, fields))
+                self._running = False
+                self._lock.notify_all()
+
+
+def _xy(record: dict, x_key: str) -> Optional[tuple]:
+    try:
+        x, y = metrics.get_path(record, x_key), record.get("pass_rate")
+    except KeyError:
+        return None
+    if x is None or y is None:
+        return None
+    return float(x), float(y)
+

@@ -1,0 +1,189 @@
+"""Online forecast: the fit fields on a known curve, the stability rule, a background refit that
+never blocks the caller, and forecast events written by a real (tiny) training run."""
+import dataclasses
+import time
+
+import numpy as np
+import pytest
+
+from scalerl_jax import recipes
+from scalerl_jax.config import ConfigError, ForecastConfig, MeshConfig, ModelConfig, \
+    apply_overrides
+from scalerl_jax.data.synthetic import CharTokenizer
+from scalerl_jax.metrics import read_metrics
+from scalerl_jax.progress import Progress, forecast_text
+from scalerl_jax.scaling import report, sigmoid_law
+from scalerl_jax.scaling.forecast import Forecaster, forecast, is_stable, required_compute
+
+FIELDS = ("ok", "reason", "x_key", "n_points", "x_max", "interval", "A", "A_lo", "A_hi", "B",
+          "B_lo", "B_hi", "C_mid", "C_mid_lo", "C_mid_hi", "R0", "budget", "budget_source",
+          "at_budget", "at_budget_lo", "at_budget_hi", "target", "compute_to_target",
+          "compute_to_target_lo", "compute_to_target_hi", "stable", "superseded", "fit_s")
+
+
+def test_stable_once_A_settles_within_the_margin():
+    assert not is_stable([])
+    assert not is_stable([0.60, 0.61])  # fewer than three forecasts
+    assert is_stable([0.60, 0.61, 0.615])
+    assert not is_stable([0.60, 0.61, 0.621])  # moved 0.021 over the last three
+    assert is_stable([0.40, 0.55, 0.60, 0.61, 0.615])  # only the last three count
+    assert not is_stable([0.60, 0.61, 0.615, 0.64])
+    assert not is_stable([0.60, None, 0.61, 0.605])  # a failed fit among the last three
+    assert is_stable([0.60, None, 0.61, 0.605, 0.60])
+    assert not is_stable([0.60, 0.60, float("nan")])
+
+
+def test_required_compute_inverts_the_law():
+    A, B, C_mid, R0 = 0.6, 1.9, 800.0, 0.2
+    c = required_compute(0.5, A, B, C_mid, R0)
+    assert sigmoid_law(c, A, B, C_mid, R0) == pytest.approx(0.5, abs=1e-9)
+    assert required_compute(0.4, A, B, C_mid, R0) == pytest.approx(C_mid)  # half the gain
+    assert required_compute(0.1, A, B, C_mid, R0) == 0.0
+    assert required_compute(0.6, A, B, C_mid, R0) is None
+
+
+@pytest.fixture(scope="module")
+def known_curve():
+    rng = np.random.default_rng(0)
+    x = np.concatenate([[0.0], np.linspace(200.0, 3000.0, 24)])
+    y = sigmoid_law(np.maximum(x, 1e-9), 0.6, 1.9, 800.0, 0.2) + 0.004 * rng.standard_normal(25)
+    y[0] = 0.2
+    return x, y
+
+
+def test_forecast_fields_on_a_known_curve(known_curve):
+    x, y = known_curve
+    f = forecast(x, y, budget=6000.0, target=0.55, n_boot=100)
+    assert f["ok"] and f["reason"] is None and f["n_points"] == 24 and f["x_max"] == 3000.0
+    for name, truth in (("A", 0.6), ("B", 1.9), ("C_mid", 800.0)):
+        assert f[f"{name}_lo"] <= f[name] <= f[f"{name}_hi"]
+    assert f["A_lo"] <= 0.6 <= f["A_hi"] and f["A_hi"] - f["A_lo"] < 0.05
+    truth_at_budget = sigmoid_law(6000.0, 0.6, 1.9, 800.0, 0.2)
+    assert f["at_budget_lo"] <= f["at_budget"] <= f["at_budget_hi"]
+    assert abs(f["at_budget"] - truth_at_budget) < 0.02
+    c = f["compute_to_target"]
+    assert sigmoid_law(c, f["A"], f["B"], f["C_mid"], f["R0"]) == pytest.approx(0.55, abs=1e-6)
+    assert f["compute_to_target_lo"] < c < f["compute_to_target_hi"]
+    truth_c = required_compute(0.55, 0.6, 1.9, 800.0, 0.2)
+    assert f["compute_to_target_lo"] < truth_c < f["compute_to_target_hi"]
+    assert "AR(1)" in f["interval"]
+    # A target above the whole interval of A: no compute reaches it.
+    high = forecast(x, y, budget=None, target=min(f["A_hi"] + 0.02, 0.99), n_boot=100)
+    assert high["compute_to_target"] is None and high["compute_to_target_lo"] is None
+    assert high["compute_to_target_hi"] is None and high["at_budget"] is None
+    # Too few points: every field is there, with the reason.
+    few = forecast(x[:3], y[:3], budget=10.0, target=0.5, n_boot=100)
+    assert not few["ok"] and "too few points" in few["reason"] and few["A"] is None
+    assert set(few) == set(high)
+
+
+def sleepy(seconds, calls):
+    def run(x, y, **kwargs):
+        calls.append((len(x), kwargs["budget"]))
+        time.sleep(seconds)
+        return {"ok": True, "A": 0.5 + 0.001 * len(x), "A_lo": 0.49, "A_hi": 0.52}
+    return run
+
+
+def eval_record(step, x, y=0.3):
+    return {"event": "eval", "step": step, "pass_rate": y, "compute": {"device_hours": x}}
+
+
+def test_forecaster_never_blocks_and_counts_superseded_jobs():
+    calls = []
+    f = Forecaster(run=sleepy(0.4, calls), total_steps=100)
+    waits = []
+    for step in (0, 10, 20):  # the 2nd waits while the 1st runs; the 3rd supersedes it
+        t0 = time.monotonic()
+        f.submit(eval_record(step, step * 0.5))
+        waits.append(time.monotonic() - t0)
+        while not calls:  # let the worker thread start the first fit
+            time.sleep(0.005)
+    assert max(waits) < 0.05, waits
+    assert f.poll() == []  # nothing finished yet, and poll does not wait either
+    done = f.finish(timeout=10)
+    assert [d["step"] for d in done] == [0, 20] and f.superseded == 1
+    assert all(d["superseded"] == 1 for d in done)
+    # The third job saw all three points; its budget is projected from compute per step.
+    assert calls == [(1, None), (3, pytest.approx(20 * 0.5 * 100 / 20))]
+    assert done[1]["budget_source"] == "projected" and done[1]["fit_s"] >= 0.4
+    f._thread.join(2)
+    assert not f._thread.is_alive()  # finish() stopped the worker
+
+
+def test_forecaster_stability_failures_and_disabled():
+    f = Forecaster(run=lambda x, y, **kw: {"ok": True, "A": 0.61}, budget=5.0,
+                   history=[0.60, 0.605])  # a resumed run's earlier forecasts
+    f.submit(eval_record(30, 3.0))
+    (done,) = f.finish(timeout=10)
+    assert done["stable"] and done["budget_source"] == "config" and f.history[-1] == 0.61
+
+    def broken(x, y, **kwargs):
+        raise FloatingPointError("nan in the fit")
+    f = Forecaster(run=broken, history=[0.6, 0.6])
+    f.submit(eval_record(5, 1.0))
+    (done,) = f.finish(timeout=10)
+    assert not done["ok"] and "nan in the fit" in done["reason"] and not done["stable"]
+
+    off = Forecaster(run=broken, enabled=False)
+    off.submit(eval_record(5, 1.0))
+    assert off.poll() == [] and off.finish() == [] and off._thread is None
+    with pytest.raises(ConfigError, match="ForecastConfig.target=1.5"):
+        ForecastConfig(target=1.5)
+
+
+def test_progress_shows_the_forecast():
+    assert forecast_text({"ok": True, "A": 0.7412, "A_lo": 0.72, "A_hi": 0.76,
+                          "stable": True}) == "A≈0.74±0.02 stable"
+    assert forecast_text({"ok": False, "A": None}) == "A≈ n/a"
+    bar = Progress("rl", 10, enabled=False)
+    bar.set_eval(4, 0.52)
+    bar.set_forecast({"ok": True, "A": 0.6, "A_lo": 0.58, "A_hi": 0.62, "stable": False})
+    assert bar.postfix().endswith("val 0.520@4 | A≈0.60±0.02")
+
+
+def tiny_config(workdir, *overrides, steps):
+    tiny = ModelConfig(name="tiny", vocab_size=CharTokenizer().vocab_size, hidden_size=32,
+                       intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=2,
+                       max_position_embeddings=64, tie_embeddings=True)
+    cfg = dataclasses.replace(recipes.testbed(), model=tiny, sft=None, workdir=str(workdir),
+                              steps=steps, mesh=MeshConfig(trainer_devices_per_host=4))
+    return apply_overrides(cfg, [
+        "data.source=synthetic:countup?num=400", "data.num_validation=16",
+        "reward.verifier=_verifiers:even_length", "reward.workers=2",
+        "sampler.max_concurrent_decodes=16", "sampler.max_target_length=40",
+        "sampler.max_new_tokens=20", "sampler.think_min=8", "sampler.think_max=12",
+        "pipeline.prompts_per_step=4", "pipeline.generations_per_prompt=4", "pipeline.max_lag=2",
+        "eval.every_steps=2", "eval.num_prompts=8", "eval.k=2", "checkpoint_every=10",
+        "optim.learning_rate=1e-3", *overrides])
+
+
+def test_training_run_writes_forecast_events(tmp_path):
+    from test_tracking import read_scalars
+    from scalerl_jax.train import trainer
+
+    # x = step: the tiny model's pass rate is noise around 0.5, but the forecast is still
+    # written at every evaluation, with a reason when the points support no fit.
+    cfg = tiny_config(tmp_path / "run", "forecast.x_key=step", "forecast.target=0.9",
+                      "forecast.n_boot=20", steps=8)
+    result = trainer.run(cfg, fit=False)
+    log = read_metrics(result.workdir)
+    eval_steps = [e["step"] for e in log.of("eval")]
+    assert eval_steps == [0, 2, 4, 6, 8]
+    forecasts = log.of("forecast")
+    assert forecasts, "no forecast event"
+    assert {f["step"] for f in forecasts} <= set(eval_steps)
+    assert forecasts[-1]["step"] == 8  # the end of the run waits for the last refit
+    assert len(forecasts) + forecasts[-1]["superseded"] == len(eval_steps)
+    for f in forecasts:
+        assert set(FIELDS) <= set(f), set(FIELDS) - set(f)
+        assert f["x_key"] == "step" and f["target"] == 0.9
+        assert f["budget_source"] == "projected"
+        assert f["ok"] or f["reason"]
+    assert forecasts[0]["step"] == 0 and "too few points" in forecasts[0]["reason"]
+    assert forecasts[-1]["budget"] == pytest.approx(8.0)  # x = step: the last step
+    # Forecast events change nothing for readers of the validation curve.
+    curve, _ = report.load_curve([result.workdir], x_key="step")
+    assert list(curve.x) == eval_steps
+    tags = read_scalars(str(tmp_path / "run" / "tensorboard" / "rl"))
+    assert "forecast/n_points" in tags and "forecast/stable" in tags
