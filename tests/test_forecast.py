@@ -1,19 +1,16 @@
 """Online forecast: the fit fields on a known curve, the stability rule, a background refit that
 never blocks the caller, and forecast events written by a real (tiny) training run."""
-import dataclasses
 import time
 
 import numpy as np
 import pytest
 
-from scalerl_jax import recipes
-from scalerl_jax.config import ConfigError, ForecastConfig, MeshConfig, ModelConfig, \
-    apply_overrides
-from scalerl_jax.data.synthetic import CharTokenizer
+from scalerl_jax.config import ConfigError, ForecastConfig
 from scalerl_jax.metrics import read_metrics
 from scalerl_jax.progress import Progress, forecast_text
 from scalerl_jax.scaling import report, sigmoid_law
 from scalerl_jax.scaling.forecast import Forecaster, forecast, is_stable, required_compute
+from test_pipeline import tiny_config as pipeline_tiny_config
 
 FIELDS = ("ok", "reason", "x_key", "n_points", "x_max", "interval", "A", "A_lo", "A_hi", "B",
           "B_lo", "B_hi", "C_mid", "C_mid_lo", "C_mid_hi", "R0", "budget", "budget_source",
@@ -143,19 +140,9 @@ def test_progress_shows_the_forecast():
 
 
 def tiny_config(workdir, *overrides, steps):
-    tiny = ModelConfig(name="tiny", vocab_size=CharTokenizer().vocab_size, hidden_size=32,
-                       intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=2,
-                       max_position_embeddings=64, tie_embeddings=True)
-    cfg = dataclasses.replace(recipes.testbed(), model=tiny, sft=None, workdir=str(workdir),
-                              steps=steps, mesh=MeshConfig(trainer_devices_per_host=4))
-    return apply_overrides(cfg, [
-        "data.source=synthetic:countup?num=400", "data.num_validation=16",
-        "reward.verifier=_verifiers:even_length", "reward.workers=2",
-        "sampler.max_concurrent_decodes=16", "sampler.max_target_length=40",
-        "sampler.max_new_tokens=20", "sampler.think_min=8", "sampler.think_max=12",
-        "pipeline.prompts_per_step=4", "pipeline.generations_per_prompt=4", "pipeline.max_lag=2",
-        "eval.every_steps=2", "eval.num_prompts=8", "eval.k=2", "checkpoint_every=10",
-        "optim.learning_rate=1e-3", *overrides])
+    # test_pipeline's tiny testbed run, evaluating every 2 steps (a forecast needs 5 points).
+    return pipeline_tiny_config(workdir, "eval.every_steps=2", "checkpoint_every=10", *overrides,
+                                steps=steps)
 
 
 def test_training_run_writes_forecast_events(tmp_path):

@@ -1,6 +1,6 @@
 """Rewards: answer verifiers (math, synthetic testbed tasks) and the host scoring pool."""
 import importlib
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional
 
 from scalerl_jax.config import ConfigError, DataConfig
 from scalerl_jax.rewards.math import (extract_answer, is_equivalent, normalize_answer, parse_math,

@@ -170,7 +170,8 @@ def _run(cfg: RunConfig, tokenizer, cleanup: contextlib.ExitStack, allow_config_
         return rec
 
     # Online forecast (process 0): each evaluation queues a refit of the sigmoid in a
-    # background thread; finished forecasts are written here, after the step that saw them.
+    # low-priority child process; finished forecasts are written here, after the step that
+    # saw them.
     forecaster = cleanup.enter_context(Forecaster.for_run(cfg.forecast, cfg.workdir,
                                                           total_steps=cfg.steps, enabled=main))
 
