@@ -66,6 +66,21 @@ def train_step_fn(graphdef):
     return jax.jit(jax.value_and_grad(loss_fn))
 
 
+def mfu_rounds(run_step, flops: float, dtype, peak_n: int, steps: int) -> list:
+    """`steps` rounds of (peak, step, peak): the machine is shared, so each step is compared with
+    the peak measured right around it; callers report the median round. The same ratio in CPU
+    seconds (FLOP per CPU-second of the model vs of the matmul) is the steadier figure.
+    Returns [(mfu, mfu_cpu, step_s, peak)]."""
+    rounds = []
+    for _ in range(steps):
+        before = matmul_peak(dtype, peak_n, 2)
+        step_s, step_cpu = timed(run_step)
+        after = matmul_peak(dtype, peak_n, 2)
+        peak, peak_cpu = (before[0] + after[0]) / 2, (before[1] + after[1]) / 2
+        rounds.append((flops / step_s / peak, flops / step_cpu / peak_cpu, step_s, peak))
+    return rounds
+
+
 def random_params(cfg: ModelConfig, seed: int = 0):
     # Host-side numpy init: the benchmark measures the step, not parameter creation.
     graphdef, params = nnx.split(nnx.eval_shape(
@@ -104,19 +119,9 @@ def main():
     step = train_step_fn(graphdef)
     compile_s = timed(lambda: step(params, tokens))[0]
 
-    # Rounds of (peak, step, peak): the machine is shared, so each step is compared with the
-    # peak measured right around it, and the median round is reported. The same ratio in CPU
-    # seconds (FLOP per CPU-second of the model vs of the matmul) is the steadier figure.
     n_tokens = args.batch * args.seq
     model_flops = transformer.num_flops_per_token(cfg, args.seq, training=True) * n_tokens
-    rounds = []
-    for _ in range(args.steps):
-        before = matmul_peak(dtype, args.peak_n, 2)
-        step_s, step_cpu = timed(lambda: step(params, tokens))
-        after = matmul_peak(dtype, args.peak_n, 2)
-        peak, peak_cpu = (before[0] + after[0]) / 2, (before[1] + after[1]) / 2
-        rounds.append((model_flops / step_s / peak, model_flops / step_cpu / peak_cpu, step_s,
-                       peak))
+    rounds = mfu_rounds(lambda: step(params, tokens), model_flops, dtype, args.peak_n, args.steps)
     median = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
     mfu, step_s, peak = sorted((r[0], r[2], r[3]) for r in rounds)[len(rounds) // 2]
     mfu_cpu = median([r[1] for r in rounds])

@@ -24,7 +24,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from model import matmul_peak, random_params, timed, train_step_fn  # noqa: E402
+from model import mfu_rounds, random_params, timed, train_step_fn  # noqa: E402
 from scalerl_jax.config import ModelConfig  # noqa: E402
 from scalerl_jax.models import transformer  # noqa: E402
 
@@ -51,14 +51,8 @@ def measure(cfg: ModelConfig, args, dtype) -> dict:
     compile_s = timed(lambda: step(params, tokens))[0]
     n_tokens = args.batch * args.seq
     flops = transformer.num_flops_per_token(cfg, args.seq, training=True) * n_tokens
-    rounds = []
-    for _ in range(args.steps):
-        before = matmul_peak(dtype, args.peak_n, 2)
-        step_s, step_cpu = timed(lambda: step(params, tokens))
-        after = matmul_peak(dtype, args.peak_n, 2)
-        peak, peak_cpu = (before[0] + after[0]) / 2, (before[1] + after[1]) / 2
-        rounds.append((flops / step_s / peak, flops / step_cpu / peak_cpu, step_s))
-    mfu, mfu_cpu, step_s = sorted(rounds)[len(rounds) // 2]
+    rounds = mfu_rounds(lambda: step(params, tokens), flops, dtype, args.peak_n, args.steps)
+    mfu, _, step_s, _ = sorted(rounds)[len(rounds) // 2]
     return dict(cfg=cfg, compile_s=compile_s, step_s=step_s, tokens_s=n_tokens / step_s,
                 mfu=mfu, mfu_cpu=sorted(r[1] for r in rounds)[len(rounds) // 2],
                 tflops=flops / step_s / 1e12)
