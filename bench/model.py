@@ -66,6 +66,16 @@ def train_step_fn(graphdef):
     return jax.jit(jax.value_and_grad(loss_fn))
 
 
+def compiled_step(cfg: ModelConfig, batch: int, seq: int):
+    """(run_step, compile seconds): one fwd+bwd of random params on a fixed random batch."""
+    graphdef, params = random_params(cfg)
+    tokens = jnp.asarray(np.random.RandomState(1).randint(
+        0, cfg.vocab_size, (batch, seq + 1)), jnp.int32)
+    step = train_step_fn(graphdef)
+    run_step = lambda: step(params, tokens)  # noqa: E731
+    return run_step, timed(run_step)[0]
+
+
 def mfu_rounds(run_step, flops: float, dtype, peak_n: int, steps: int) -> list:
     """`steps` rounds of (peak, step, peak): the machine is shared, so each step is compared with
     the peak measured right around it; callers report the median round. The same ratio in CPU
@@ -113,15 +123,11 @@ def main():
     if args.attention_chunk is not None:
         cfg = cfg.replace(attention_chunk=args.attention_chunk)
     dtype = jnp.dtype(args.dtype)
-    graphdef, params = random_params(cfg)
-    tokens = jnp.asarray(np.random.RandomState(1).randint(
-        0, cfg.vocab_size, (args.batch, args.seq + 1)), jnp.int32)
-    step = train_step_fn(graphdef)
-    compile_s = timed(lambda: step(params, tokens))[0]
+    run_step, compile_s = compiled_step(cfg, args.batch, args.seq)
 
     n_tokens = args.batch * args.seq
     model_flops = transformer.num_flops_per_token(cfg, args.seq, training=True) * n_tokens
-    rounds = mfu_rounds(lambda: step(params, tokens), model_flops, dtype, args.peak_n, args.steps)
+    rounds = mfu_rounds(run_step, model_flops, dtype, args.peak_n, args.steps)
     median = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
     mfu, step_s, peak = sorted((r[0], r[2], r[3]) for r in rounds)[len(rounds) // 2]
     mfu_cpu = median([r[1] for r in rounds])

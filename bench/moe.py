@@ -22,9 +22,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
 
-from model import mfu_rounds, random_params, timed, train_step_fn  # noqa: E402
+from model import compiled_step, mfu_rounds  # noqa: E402
 from scalerl_jax.config import ModelConfig  # noqa: E402
 from scalerl_jax.models import transformer  # noqa: E402
 
@@ -44,14 +43,10 @@ def configs(args) -> tuple[ModelConfig, ModelConfig]:
 
 
 def measure(cfg: ModelConfig, args, dtype) -> dict:
-    graphdef, params = random_params(cfg)
-    tokens = jnp.asarray(np.random.RandomState(1).randint(
-        0, cfg.vocab_size, (args.batch, args.seq + 1)), jnp.int32)
-    step = train_step_fn(graphdef)
-    compile_s = timed(lambda: step(params, tokens))[0]
+    run_step, compile_s = compiled_step(cfg, args.batch, args.seq)
     n_tokens = args.batch * args.seq
     flops = transformer.num_flops_per_token(cfg, args.seq, training=True) * n_tokens
-    rounds = mfu_rounds(lambda: step(params, tokens), flops, dtype, args.peak_n, args.steps)
+    rounds = mfu_rounds(run_step, flops, dtype, args.peak_n, args.steps)
     mfu, _, step_s, _ = sorted(rounds)[len(rounds) // 2]
     return dict(cfg=cfg, compile_s=compile_s, step_s=step_s, tokens_s=n_tokens / step_s,
                 mfu=mfu, mfu_cpu=sorted(r[1] for r in rounds)[len(rounds) // 2],

@@ -22,6 +22,7 @@ Layers, outermost first (the docstring of `rewards/code.py` says what each does 
    library directories.
 """
 import builtins
+import contextlib
 import json
 import math
 import os
@@ -60,15 +61,15 @@ def _unshare():
     for flags in attempts:
         if libc.unshare(flags) == 0:
             if flags & CLONE_NEWUSER:
-                try:  # keep our own ids inside; setgroups must be denied before gid_map
+                # Keep our own ids inside (setgroups must be denied before gid_map). If this
+                # fails, unmapped ids still work: the process runs as the overflow id.
+                with contextlib.suppress(OSError):
                     with open("/proc/self/setgroups", "w") as f:
                         f.write("deny")
                     with open("/proc/self/uid_map", "w") as f:
                         f.write(f"{uid} {uid} 1")
                     with open("/proc/self/gid_map", "w") as f:
                         f.write(f"{gid} {gid} 1")
-                except OSError:
-                    pass  # unmapped ids still work: the process runs as the overflow id
             return None
         error = f"unshare(0x{flags:x}): {os.strerror(ctypes.get_errno())}"
     return error
