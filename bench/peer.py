@@ -3,6 +3,9 @@
     .venv/bin/python bench/peer.py                       # alternate ours / tunix, 3 rounds each
     .venv/bin/python bench/peer.py --rounds 5
     .venv/bin/python bench/peer.py ours                  # only our side, one JSON line
+    .venv/bin/python bench/peer.py --no-train            # sampler only (tunix still runs 1 update)
+    .venv/bin/python bench/peer.py --steps-per-call 4,1  # headline decode_steps_per_call 4
+    .venv/bin/python bench/peer.py --only update         # the policy update only
 
 Shapes (issue 14): a Qwen2-shaped 8.0M-param model (hidden 256, 4 layers, 8 query / 2 KV heads,
 head_dim 32, MLP 1024, vocab 8192, untied, fp32, random init) on 1 CPU device.
@@ -52,14 +55,25 @@ def bench_sampler(args) -> dict:
     import numpy as np
     from jax.sharding import Mesh
 
+    mesh = Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("data", "tensor"))
+    ks = [int(k) for k in str(args.steps_per_call).split(",")]
+    out = bench_sampler_k(args, mesh, ks[0])
+    for k in ks[1:]:  # further settings of decode_steps_per_call, same process and load
+        out[f"steps_per_call_{k}"] = bench_sampler_k(args, mesh, k, mixed=False)
+    return out
+
+
+def bench_sampler_k(args, mesh, steps_per_call: int, mixed: bool = True) -> dict:
+    import jax
+    import numpy as np
+
     from scalerl_jax.config import SamplerConfig
     from scalerl_jax.sampler import Driver, Engine, Prompt
 
-    mesh = Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("data", "tensor"))
     cfg = SamplerConfig(max_concurrent_decodes=BATCH, max_prefill_length=PROMPT,
                         max_target_length=PROMPT + GEN, max_new_tokens=GEN,
                         interruptions=False, temperature=1.0,
-                        decode_steps_per_call=args.steps_per_call)
+                        decode_steps_per_call=steps_per_call)
     engine = Engine(model_config(), mesh, cfg)
     rng = np.random.default_rng(0)
 
@@ -85,7 +99,10 @@ def bench_sampler(args) -> dict:
         wall = time.perf_counter() - t0
         return wall, lengths, driver.stats
 
-    call(BATCH, 0, [])  # warm-up: compiles generate, the prefill bucket, insert, slot update
+    # Every program compiled before anything is timed (as a run does before its first step),
+    # then one untimed call.
+    Driver(engine, params, prompts(1, 0), group_size=1, eos_ids=[]).precompile()
+    call(BATCH, 0, [])
     full = []
     for i in range(args.sample_iters):
         wall, lengths, stats = call(BATCH, i + 1, [])
@@ -93,12 +110,13 @@ def bench_sampler(args) -> dict:
                          host_s=stats["time_host"], prefill_s=stats["time_prefill"]))
     tokens = sum(r["tokens"] for r in full)
     wall = sum(r["wall_s"] for r in full)
-    out = dict(decode_tok_s=round(tokens / wall, 1), call_s=[round(r["wall_s"], 3) for r in full],
+    out = dict(steps_per_call=steps_per_call, decode_tok_s=round(tokens / wall, 1),
+               call_s=[round(r["wall_s"], 3) for r in full],
                tokens_per_call=[r["tokens"] for r in full],
                step_ms=round(1e3 * wall / (GEN * len(full)), 2),
                host_frac=round(sum(r["host_s"] for r in full) / wall, 3),
                prefill_frac=round(sum(r["prefill_s"] for r in full) / wall, 3))
-    if args.mixed_steps:
+    if args.mixed_steps and mixed:
         out["mixed"] = bench_mixed(args, engine, params)
     return out
 
@@ -146,13 +164,15 @@ def bench_train(args) -> dict:
                             peak_n=2048)
     r = train_step.bench_step(ns)
     return dict(tok_s=r["tokens_per_s"], step_s=r["step_s"], mfu=r["mfu_vs_matmul_peak"],
-                params_M=r["params_M"])
+                mfu_cpu=r["mfu_cpu_time"], params_M=r["params_M"])
 
 
 def run_ours(args) -> dict:
     sys.path.insert(0, ROOT)
     import jax
-    res = dict(sampler=bench_sampler(args), devices=f"{jax.devices()[0].platform} x1")
+    res = dict(devices=f"{jax.devices()[0].platform} x1")
+    if args.only != "update":
+        res["sampler"] = bench_sampler(args)
     if not args.no_train:
         res["train_update"] = bench_train(args)
     return res
@@ -180,20 +200,28 @@ def drive(args):
     ours_cmd = [sys.executable, os.path.abspath(__file__), "ours",
                 "--sample-iters", str(args.sample_iters), "--train-iters", str(args.train_iters),
                 "--steps-per-call", str(args.steps_per_call), "--eos", str(args.eos),
-                "--mixed-steps", str(args.mixed_steps)] + (["--no-train"] if args.no_train
-                                                                else [])
+                "--mixed-steps", str(args.mixed_steps), "--only", args.only] + (
+                    ["--no-train"] if args.no_train else [])
+    sample_iters = 1 if args.only == "update" else args.sample_iters  # its script needs >= 1
     tunix_cmd = [args.tunix_python, args.tunix_script, "--grpo-steps", "0",
-                 "--no-prefill-probe", "--sample-iters", str(args.sample_iters),
+                 "--no-prefill-probe", "--sample-iters", str(sample_iters),
                  "--train-iters", str(1 if args.no_train else args.train_iters)]
     rounds = []
     for i in range(args.rounds):
         o = run_sub(ours_cmd, "ours")
         t = run_sub(tunix_cmd, "tunix")
-        r = dict(round=i, load_ours=o["_load"], load_tunix=t["_load"],
-                 ours_tok_s=o["sampler"]["decode_tok_s"], tunix_tok_s=t["sampler"]["decode_tok_s"],
-                 ours_step_ms=o["sampler"]["step_ms"])
-        r["sampler_ratio"] = r["ours_tok_s"] / r["tunix_tok_s"]
-        if "mixed" in o["sampler"]:
+        r = dict(round=i, load_ours=o["_load"], load_tunix=t["_load"])
+        if "sampler" in o:  # absent with --only update
+            r.update(ours_tok_s=o["sampler"]["decode_tok_s"],
+                     tunix_tok_s=t["sampler"]["decode_tok_s"],
+                     ours_step_ms=o["sampler"]["step_ms"])
+            r["sampler_ratio"] = r["ours_tok_s"] / r["tunix_tok_s"]
+        for key, extra in o.get("sampler", {}).items():  # further decode_steps_per_call settings
+            if key.startswith("steps_per_call_"):
+                k = key.rsplit("_", 1)[1]
+                r[f"ours_tok_s_k{k}"] = extra["decode_tok_s"]
+                r[f"sampler_ratio_k{k}"] = extra["decode_tok_s"] / r["tunix_tok_s"]
+        if "mixed" in o.get("sampler", {}):
             m = o["sampler"]["mixed"]
             r["mixed_ours"] = m["useful_tok_s"]
             r["mixed_tunix"] = r["tunix_tok_s"] * m["mean_len"] / GEN
@@ -204,15 +232,23 @@ def drive(args):
             r["tunix_train_tok_s"] = t["train_update"]["tok_s"]
             r["train_ratio"] = r["ours_train_tok_s"] / r["tunix_train_tok_s"]
             r["ours_mfu"] = o["train_update"]["mfu"]
+            r["ours_mfu_cpu"] = o["train_update"]["mfu_cpu"]
         rounds.append(r)
         print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()}),
               flush=True)
     med = {k: round(statistics.median(r[k] for r in rounds), 3)
            for k in rounds[0] if k != "round"}
     print("median over rounds: " + json.dumps(med))
-    print(f"sampler (32 x 64 prompt, 256 new): ours {med['ours_tok_s']:.0f} tok/s vs tunix "
-          f"{med['tunix_tok_s']:.0f} -> x{med['sampler_ratio']:.2f}; load average "
-          f"{min(r['load_ours'] for r in rounds):.1f}-{max(r['load_tunix'] for r in rounds):.1f}")
+    ks = str(args.steps_per_call).split(",")
+    print(f"load average {min(min(r['load_ours'], r['load_tunix']) for r in rounds):.1f}-"
+          f"{max(max(r['load_ours'], r['load_tunix']) for r in rounds):.1f}")
+    if "sampler_ratio" in med:
+        print(f"sampler (32 x 64 prompt, 256 new), decode_steps_per_call {ks[0]}: ours "
+              f"{med['ours_tok_s']:.0f} tok/s vs tunix {med['tunix_tok_s']:.0f} -> "
+              f"x{med['sampler_ratio']:.2f}")
+    for k in (ks[1:] if "sampler_ratio" in med else []):
+        print(f"  decode_steps_per_call {k}: ours {med[f'ours_tok_s_k{k}']:.0f} tok/s -> "
+              f"x{med[f'sampler_ratio_k{k}']:.2f}")
     if "mixed_ratio" in med:
         print(f"mixed lengths (mean {med['mixed_mean_len']:.0f} of max {GEN}): useful tok/s ours "
               f"{med['mixed_ours']:.0f} vs tunix {med['mixed_tunix']:.0f} (decodes to the "
@@ -220,7 +256,8 @@ def drive(args):
     if "train_ratio" in med:
         print(f"train update (32 x 320): ours {med['ours_train_tok_s']:.0f} tok/s vs tunix "
               f"{med['tunix_train_tok_s']:.0f} -> x{med['train_ratio']:.2f}; ours MFU "
-              f"{med['ours_mfu']:.2f} of the run's matmul peak")
+              f"{med['ours_mfu']:.2f} of the run's matmul peak (CPU time "
+              f"{med['ours_mfu_cpu']:.2f})")
 
 
 def main():
@@ -229,13 +266,18 @@ def main():
     p.add_argument("--rounds", type=int, default=3, help="alternations of ours / tunix")
     p.add_argument("--sample-iters", type=int, default=2, help="timed sampler calls per run")
     p.add_argument("--train-iters", type=int, default=3, help="timed update steps per run")
-    p.add_argument("--steps-per-call", type=int, default=4,
-                   help="our decode steps fused per generate() call")
+    p.add_argument("--steps-per-call", default="1,4",
+                   help="our decode steps fused per generate() call: the first is the headline "
+                        "(and the mixed run's), further comma-separated values are measured in "
+                        "the same process (1 is the SamplerConfig default)")
     p.add_argument("--mixed-steps", type=int, default=512,
                    help="timed decode steps of the mixed-length run (0: skip it)")
     p.add_argument("--eos", type=int, default=64,
                    help="EOS ids among the 8,192 in the mixed run: mean length ~8192/eos")
     p.add_argument("--no-train", action="store_true", help="sampler only")
+    p.add_argument("--only", choices=("all", "update"), default="all",
+                   help="update: the train update only (tunix's script still runs its sampler: "
+                        "one warm-up and one timed call, not reported)")
     p.add_argument("--tunix-python", default="/tmp/tunix-venv/bin/python")
     p.add_argument("--tunix-script", default=os.path.join(ROOT, "..", "shared", "bench",
                                                           "tunix_bench.py"))

@@ -5,7 +5,9 @@
     python bench/train_step.py --part memory
 
 MFU is measured against the same run's matmul peak (a large fp32/bf16 `jnp.dot` timed right
-before), so the ratio holds on a shared, noisy machine. Model FLOPs per token come from
+before and after each timed step; the median of `--steps` rounds), so the ratio holds on a shared,
+noisy machine; "mfu_cpu_time" is the same ratio in FLOP per process CPU-second, which other jobs
+disturb much less (the two agree on a quiet machine). Model FLOPs per token come from
 `models.transformer.num_flops_per_token` (6N + attention); the log-prob chunks' recomputed
 LM-head forward is not counted (MFU counts model FLOPs, not hardware FLOPs).
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 
 import jax
@@ -32,18 +35,21 @@ from scalerl_jax.train.logprobs import token_logprobs
 from scalerl_jax.train.step import make_train_step
 
 
-def matmul_peak(n: int, dtype, repeats: int = 5) -> float:
-    """FLOP/s of an n x n x n matmul (best of `repeats`)."""
+def matmul_peak(n: int, dtype, repeats: int = 5) -> tuple[float, float]:
+    """(FLOP per wall second, FLOP per process CPU second) of an n x n x n matmul, best of
+    `repeats`. CPU time counts only this process's threads, so other jobs on a shared machine
+    disturb it much less than wall time."""
     a = jnp.ones((n, n), dtype)
     b = jnp.ones((n, n), dtype)
     f = jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32))
     f(a, b).block_until_ready()
-    best = float("inf")
+    best, best_cpu = float("inf"), float("inf")
     for _ in range(repeats):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         f(a, b).block_until_ready()
         best = min(best, time.perf_counter() - t)
-    return 2.0 * n ** 3 / best
+        best_cpu = min(best_cpu, time.process_time() - c)
+    return 2.0 * n ** 3 / best, 2.0 * n ** 3 / best_cpu
 
 
 def synthetic_batch(rows: int, seq: int, vocab: int, num_prompts: int, seed: int = 0):
@@ -79,26 +85,31 @@ def bench_step(args) -> dict:
     state, metrics = step(state, batch)
     jax.block_until_ready(metrics)
     first_s = time.perf_counter() - t
-    # Peak measured before and after the timed steps; the better one is used, so load that
-    # varies during the run can only lower the reported MFU.
-    peak = matmul_peak(args.peak_n, jnp.dtype(args.dtype))
-    times = []
-    for _ in range(args.steps):
-        t = time.perf_counter()
-        state, metrics = step(state, batch)
-        jax.block_until_ready(metrics)
-        times.append(time.perf_counter() - t)
-    peak = max(peak, matmul_peak(args.peak_n, jnp.dtype(args.dtype)))
-    dt = float(np.median(times))
+    # Rounds of (peak, step, peak), as bench/model.py: each step is compared with the peak
+    # measured around it and the median round is reported, in wall and in CPU seconds.
     tokens = args.rows * args.seq
     flops = num_flops_per_token(cfg, args.seq, training=True) * tokens
+    rounds = []
+    for _ in range(args.steps):
+        before = matmul_peak(args.peak_n, jnp.dtype(args.dtype), 3)
+        t, c = time.perf_counter(), time.process_time()
+        state, metrics = step(state, batch)
+        jax.block_until_ready(metrics)
+        dt, dc = time.perf_counter() - t, time.process_time() - c
+        after = matmul_peak(args.peak_n, jnp.dtype(args.dtype), 3)
+        peak, peak_cpu = (before[0] + after[0]) / 2, (before[1] + after[1]) / 2
+        rounds.append((flops / dt / peak, flops / dc / peak_cpu, dt, peak, os.getloadavg()[0]))
+    mfu, _, dt, peak, load = sorted(rounds)[len(rounds) // 2]
+    mfu_cpu = float(np.median([r[1] for r in rounds]))
     return {"part": "step", "params_M": round(cfg.num_params() / 1e6, 1), "seq": args.seq,
             "rows": args.rows, "dtype": args.dtype, "devices": len(jax.devices()),
             "first_step_s": round(first_s, 1), "step_s": round(dt, 3),
             "tokens_per_s": round(tokens / dt, 1),
             "model_tflops_per_s": round(flops / dt / 1e12, 4),
             "matmul_peak_tflops_per_s": round(peak / 1e12, 4),
-            "mfu_vs_matmul_peak": round(flops / dt / peak, 3),
+            "mfu_vs_matmul_peak": round(mfu, 3), "mfu_cpu_time": round(mfu_cpu, 3),
+            "mfu_rounds": [round(r[0], 3) for r in rounds],
+            "mfu_cpu_rounds": [round(r[1], 3) for r in rounds], "load_average": round(load, 1),
             "loss": float(metrics["loss"]), "skipped": float(metrics["skipped_total"])}
 
 

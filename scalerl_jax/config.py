@@ -36,6 +36,8 @@ def _choice(cls: str, field: str, value: Any, options: tuple) -> None:
 
 
 DTYPES = ("float32", "bfloat16", "float16")
+ATTENTION_IMPLS = ("xla", "cudnn", "splash", "auto")
+REMAT_POLICIES = ("full", "dots", "dots_no_batch", "attn_out")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,7 +60,8 @@ class RopeScaling:
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """One decoder family: Llama-3.x, Qwen2.5 (qkv_bias), Qwen3 (qk_norm), and their
-    mixture-of-experts variants (num_experts > 0: Qwen3-MoE, Llama-4-style shapes)."""
+    mixture-of-experts variants (num_experts > 0: Qwen3-MoE, Llama-4 with its NoPE / chunked
+    attention fields)."""
 
     vocab_size: int
     hidden_size: int
@@ -81,6 +84,27 @@ class ModelConfig:
     # Training path: causal attention in query chunks of this size, each seeing only the keys
     # up to its end (skips ~half the score FLOPs, keeps score blocks cache-sized). 0: one block.
     attention_chunk: int = 128
+    # Attention kernel of the training forward (layers.attend): "xla" (einsum + softmax, every
+    # platform), "cudnn" (cuDNN flash attention, CUDA GPUs, bf16/fp16), "splash" (the Pallas
+    # splash-attention kernel, TPUs), "auto" (the platform's fused kernel where it supports the
+    # shapes and dtype, else xla). The decode path always uses xla (see layers.attend).
+    attention_impl: str = "xla"
+    # With `remat`, what each block keeps for the backward pass (the rest is recomputed):
+    # "full" (only the block input), "dots" (every matmul output), "dots_no_batch" (matmuls
+    # without batch dimensions: the weight projections, not attention), "attn_out" (the
+    # attention output, so the backward never re-runs attention).
+    remat_policy: str = "full"
+    # Llama-4 attention (defaults: off). RoPE is skipped on `nope_layers` (HF no_rope_layers == 0);
+    # the other (RoPE) layers attend only to keys in their own chunk of `local_attention_chunk`
+    # positions (0: globally) and, with `qk_l2_norm`, L2-normalise q and k (no weights). With
+    # `attn_temperature_tuning`, NoPE layers scale each query by
+    # 1 + attn_scale * log1p(floor((position + 1) / attn_floor_scale)).
+    nope_layers: tuple = ()
+    local_attention_chunk: int = 0
+    qk_l2_norm: bool = False
+    attn_temperature_tuning: bool = False
+    attn_floor_scale: int = 8192
+    attn_scale: float = 0.1
     # Mixture of experts (models/moe.py). 0 experts: every layer has the dense MLP.
     num_experts: int = 0
     experts_per_token: int = 0  # top-k
@@ -114,7 +138,20 @@ class ModelConfig:
         _choice(c, "compute_dtype", self.compute_dtype, DTYPES)
         _check(self.attention_chunk >= 0, c, "attention_chunk", self.attention_chunk,
                "must be >= 0 (0: no chunking)")
+        _choice(c, "attention_impl", self.attention_impl, ATTENTION_IMPLS)
+        _choice(c, "remat_policy", self.remat_policy, REMAT_POLICIES)
+        _check(self.remat or self.remat_policy == "full", c, "remat_policy", self.remat_policy,
+               "needs remat=True (without remat every activation is kept)")
         object.__setattr__(self, "dense_layers", tuple(self.dense_layers))  # JSON lists
+        object.__setattr__(self, "nope_layers", tuple(self.nope_layers))
+        _check(all(0 <= i < self.num_layers for i in self.nope_layers), c, "nope_layers",
+               self.nope_layers, f"must be layer indices in [0, {self.num_layers})")
+        _check(self.local_attention_chunk >= 0, c, "local_attention_chunk",
+               self.local_attention_chunk, "must be >= 0 (0: global attention)")
+        _check(not (self.qk_l2_norm and self.qk_norm), c, "qk_l2_norm", self.qk_l2_norm,
+               "excludes qk_norm=True (weightless L2 norm or Qwen3's RMSNorm, not both)")
+        _positive(c, attn_floor_scale=self.attn_floor_scale)
+        _check(self.attn_scale >= 0, c, "attn_scale", self.attn_scale, "must be >= 0")
         _check(self.num_experts >= 0, c, "num_experts", self.num_experts, "must be >= 0 (0: dense)")
         if self.num_experts:
             _check(0 < self.experts_per_token <= self.num_experts, c, "experts_per_token",
@@ -150,6 +187,13 @@ class ModelConfig:
     def is_moe_layer(self, i: int) -> bool:
         return (self.num_experts > 0 and (i + 1) % self.moe_layer_step == 0 and
                 i not in self.dense_layers)
+
+    def uses_rope(self, i: int) -> bool:
+        return i not in self.nope_layers
+
+    def is_local_attention_layer(self, i: int) -> bool:
+        """Chunked local attention (Llama-4): the RoPE layers, when local_attention_chunk > 0."""
+        return self.local_attention_chunk > 0 and self.uses_rope(i)
 
     @property
     def num_moe_layers(self) -> int:
@@ -229,13 +273,22 @@ class SamplerConfig:
     interruption_phrase: str = (
         "Okay, time is up. Let me stop thinking and formulate a final answer now. </think>")
     decode_steps_per_call: int = 1  # generate() steps fused per host round trip
+    # Sampler weights: "compute" stores each weight in the dtype the forward casts it to
+    # (compute dtype; fp32 for norms, the router and an fp32 LM head): the same log-probs
+    # bit for bit as "param" (the trainer's param_dtype), in half the HBM with fp32 masters.
+    weight_dtype: str = "compute"
+    # Weight sync moves the params in groups of at most this many MiB (in the sampler's dtype;
+    # a larger single array is its own group): a trainer chip's extra memory is one group.
+    weight_sync_group_mib: int = 1024
 
     def __post_init__(self):
         c = "SamplerConfig"
         _positive(c, max_concurrent_decodes=self.max_concurrent_decodes,
                   max_prefill_length=self.max_prefill_length,
                   max_target_length=self.max_target_length, max_new_tokens=self.max_new_tokens,
-                  decode_steps_per_call=self.decode_steps_per_call)
+                  decode_steps_per_call=self.decode_steps_per_call,
+                  weight_sync_group_mib=self.weight_sync_group_mib)
+        _choice(c, "weight_dtype", self.weight_dtype, ("compute", "param"))
         _check(self.max_prefill_length < self.max_target_length, c, "max_prefill_length",
                self.max_prefill_length, f"must be < max_target_length={self.max_target_length}")
         _check(self.temperature >= 0, c, "temperature", self.temperature,

@@ -2,6 +2,8 @@
 
 argv: coordinator port, process id. Each process has 4 CPU devices: 2 trainer + 2 sampler. The
 trainer mesh (fsdp=4) spans both processes; each process's sampler mesh is its own 2 devices.
+bf16 compute: fp32 masters arrive as bf16 (norms and the LM head fp32), in groups of at most
+16 KiB, every process running the same groups in the same order.
 Prints "OK <process id>" when every check passed.
 """
 import sys
@@ -27,11 +29,12 @@ def main():
     assert trainer.shape["fsdp"] == 4 and {d.process_index for d in trainer.devices.flat} == {0, 1}
     assert {d.process_index for d in sampler.devices.flat} == {jax.process_index()}
 
-    cfg = presets.get("tiny-llama")
+    cfg = presets.get("tiny-llama", compute_dtype="bfloat16")
     engine = Engine(cfg, sampler, SamplerConfig(max_concurrent_decodes=2, max_prefill_length=8,
-                                                max_target_length=16, interruptions=False))
+                                                max_target_length=16, interruptions=False,
+                                                weight_sync_group_mib=1))
     rng = np.random.default_rng(0)  # same values in both processes: the "trainer's" weights
-    host = jax.tree.map(lambda a: rng.normal(size=a.shape).astype(a.dtype),
+    host = jax.tree.map(lambda a: rng.normal(size=a.shape).astype(np.float32),
                         engine.abstract_params)
     shardings = mesh_lib.state_shardings(engine.abstract_params, trainer)
     sharded_over_hosts = 0
@@ -45,7 +48,8 @@ def main():
     params = treedef.unflatten(map(to_trainer, leaves, jax.tree.leaves(shardings)))
     assert sharded_over_hosts > 0  # no process holds these params whole before the sync
 
-    sync = WeightSync(trainer, engine.param_shardings)
+    sync = WeightSync.for_engine(trainer, engine)
+    sync.group_bytes = 16 << 10  # tiny-llama's arrays are 16-64 KiB in bf16: many groups
     checksum = jax.jit(lambda p: sum(x.sum() for x in jax.tree.leaves(p)))
     doubled = jax.tree.map(lambda x: x * 2, params)  # the trainer's next version
     out = sync(params)
@@ -54,10 +58,13 @@ def main():
         second = float(checksum(sync(doubled)))
     assert compiles == [], compiles
     assert np.isclose(second, 2 * first, rtol=1e-5), (first, second)
-    for got, want, target in zip(jax.tree.leaves(out), jax.tree.leaves(host),
-                                 jax.tree.leaves(engine.param_shardings)):
+    assert len(sync.groups) > 4 and sync.largest_group_bytes <= 64 << 10, sync.groups
+    for got, want, target, dt in zip(jax.tree.leaves(out), jax.tree.leaves(host),
+                                     jax.tree.leaves(engine.param_shardings),
+                                     jax.tree.leaves(engine.param_dtypes)):
         assert got.is_fully_addressable and got.sharding == target, (got.sharding, target)
-        np.testing.assert_array_equal(np.asarray(got), want)
+        assert got.dtype == dt
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want.astype(dt)))
     print("OK", jax.process_index(), flush=True)
 
 

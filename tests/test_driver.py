@@ -160,6 +160,24 @@ def test_weight_update_between_steps_tags_versions_without_recompiling(engine, p
         np.testing.assert_allclose(c.logprobs, want, atol=1e-5, rtol=0)
 
 
+def test_precompile_leaves_nothing_to_compile_in_the_run(engine, params):
+    # A fresh engine (its own jitted functions): precompile builds one generate program per
+    # cache window and one prefill / insert per prompt bucket; the run after it compiles nothing.
+    fresh = Engine(CFG, engine.mesh, SCFG)
+    cfg = dataclasses.replace(SCFG, interruptions=False, max_new_tokens=30)
+    out = []
+    driver = Driver(fresh, params, prompts(6, lengths=(3, 20, 31)), group_size=2,
+                    eos_ids=EOS[:4], cfg=cfg, on_group=out.append)
+    compiled = driver.precompile()
+    assert compiled.count("generate") == len(fresh.cache_windows) == 4
+    assert compiled.count("prefill") == compiled.count("bulk_insert") == 2  # buckets 16, 32
+    assert driver.precompile() == []
+    with count_compilations() as compiles:
+        driver.run()
+    assert compiles == [] and len(out) == 6
+    assert max(len(g.prompt_tokens) + len(c.tokens) for g in out for c in g.completions) > 48
+
+
 def test_thread_mode_streams_groups_and_takes_updates(engine, params):
     cfg = dataclasses.replace(SCFG, interruptions=False, max_new_tokens=16)
     # a one-group queue: the driver cannot run ahead of the consumer by more than a group

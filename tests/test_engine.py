@@ -153,9 +153,9 @@ def test_weight_swap_mid_generation_uses_new_params_without_recompiling(engine, 
 
 def test_state_is_sharded_over_the_sampler_mesh(engine):
     state = engine.init_decode_state()
-    assert state.cache.k[0].sharding.spec == PartitionSpec("data", None, "tensor", None)
+    assert state.cache.k[0].sharding.spec == PartitionSpec("data", "tensor", None, None)
     assert state.lengths.sharding.spec == PartitionSpec("data")
-    assert state.cache.k[0].shape == (4, REF_LEN, CFG.num_kv_heads, CFG.dim_per_head)
+    assert state.cache.k[0].shape == (4, CFG.num_kv_heads, REF_LEN, CFG.dim_per_head)
 
 
 def test_engine_rejects_bad_input(engine, params):
@@ -205,33 +205,38 @@ def test_top_k_top_p_support_and_renormalised_logprobs():
     np.testing.assert_allclose(flp, np.log([0.05, 0.15]), atol=1e-6)
 
 
-def test_windowed_generate_equals_full_cache_generate(engine, params):
+@pytest.mark.parametrize("steps_per_call", [1, 4])
+def test_windowed_generate_equals_full_cache_generate(mesh, engine, params, steps_per_call):
     # Attending over only the filled window must give the same tokens, log-probs and cache
     # contents as attending over the whole (masked) cache; slot 3 stays inactive throughout.
-    assert engine.cache_windows == [16, 32, 48, 64]
+    # One step per call reads the window in place; four cut it out once per call.
+    k = steps_per_call
+    eng = engine if k == 1 else Engine(CFG, mesh, sampler_cfg(decode_steps_per_call=k))
+    assert eng.cache_windows == [16, 32, 48, 64]
     prompts = {0: [5, 6, 7], 1: [9, 10, 11, 12, 13, 14, 15, 16, 17], 2: [4] * 12}
     states = []
     for _ in range(2):
-        state = engine.init_decode_state()
+        state = eng.init_decode_state()
         for slot, p in prompts.items():
-            state = engine.bulk_insert(prefill(engine, params, p), state, [slot],
-                                       keys=np.array([[slot, 1]], np.uint32))
+            state = eng.bulk_insert(prefill(eng, params, p), state, [slot],
+                                    keys=np.array([[slot, 1]], np.uint32))
         states.append(state)
     full, windowed = states
     lengths = {s: len(p) - 1 for s, p in prompts.items()}
     used = set()
-    for _ in range(30):  # lengths 11 .. 41: windows 16, 32 and 48 all run
+    for _ in range(32 // k):  # lengths 11 .. 43: windows 16, 32 and 48 all run
         filled = max(lengths.values())
-        used.add(next(w for w in engine.cache_windows if w >= filled + 1))
-        full, r_full = engine.generate(params, full)
-        windowed, r_win = engine.generate(params, windowed, max_length=filled)
+        used.add(next(w for w in eng.cache_windows if w >= filled + k))
+        full, r_full = eng.generate(params, full)
+        windowed, r_win = eng.generate(params, windowed, max_length=filled)
         r_full, r_win = jax.device_get((r_full, r_win))
         np.testing.assert_array_equal(r_win.tokens, r_full.tokens)
         np.testing.assert_allclose(r_win.logprobs, r_full.logprobs, atol=1e-5, rtol=0)
         np.testing.assert_array_equal(r_win.valid, r_full.valid)
-        lengths = {s: n + 1 for s, n in lengths.items()}
+        lengths = {s: n + k for s, n in lengths.items()}
     assert used == {16, 32, 48}
     np.testing.assert_array_equal(np.asarray(windowed.lengths), np.asarray(full.lengths))
-    for kw, kf in zip(windowed.cache.k, full.cache.k):
+    for cw, cf in zip(windowed.cache.k + windowed.cache.v, full.cache.k + full.cache.v):
         for s, n in lengths.items():  # the filled part of every live slot is the same
-            np.testing.assert_allclose(np.asarray(kw)[s, :n], np.asarray(kf)[s, :n], atol=1e-5)
+            np.testing.assert_allclose(np.asarray(cw)[s, :, :n], np.asarray(cf)[s, :, :n],
+                                       atol=1e-5)

@@ -53,6 +53,31 @@ def test_chunked_equals_unchunked_values_and_gradients(chunk):
     assert float(jnp.abs(gk0).max()) > 0  # the comparison is not between two zero arrays
 
 
+@pytest.mark.parametrize("chunk", [None, 8])
+@pytest.mark.parametrize("with_entropy", [True, False])
+def test_hand_written_backward_equals_autodiff_of_log_softmax(chunk, with_entropy):
+    """The custom VJP (both the kept-logits and the recomputing path) against jax.grad of the
+    independent log_softmax formulation, with large logits (scale 4) so that softmax is peaked."""
+    hidden, kernel, targets = _inputs(t=21)
+    kernel = kernel * 8.0
+    w_lp = jax.random.normal(jax.random.PRNGKey(7), targets.shape)
+    w_ent = jax.random.normal(jax.random.PRNGKey(8), targets.shape) if with_entropy else 0.0
+
+    def ours(h, k):
+        lp, ent = token_logprobs(h, k, targets, chunk_size=chunk, with_entropy=with_entropy)
+        return jnp.sum(w_lp * lp) + (jnp.sum(w_ent * ent) if with_entropy else 0.0)
+
+    def ref(h, k):
+        lp, ent = _reference(h, k, targets)
+        return jnp.sum(w_lp * lp) + jnp.sum(w_ent * ent)
+
+    got = jax.grad(ours, argnums=(0, 1))(hidden, kernel)
+    want = jax.grad(ref, argnums=(0, 1))(hidden, kernel)
+    for g, w in zip(got, want):
+        assert float(jnp.abs(w).max()) > 1e-2
+        np.testing.assert_allclose(g, w, rtol=2e-4, atol=2e-4)
+
+
 def test_fp32_head_from_bf16_hidden_and_bf16_head_ablation():
     hidden, kernel, targets = _inputs(dtype=jnp.bfloat16)
     logp, _ = token_logprobs(hidden, kernel, targets, chunk_size=8, fp32=True)

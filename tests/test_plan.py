@@ -92,12 +92,17 @@ def test_scalerl_8b_on_v5p_256_hand_computed():
     assert p.trainer.params == params
     assert p.trainer.optimizer == 2 * params  # AdamW mu and nu, in the params' fp32
     assert p.trainer.gradients == 2 * params  # fp32 accumulator + one micro-batch's grads
-    assert p.trainer.weight_sync == 4 * m.num_params()  # a full copy on the host's trainer chip
+    # Weight sync gathers one group at a time in the sampler's dtypes: the largest group is the
+    # fp32 LM head (2 GiB > the 1 GiB group budget), on the host's one trainer chip.
+    assert p.trainer.weight_sync == 4 * m.vocab_size * m.hidden_size
     # Sampler: 3 chips, no tensor parallelism, slots rounded up to 66 = 3 x 22; KV by hand.
     assert p.layout.sampler_mesh == (3, 1) and p.layout.slots == 66
     kv = 22 * cfg.sampler.max_target_length * m.num_layers * 2 * m.num_kv_heads * \
         m.dim_per_head * 2
-    assert p.sampler.kv_cache == kv and p.sampler.params == 4 * m.num_params()
+    # Weights in the dtype of use: fp32 norms and LM head, bf16 the rest (the embedding too).
+    head = m.vocab_size * m.hidden_size
+    assert p.sampler.kv_cache == kv
+    assert p.sampler.params == 4 * (norms + head) + 2 * (m.num_params() - norms - head)
     assert p.fits and max(p.chip_peaks) <= 95 * GIB * 0.9
     assert p.config.mesh == MeshConfig(trainer_devices_per_host=1, colocate=False, data=1,
                                        fsdp=32, tensor=1, sampler_tensor=1)
@@ -111,14 +116,78 @@ def test_scalerl_8b_on_v5p_256_hand_computed():
     assert p.time.step_s == max(p.time.trainer_s, p.time.sampler_s)  # PipelineRL overlaps
 
 
+@pytest.mark.parametrize("name,shape", [("tiny-qwen3-moe", (1, 2)), ("tiny-qwen3-moe", (2, 2)),
+                                        ("tiny-qwen2", (1, 4)), ("tiny-qwen2", (2, 1))])
+def test_sampler_param_bytes_match_the_engine(name, shape):
+    """The plan's sampler bytes per chip equal the engine's real dtypes and shardings: bf16
+    weights under bf16 compute, fp32 norms / router / LM head (tied: the embedding)."""
+    from scalerl_jax.config import SamplerConfig
+    from scalerl_jax.sampler import Engine
+    cfg = presets.get(name, compute_dtype="bfloat16")
+    data, tensor = shape
+    mesh = mesh_lib.sampler_mesh(MeshConfig(sampler_tensor=tensor), jax.devices()[:data * tensor])
+    for wd in ("compute", "param"):
+        engine = Engine(cfg, mesh, SamplerConfig(max_concurrent_decodes=2, max_prefill_length=8,
+                                                 max_target_length=16, interruptions=False,
+                                                 weight_dtype=wd))
+        real = sum(int(np.prod(sh.shard_shape(x.shape))) * np.dtype(dt).itemsize
+                   for x, sh, dt in zip(jax.tree.leaves(engine.abstract_params),
+                                        jax.tree.leaves(engine.param_shardings),
+                                        jax.tree.leaves(engine.param_dtypes)))
+        assert plan.sampler_param_bytes(cfg, {"data": data, "tensor": tensor}, wd) == real
+    assert plan.sampler_param_bytes(cfg, {"tensor": tensor}, "compute") < \
+        0.6 * plan.sampler_param_bytes(cfg, {"tensor": tensor}, "param")
+
+
+def _prompts(cfg, n):
+    return dataclasses.replace(cfg, pipeline=dataclasses.replace(cfg.pipeline, prompts_per_step=n))
+
+
+def test_scout_on_v5p_colocates_and_fits_from_v5p_512():
+    """Llama-4 Scout (107.8B, fp32 masters, bf16 compute). A host's sampler replica must hold
+    the bf16 model (201 GiB): 3 sampler chips cannot split it (no dimension divides by 3) and 2
+    would need 101 GiB each, so every chip trains and samples, the replica tensor-parallel over
+    a host's 4 chips (heads, KV heads, vocab and every expert's `mlp` dim split 4 ways).
+    v5p-256 then misses by 7.5 GiB; v5p-512 fits (with one prompt per host: 64), as does
+    v5p-1024 (128)."""
+    cfg = recipes.get("scalerl", model="llama-4-scout-17b-16e")
+    m = cfg.model
+    p = plan.resolve(cfg, plan.topology("v5p-256"))
+    assert p.layout.colocated and p.layout.sampler_mesh == (1, 4) and not p.fits
+    text = plan.explain(p)
+    assert "each chip trains and samples and needs 93.0 GiB" in text
+    assert "Smallest slices that fit: v5p-512 (with pipeline.prompts_per_step=64" in text
+    norms = (2 * m.num_layers + 1) * m.hidden_size
+    router = m.num_moe_layers * m.hidden_size * m.num_experts
+    head = m.vocab_size * m.hidden_size
+    for topo, prompts in (("v5p-512", 64), ("v5p-1024", 128)):
+        q = plan.resolve(_prompts(cfg, prompts), plan.topology(topo))
+        assert q.fits and q.ok, plan.explain(q)
+        lay = q.layout
+        assert lay.colocated and lay.trainer_per_host == 4 and lay.sampler_mesh == (1, 4)
+        assert lay.trainer_mesh[2] == 8 and lay.remat  # 5 heads per chip; block inputs only
+        assert plan.rows_per_chip(q.config, lay.trainer_mesh[0] * lay.trainer_mesh[1],
+                                  lay.micro_batches) == 1
+        assert lay.slots == cfg.pipeline.generations_per_prompt  # one group decodes at once
+        # Sampler weights by hand: bf16 split 4 ways, except the replicated fp32 norms and
+        # routers and the fp32 LM head (split over its vocab dim).
+        assert q.sampler.params == 2 * (m.num_params() - norms - router - head) // 4 + \
+            4 * (norms + router) + 4 * head // 4
+        # Weight sync: the largest group is the fp32 LM head, over a host's 4 trainer chips.
+        assert q.trainer.weight_sync == 4 * head // 4
+        assert q.config.mesh.colocate and q.config.mesh.sampler_tensor == 4
+
+
 def test_70b_on_v5e_8_does_not_fit_and_says_why():
     cfg = recipes.get("scalerl", model="llama-3.1-70b")
     p = plan.resolve(cfg, plan.topology("v5e-8"))
     assert not p.fits and not p.ok
     text = plan.explain(p)
     assert "llama-3.1-70b does not fit on v5e-8 (14.4 GiB usable of 16 GiB per chip)" in text
-    assert "a trainer chip needs" in text and "params 131.4" in text
-    assert "a sampler chip needs" in text
+    # The closest layout is colocated: fp32 states over all 8 chips, bf16 sampler weights.
+    assert "each chip trains and samples and needs 350.5 GiB" in text
+    assert "trainer: params 32.9" in text and "sampler: params 16.7" in text
+    assert "Smallest slices that fit: v5p-2048" in text
 
 
 def test_pinned_fields_are_kept_and_the_rest_planned():

@@ -1,4 +1,5 @@
 """Weight sync: trainer mesh -> sampler mesh, single process and 2 processes x 4 CPU devices."""
+import dataclasses
 import os
 import pathlib
 import socket
@@ -7,7 +8,9 @@ import sys
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from scalerl_jax import mesh as mesh_lib
 from scalerl_jax.config import MeshConfig, SamplerConfig
@@ -89,3 +92,102 @@ def test_two_processes_four_cpu_devices_each(tmp_path):
         outputs = [_read(f) for f in logs]
     for i, (p, out) in enumerate(zip(procs, outputs)):
         assert p.returncode == 0 and f"OK {i}" in out, f"process {i} failed:\n{out[-4000:]}"
+
+
+# ------------------------------------------------------ sampler dtypes and bounded groups
+def _trainer_params(cfg, trainer, seed=0):
+    """fp32 master weights as the trainer holds them, fsdp-sharded on `trainer`; norm scales
+    near 1 so the forward is well-conditioned."""
+    engine = Engine(cfg, trainer, SamplerConfig(max_concurrent_decodes=2, max_prefill_length=8,
+                                                max_target_length=16, interruptions=False,
+                                                weight_dtype="param"))
+    rng = np.random.default_rng(seed)
+    host = jax.tree.map_with_path(
+        lambda p, a: rng.normal(1.0 if "scale" in jax.tree_util.keystr(p) else 0.0, 0.1,
+                                a.shape).astype(a.dtype), engine.abstract_params)
+    return host, jax.device_put(host, mesh_lib.state_shardings(engine.abstract_params, trainer))
+
+
+def _sample(engine, params, steps=6):
+    prefix = engine.prefill(params, np.array([3, 1, 4, 1, 5, 9, 0, 0], np.int32), 6)
+    state = engine.bulk_insert(prefix, engine.init_decode_state(), [0, 1],
+                               keys=np.array([[0, 1], [0, 2]], np.uint32))
+    out = []
+    for _ in range(steps):
+        state, res = engine.generate(params, state)
+        out.append(jax.device_get(res))
+    return (np.concatenate([r.tokens for r in out]), np.concatenate([r.logprobs for r in out]))
+
+
+@pytest.mark.parametrize("name", ["tiny-qwen3-moe", "tiny-qwen2"])
+def test_compute_weight_dtype_samples_bit_identically_in_half_the_memory(name):
+    """Weights stored in the dtype the bf16 forward casts them to: the same tokens and log-probs
+    bit for bit as fp32 storage; norms, the router and the fp32 LM head (tied: the embedding)
+    stay fp32, everything else is bf16."""
+    cfg = presets.get(name, compute_dtype="bfloat16")
+    devices = jax.devices()
+    sampler = mesh_lib.sampler_mesh(MeshConfig(sampler_tensor=2), devices[:2])
+    trainer = mesh_lib.trainer_mesh(MeshConfig(fsdp=-1), devices[4:8])
+    sc = SamplerConfig(max_concurrent_decodes=2, max_prefill_length=8, max_target_length=16,
+                       interruptions=False, temperature=1.0)
+    _, master = _trainer_params(cfg, trainer)
+    by_param = Engine(cfg, sampler, dataclasses.replace(sc, weight_dtype="param"))
+    by_compute = Engine(cfg, sampler, sc)  # the default
+    p_param, p_compute = by_param.load_params(master), by_compute.load_params(master)
+    tokens_a, lp_a = _sample(by_param, p_param)
+    tokens_b, lp_b = _sample(by_compute, p_compute)
+    np.testing.assert_array_equal(tokens_a, tokens_b)
+    np.testing.assert_array_equal(lp_a, lp_b)  # bit-equal, not close
+
+    kept = {"scale", "router", "lm_head"} | ({"embed"} if cfg.tie_embeddings else set())
+    fp32 = bf16 = 0
+    for path, x in jax.tree.leaves_with_path(p_compute):
+        names = {getattr(k, "key", None) for k in path}
+        want = np.float32 if names & kept else jnp.bfloat16
+        assert x.dtype == want, (jax.tree_util.keystr(path), x.dtype)
+        fp32, bf16 = fp32 + (x.nbytes if want == np.float32 else 0), \
+            bf16 + (x.nbytes if want != np.float32 else 0)
+    total = sum(x.nbytes for x in jax.tree.leaves(p_param))
+    assert fp32 + 2 * bf16 == total and fp32 + bf16 < 0.6 * total
+
+
+def test_grouped_sync_equals_one_group_and_bounds_a_trainer_chips_copy():
+    """Groups of at most `group_bytes` (in the sampler's bf16): the same sampler params as one
+    whole-model gather, while a trainer chip never holds more than one group; the whole-model
+    gather holds the model / 4 on each of the 4 trainer chips."""
+    cfg = presets.get("tiny-qwen3-moe", compute_dtype="bfloat16")
+    devices = jax.devices()
+    trainer = mesh_lib.trainer_mesh(MeshConfig(fsdp=-1), devices[:4])
+    sampler = mesh_lib.sampler_mesh(MeshConfig(sampler_tensor=2), devices[4:8])
+    engine = Engine(cfg, sampler, SamplerConfig(max_concurrent_decodes=2, max_prefill_length=8,
+                                                max_target_length=16, interruptions=False))
+    host, master = _trainer_params(cfg, trainer)
+    sizes = [x.size * np.dtype(d).itemsize for x, d in zip(jax.tree.leaves(host),
+                                                          jax.tree.leaves(engine.param_dtypes))]
+    budget = max(sizes)  # every group is then at most the largest array
+    whole = WeightSync(trainer, engine.param_shardings, engine.param_dtypes)
+    grouped = WeightSync(trainer, engine.param_shardings, engine.param_dtypes, budget)
+    a, b = whole(master), grouped(master)
+    for x, y, target in zip(jax.tree.leaves(a), jax.tree.leaves(b),
+                            jax.tree.leaves(engine.param_shardings)):
+        assert y.sharding == target and y.dtype == x.dtype
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    assert len(whole.groups) == 1 and len(grouped.groups) > 4
+    assert all(sum(sizes[i] for i in g) <= budget or len(g) == 1 for g in grouped.groups)
+    # Measured on the trainer devices: a group's shards, not the model's.
+    assert grouped.largest_group_bytes <= budget
+    assert whole.largest_group_bytes >= sum(sizes) // 4 > budget
+    # The cast precedes the gather: fp32 transfers would be twice the bytes.
+    fp32 = WeightSync(trainer, engine.param_shardings, None, None)
+    fp32(master)
+    assert whole.largest_group_bytes < 0.6 * fp32.largest_group_bytes
+    with pytest.raises(ValueError, match="group_bytes=0"):
+        WeightSync(trainer, engine.param_shardings, group_bytes=0)
+
+
+def test_sampler_weight_fields_are_validated():
+    from scalerl_jax.config import ConfigError
+    with pytest.raises(ConfigError, match=r"SamplerConfig.weight_dtype='fp8': must be one of"):
+        SamplerConfig(weight_dtype="fp8")
+    with pytest.raises(ConfigError, match=r"SamplerConfig.weight_sync_group_mib=0: must be > 0"):
+        SamplerConfig(weight_sync_group_mib=0)

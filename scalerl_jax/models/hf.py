@@ -16,8 +16,21 @@ Qwen3-MoE experts: the hub stores one tensor per expert (`mlp.experts.{e}.gate_p
 transformers 5 fuses them (`mlp.experts.gate_up_proj` [E, 2F, D], `mlp.experts.down_proj`
 [E, D, F]), and checkpoints saved from that layout are read too. Either way each device reads
 only its experts' slices into our stacked [E, D, F] / [E, F, D] params. Export writes the
-per-expert hub layout. Llama-4 checkpoints are not loaded: their attention (NoPE layers,
-chunked attention, L2 qk-norm) is not this decoder's.
+per-expert hub layout.
+
+Llama-4 (`Llama4ForCausalLM`, or the language model of a `Llama4ForConditionalGeneration`
+checkpoint, whose vision tower is skipped): NoPE layers, chunked local attention, L2 qk-norm and
+temperature tuning map to ModelConfig fields. Its routed experts are stored stacked and fused
+(`feed_forward.experts.gate_up_proj` [E, D, 2F] with gate then up on the last axis,
+`down_proj` [E, F, D]), already our [in, out] layout, so gate and up are column halves of one
+tensor. Llama-4 applies RoPE to interleaved pairs (dims 2i, 2i+1), our `apply_rope` to
+half-split pairs (i, i + hd/2): q_proj / k_proj rows are permuted within each head at load
+(and back at export) so the half-split code computes exactly Llama-4's attention: q.k is
+unchanged because q and k are permuted alike, and the L2 norm and temperature scale are
+permutation-invariant. A load-time permutation rather than a config flag keeps one RoPE code
+path (training forward, decode, attention kernels all see half-split q/k) and adds nothing per
+step (an interleaved rotation needs a trailing size-2 axis, which TPU layouts pad; on CPU it
+measured about as fast, so the gain is mostly simplicity).
 """
 from __future__ import annotations
 
@@ -25,6 +38,7 @@ import contextlib
 import dataclasses
 import glob
 import json
+import logging
 import math
 import os
 import struct
@@ -38,10 +52,16 @@ from flax import nnx
 from scalerl_jax.config import DTYPES, ModelConfig, RopeScaling
 from scalerl_jax.models.transformer import Transformer
 
+log = logging.getLogger(__name__)
+
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-                           "Qwen3MoeForCausalLM")
+                           "Qwen3MoeForCausalLM", "Llama4ForCausalLM",
+                           "Llama4ForConditionalGeneration")
 _MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
+                "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
+                "llama4_text": "Llama4ForCausalLM", "llama4": "Llama4ForConditionalGeneration"}
+# A Llama4ForConditionalGeneration checkpoint's language-model tensors carry this prefix.
+_LLAMA4_TEXT_PREFIX = "language_model."
 _ST_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16", "float64": "F64"}
 
 
@@ -110,6 +130,11 @@ def config_from_hf(path_or_dict, **overrides) -> ModelConfig:
     """
     hf = read_hf_config(path_or_dict)
     arch = _architecture(hf)
+    name = hf.get("_name_or_path") or _dir_name(path_or_dict) or arch
+    if arch.startswith("Llama4"):
+        fields = dict(_llama4_fields(_llama4_text_config(hf, arch)), name=name)
+        fields.update(overrides)
+        return ModelConfig(**fields)
     # Qwen2 always has q/k/v biases and no `attention_bias` key; elsewhere that key also adds
     # an o_proj bias, which this decoder does not have.
     for key, ok in (("hidden_act", "silu"), ("attention_bias", False), ("mlp_bias", False),
@@ -118,13 +143,9 @@ def config_from_hf(path_or_dict, **overrides) -> ModelConfig:
             raise HFError(f"config.json {key}={hf[key]!r} is not supported for {arch} "
                           f"(expected {ok!r})")
     theta, scaling = _rope(hf)
-    d, heads = int(_required(hf, "hidden_size")), int(_required(hf, "num_attention_heads"))
-    head_dim = hf.get("head_dim")
-    if head_dim is not None and int(head_dim) == d // heads and d % heads == 0:
-        head_dim = None  # the default; keeps configs equal to the presets
+    d, heads, head_dim = _attention_dims(hf)
     fields = dict(
-        name=hf.get("_name_or_path") or _dir_name(path_or_dict) or arch,
-        vocab_size=int(_required(hf, "vocab_size")), hidden_size=d,
+        name=name, vocab_size=int(_required(hf, "vocab_size")), hidden_size=d,
         intermediate_size=int(_required(hf, "intermediate_size")),
         num_layers=int(_required(hf, "num_hidden_layers")),
         num_heads=heads, num_kv_heads=int(hf.get("num_key_value_heads") or heads),
@@ -138,6 +159,87 @@ def config_from_hf(path_or_dict, **overrides) -> ModelConfig:
         fields.update(_moe_fields(hf))
     fields.update(overrides)
     return ModelConfig(**fields)
+
+
+def _attention_dims(hf: dict) -> tuple:
+    d, heads = int(_required(hf, "hidden_size")), int(_required(hf, "num_attention_heads"))
+    head_dim = hf.get("head_dim")
+    if head_dim is not None and int(head_dim) == d // heads and d % heads == 0:
+        head_dim = None  # the default; keeps configs equal to the presets
+    return d, heads, None if head_dim is None else int(head_dim)
+
+
+def _llama4_text_config(hf: dict, arch: str) -> dict:
+    if arch == "Llama4ForCausalLM":
+        return hf
+    text = hf.get("text_config")
+    if not isinstance(text, dict):
+        raise HFError(f"Llama4ForConditionalGeneration config.json has no 'text_config' dict "
+                      f"(keys: {sorted(hf)})")
+    log.info("Llama4ForConditionalGeneration: loading its language model (text_config, "
+             "%s* tensors) only; the vision tower (vision_config, vision_model.*, "
+             "multi_modal_projector.*) is ignored", _LLAMA4_TEXT_PREFIX)
+    return text
+
+
+def _llama4_fields(hf: dict) -> dict:
+    """ModelConfig fields of a Llama4TextConfig dict. Absent keys take that class's defaults."""
+    for key, ok in (("hidden_act", "silu"), ("attention_bias", False),
+                    ("router_jitter_noise", 0.0)):
+        if hf.get(key, ok) != ok:
+            raise HFError(f"Llama-4 config.json {key}={hf[key]!r} is not supported "
+                          f"(expected {ok!r})")
+    layers = int(_required(hf, "num_hidden_layers"))
+    # no_rope_layers[i] == 1: layer i uses RoPE; 0: NoPE. Absent: NoPE every `interval` layers.
+    interval = int(hf.get("no_rope_layer_interval", 4))
+    no_rope = list(hf.get("no_rope_layers") or
+                   [int((i + 1) % interval != 0) for i in range(layers)])
+    if len(no_rope) < layers or any(v not in (0, 1) for v in no_rope):
+        raise HFError(f"Llama-4 config.json no_rope_layers={no_rope} must hold a 0 (NoPE) or 1 "
+                      f"(RoPE) for each of the {layers} layers")
+    rope_layer = [bool(no_rope[i]) for i in range(layers)]
+    chunk = hf.get("attention_chunk_size")
+    types = list(hf.get("layer_types") or
+                 ["chunked_attention" if r else "full_attention" for r in rope_layer])
+    if types == ["chunked_attention" if r else "full_attention" for r in rope_layer]:
+        if not chunk or int(chunk) <= 0:
+            raise HFError(f"Llama-4 config.json attention_chunk_size={chunk!r} must be > 0 "
+                          f"with chunked_attention layers (layer_types={types})")
+        local = int(chunk)
+    elif types == ["full_attention"] * layers:
+        local = 0
+    else:
+        raise HFError(f"Llama-4 config.json layer_types={types} is not supported: chunked "
+                      "attention must be on exactly the RoPE layers (no_rope_layers == 1) or on "
+                      "none")
+    step = int(hf.get("interleave_moe_layer_step", 1))
+    moe = hf.get("moe_layers")
+    moe = set(range(step - 1, layers, step)) if moe is None else {int(i) for i in moe}
+    by_step = {i for i in range(layers) if (i + 1) % step == 0}
+    if not moe <= by_step:  # an explicit list off the step grid: every other layer dense
+        step, by_step = 1, set(range(layers))
+    expert_f = int(hf.get("intermediate_size", 8192))
+    d, heads, head_dim = _attention_dims(hf)
+    theta, scaling = _rope(hf)
+    coef = float(hf.get("router_aux_loss_coef", 0.0)) if hf.get("output_router_logits") else 0.0
+    return dict(
+        vocab_size=int(_required(hf, "vocab_size")), hidden_size=d,
+        intermediate_size=int(hf.get("intermediate_size_mlp", 16384)), num_layers=layers,
+        num_heads=heads, num_kv_heads=int(hf.get("num_key_value_heads") or heads),
+        head_dim=head_dim, rope_theta=theta, rope_scaling=scaling,
+        rms_norm_eps=float(hf.get("rms_norm_eps", 1e-5)),
+        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        max_position_embeddings=int(hf.get("max_position_embeddings", 131072)),
+        num_experts=int(hf.get("num_local_experts", 16)),
+        experts_per_token=int(hf.get("num_experts_per_tok", 1)),
+        moe_intermediate_size=expert_f, shared_expert_size=expert_f, moe_layer_step=step,
+        dense_layers=tuple(sorted(by_step - moe)), router="sigmoid", router_aux_loss_coef=coef,
+        nope_layers=tuple(i for i in range(layers) if not rope_layer[i]),
+        local_attention_chunk=local, qk_l2_norm=bool(hf.get("use_qk_norm", True)),
+        # Scout's config.json says attn_temperature_tuning: 4; transformers only tests truth.
+        attn_temperature_tuning=bool(hf.get("attn_temperature_tuning", True)),
+        attn_floor_scale=int(hf.get("floor_scale", 8192)),
+        attn_scale=float(hf.get("attn_scale", 0.1)))
 
 
 def _moe_fields(hf: dict) -> dict:
@@ -157,8 +259,26 @@ def _moe_fields(hf: dict) -> dict:
                 router_aux_loss_coef=coef)
 
 
+def _is_llama4(cfg: ModelConfig) -> bool:
+    return bool(cfg.router == "sigmoid" or cfg.nope_layers or cfg.local_attention_chunk or
+                cfg.qk_l2_norm or cfg.attn_temperature_tuning)
+
+
 def architecture_of(cfg: ModelConfig) -> str:
     """The HF class that has exactly this config's features."""
+    if _is_llama4(cfg):
+        if (not cfg.num_experts or cfg.router != "sigmoid" or cfg.qk_norm or cfg.qkv_bias or
+                cfg.shared_expert_size != cfg.expert_size):
+            raise HFError(
+                f"ModelConfig {cfg.name!r} has no HF equivalent: it mixes Llama-4 features "
+                f"(router={cfg.router!r}, nope_layers={cfg.nope_layers}, local_attention_chunk="
+                f"{cfg.local_attention_chunk}, qk_l2_norm={cfg.qk_l2_norm}, "
+                f"attn_temperature_tuning={cfg.attn_temperature_tuning}) with others "
+                f"(num_experts={cfg.num_experts}, qk_norm={cfg.qk_norm}, qkv_bias={cfg.qkv_bias}, "
+                f"shared_expert_size={cfg.shared_expert_size} vs expert width "
+                f"{cfg.expert_size}): Llama4ForCausalLM needs num_experts > 0, the sigmoid "
+                "router, a shared expert as wide as the routed ones, no qk_norm, no qkv_bias")
+        return "Llama4ForCausalLM"
     if cfg.num_experts:
         if not cfg.qk_norm or cfg.qkv_bias or cfg.router != "softmax" or cfg.shared_expert_size:
             raise HFError(
@@ -175,8 +295,41 @@ def architecture_of(cfg: ModelConfig) -> str:
     return "Qwen2ForCausalLM" if cfg.qkv_bias else "LlamaForCausalLM"
 
 
+def _rope_scaling_to_hf(cfg: ModelConfig) -> Optional[dict]:
+    if cfg.rope_scaling is None:
+        return None
+    return dict(rope_type="llama3", **dataclasses.asdict(cfg.rope_scaling))
+
+
+def _llama4_config_to_hf(cfg: ModelConfig) -> dict:
+    layers = range(cfg.num_layers)
+    return dict(
+        architectures=["Llama4ForCausalLM"], model_type="llama4_text",
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.expert_size, intermediate_size_mlp=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads, head_dim=cfg.dim_per_head, hidden_act="silu",
+        max_position_embeddings=cfg.max_position_embeddings, rms_norm_eps=cfg.rms_norm_eps,
+        tie_word_embeddings=cfg.tie_embeddings, torch_dtype=cfg.param_dtype,
+        rope_theta=cfg.rope_theta, rope_scaling=_rope_scaling_to_hf(cfg),
+        num_local_experts=cfg.num_experts, num_experts_per_tok=cfg.experts_per_token,
+        interleave_moe_layer_step=cfg.moe_layer_step,
+        moe_layers=[i for i in layers if cfg.is_moe_layer(i)],
+        no_rope_layers=[int(cfg.uses_rope(i)) for i in layers],
+        layer_types=["chunked_attention" if cfg.is_local_attention_layer(i) else
+                     "full_attention" for i in layers],
+        # transformers builds a chunked mask even when no layer uses it, so it needs a size.
+        attention_chunk_size=cfg.local_attention_chunk or cfg.max_position_embeddings,
+        use_qk_norm=cfg.qk_l2_norm, attn_temperature_tuning=cfg.attn_temperature_tuning,
+        floor_scale=cfg.attn_floor_scale, attn_scale=cfg.attn_scale, attention_bias=False,
+        router_aux_loss_coef=cfg.router_aux_loss_coef,
+        output_router_logits=cfg.router_aux_loss_coef > 0, router_jitter_noise=0.0)
+
+
 def config_to_hf(cfg: ModelConfig) -> dict:
     arch = architecture_of(cfg)
+    if arch == "Llama4ForCausalLM":
+        return _llama4_config_to_hf(cfg)
     out = dict(
         architectures=[arch], model_type={v: k for k, v in _MODEL_TYPES.items()}[arch],
         vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
@@ -186,9 +339,7 @@ def config_to_hf(cfg: ModelConfig) -> dict:
         max_position_embeddings=cfg.max_position_embeddings, rms_norm_eps=cfg.rms_norm_eps,
         tie_word_embeddings=cfg.tie_embeddings, torch_dtype=cfg.param_dtype,
         # The transformers < 5 spelling; transformers >= 5 converts it on load.
-        rope_theta=cfg.rope_theta, rope_scaling=None)
-    if cfg.rope_scaling is not None:
-        out["rope_scaling"] = dict(rope_type="llama3", **dataclasses.asdict(cfg.rope_scaling))
+        rope_theta=cfg.rope_theta, rope_scaling=_rope_scaling_to_hf(cfg))
     if arch == "Qwen3MoeForCausalLM":
         out.update(num_experts=cfg.num_experts, num_experts_per_tok=cfg.experts_per_token,
                    moe_intermediate_size=cfg.expert_size, decoder_sparse_step=cfg.moe_layer_step,
@@ -220,10 +371,21 @@ class _Entry:
     experts: int = 0
     fused: Optional[tuple] = None
     expert: int = -1  # export only: this HF tensor is expert `expert` of our param
+    # (i, n): ours is the i-th of n equal pieces of the HF tensor's last axis (Llama-4's fused
+    # gate_up_proj); groups describe the piece.
+    part: tuple = ()
+    # Split-HF axis holding head_dim in Llama-4's interleaved RoPE order (-1: none): permuted
+    # to the half-split order at load, back at export.
+    rope_axis: int = -1
+
+    @property
+    def piece_shape(self) -> tuple:
+        return tuple(math.prod(g) for g in self.groups)
 
     @property
     def hf_shape(self) -> tuple:
-        return tuple(math.prod(g) for g in self.groups)
+        shape = self.piece_shape
+        return shape[:-1] + (shape[-1] * self.part[1],) if self.part else shape
 
     @property
     def shape(self) -> tuple:
@@ -237,9 +399,16 @@ class _Entry:
                                     fused=None, expert=e) for e in range(self.experts)]
 
 
+def half_split_order(head_dim: int) -> np.ndarray:
+    """Interleaved RoPE dims (2i, 2i+1) -> half-split (i, i + hd/2): ours = hf[..., order]."""
+    return np.concatenate([np.arange(0, head_dim, 2), np.arange(1, head_dim, 2)])
+
+
 def tensor_map(cfg: ModelConfig) -> list[_Entry]:
     d, f, v = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
     h, kv, hd = cfg.num_heads, cfg.num_kv_heads, cfg.dim_per_head
+    llama4 = _is_llama4(cfg)
+    ffn, rope_axis = ("feed_forward.", 1) if llama4 else ("mlp.", -1)
     entries = [_Entry("model.embed_tokens.weight", ("embed",), ((v,), (d,)), (0, 1)),
                _Entry("model.norm.weight", ("final_norm", "scale"), ((d,),), (0,))]
     if not cfg.tie_embeddings:
@@ -250,19 +419,18 @@ def tensor_map(cfg: ModelConfig) -> list[_Entry]:
             _Entry(p + "input_layernorm.weight", us + ("attn_norm", "scale"), ((d,),), (0,)),
             _Entry(p + "post_attention_layernorm.weight", us + ("mlp_norm", "scale"), ((d,),),
                    (0,)),
-            _Entry(p + "self_attn.q_proj.weight", us + ("attn", "q"), ((h, hd), (d,)), (2, 0, 1)),
-            _Entry(p + "self_attn.k_proj.weight", us + ("attn", "k"), ((kv, hd), (d,)), (2, 0, 1)),
+            _Entry(p + "self_attn.q_proj.weight", us + ("attn", "q"), ((h, hd), (d,)), (2, 0, 1),
+                   rope_axis=rope_axis),
+            _Entry(p + "self_attn.k_proj.weight", us + ("attn", "k"), ((kv, hd), (d,)), (2, 0, 1),
+                   rope_axis=rope_axis),
             _Entry(p + "self_attn.v_proj.weight", us + ("attn", "v"), ((kv, hd), (d,)), (2, 0, 1)),
             _Entry(p + "self_attn.o_proj.weight", us + ("attn", "o"), ((d,), (h, hd)), (1, 2, 0)),
         ]
         if cfg.is_moe_layer(i):
-            entries += _moe_entries(cfg, p + "mlp.", us + ("mlp",))
+            entries += (_llama4_moe_entries if llama4 else _moe_entries)(cfg, p + ffn,
+                                                                         us + ("mlp",))
         else:
-            entries += [
-                _Entry(p + "mlp.gate_proj.weight", us + ("mlp", "gate"), ((f,), (d,)), (1, 0)),
-                _Entry(p + "mlp.up_proj.weight", us + ("mlp", "up"), ((f,), (d,)), (1, 0)),
-                _Entry(p + "mlp.down_proj.weight", us + ("mlp", "down"), ((d,), (f,)), (1, 0)),
-            ]
+            entries += _mlp_entries(p + ffn, us + ("mlp",), d, f)
         if cfg.qkv_bias:
             entries += [
                 _Entry(p + "self_attn.q_proj.bias", us + ("attn", "q_bias"), ((h, hd),), (0, 1)),
@@ -277,6 +445,23 @@ def tensor_map(cfg: ModelConfig) -> list[_Entry]:
                        (0,)),
             ]
     return entries
+
+
+def _mlp_entries(p: str, us: tuple, d: int, f: int) -> list[_Entry]:
+    return [_Entry(p + "gate_proj.weight", us + ("gate",), ((f,), (d,)), (1, 0)),
+            _Entry(p + "up_proj.weight", us + ("up",), ((f,), (d,)), (1, 0)),
+            _Entry(p + "down_proj.weight", us + ("down",), ((d,), (f,)), (1, 0))]
+
+
+def _llama4_moe_entries(cfg: ModelConfig, p: str, us: tuple) -> list[_Entry]:
+    d, e, f = cfg.hidden_size, cfg.num_experts, cfg.expert_size
+    x = p + "experts."
+    return [
+        _Entry(p + "router.weight", us + ("router",), ((e,), (d,)), (1, 0)),
+        _Entry(x + "gate_up_proj", us + ("gate",), ((e,), (d,), (f,)), (0, 1, 2), part=(0, 2)),
+        _Entry(x + "gate_up_proj", us + ("up",), ((e,), (d,), (f,)), (0, 1, 2), part=(1, 2)),
+        _Entry(x + "down_proj", us + ("down",), ((e,), (f,), (d,)), (0, 1, 2)),
+    ] + _mlp_entries(p + "shared_expert.", us + ("shared",), d, cfg.shared_expert_size)
 
 
 def _moe_entries(cfg: ModelConfig, p: str, us: tuple) -> list[_Entry]:
@@ -341,8 +526,14 @@ def _read_slice(handle, entry: _Entry, index: tuple, dtype) -> np.ndarray:
         block_shape += [hi - lo, *g[1:]]
         post += [slice(None)] + [slice(*split_ranges[k + j]) for j in range(1, len(g))]
         k += len(g)
-    block = handle.get_slice(entry.hf_name)[tuple(hf_index)]
-    block = np.asarray(block).reshape(block_shape)[tuple(post)].transpose(entry.perm)
+    if entry.part:  # our piece starts part-index pieces into the HF tensor's last axis
+        off = entry.part[0] * entry.piece_shape[-1]
+        hf_index[-1] = slice(hf_index[-1].start + off, hf_index[-1].stop + off)
+    block = np.asarray(handle.get_slice(entry.hf_name)[tuple(hf_index)]).reshape(block_shape)
+    if entry.rope_axis >= 0:  # head_dim is read whole (see above), so it can be permuted
+        order = half_split_order(block.shape[entry.rope_axis])
+        block = np.take(block, order, axis=entry.rope_axis)
+    block = block[tuple(post)].transpose(entry.perm)
     return np.ascontiguousarray(block, dtype=dtype)
 
 
@@ -382,6 +573,8 @@ def load_params(path, mesh=None, cfg: Optional[ModelConfig] = None, dtype=None):
         cfg = cfg.replace(param_dtype=_dtype_name(dtype))
     files = _checkpoint_files(path)
     entries = tensor_map(cfg)
+    if any(n.startswith(_LLAMA4_TEXT_PREFIX) for n in files):
+        files, entries = _language_model_only(files, entries, path, cfg)
     with contextlib.ExitStack() as stack:
         handles = {f: stack.enter_context(safe_open(f, framework="numpy"))
                    for f in sorted(set(files.values()))}
@@ -408,6 +601,20 @@ def load_params(path, mesh=None, cfg: Optional[ModelConfig] = None, dtype=None):
 
             variables[e.path].set_value(jax.make_array_from_callback(e.shape, sharding, block))
     return cfg, graphdef, state
+
+
+def _language_model_only(files: dict, entries: list, path: str, cfg: ModelConfig) -> tuple:
+    """A Llama4ForConditionalGeneration checkpoint: keep its `language_model.` tensors (our
+    names, prefixed) and drop the vision tower's."""
+    if not _is_llama4(cfg):
+        raise HFError(f"{path} holds {_LLAMA4_TEXT_PREFIX}* tensors (a multimodal checkpoint), "
+                      "which only Llama-4 configs load")
+    kept = {n: f for n, f in files.items() if n.startswith(_LLAMA4_TEXT_PREFIX)}
+    log.info("%s: loading the language model's %d tensors (%s*); ignoring %d vision-tower "
+             "tensors (vision_model.*, multi_modal_projector.*)", path, len(kept),
+             _LLAMA4_TEXT_PREFIX, len(files) - len(kept))
+    return kept, [dataclasses.replace(e, hf_name=_LLAMA4_TEXT_PREFIX + e.hf_name)
+                  for e in entries]
 
 
 def _dtype_name(dtype) -> str:
@@ -492,6 +699,12 @@ def export(params, cfg: ModelConfig, out_dir, max_shard_bytes: int = 5_000_000_0
         raise HFError(f"params lack {missing[:5]} required by config {cfg.name!r}")
     full_shapes = {e.path: e.shape for e in entries}
     entries = [one for e in entries for one in (e.per_expert() if e.experts else [e])]
+    # Entries that are pieces of one HF tensor (Llama-4 gate_up_proj) are written as one.
+    pieces: dict = {}
+    for e in entries:
+        if e.part:
+            pieces.setdefault(e.hf_name, []).append(e)
+    entries = [e for e in entries if not e.part or e.part[0] == 0]
     shards, size = [[]], 0
     for e in entries:
         nbytes = math.prod(e.hf_shape) * dt.itemsize
@@ -509,6 +722,12 @@ def export(params, cfg: ModelConfig, out_dir, max_shard_bytes: int = 5_000_000_0
     gathered: dict = {}  # the last gathered param: its experts are written one after another
 
     def hf_array(e: _Entry) -> np.ndarray:
+        if e.part:
+            parts = sorted(pieces[e.hf_name], key=lambda x: x.part[0])
+            return np.concatenate([hf_piece(x) for x in parts], axis=-1)
+        return hf_piece(e)
+
+    def hf_piece(e: _Entry) -> np.ndarray:
         if e.path not in gathered:
             value = flat[e.path].get_value() if isinstance(flat[e.path], nnx.Variable) \
                 else flat[e.path]
@@ -520,7 +739,11 @@ def export(params, cfg: ModelConfig, out_dir, max_shard_bytes: int = 5_000_000_0
                           f"{full_shapes[e.path]} expected by config {cfg.name!r}")
         if e.expert >= 0:
             ours = ours[e.expert]
-        return ours.transpose(np.argsort(e.perm)).reshape(e.hf_shape)
+        split = ours.transpose(np.argsort(e.perm))
+        if e.rope_axis >= 0:
+            order = np.argsort(half_split_order(split.shape[e.rope_axis]))
+            split = np.take(split, order, axis=e.rope_axis)
+        return split.reshape(e.piece_shape)
 
     for name, shard in zip(names, shards):
         if writer:

@@ -14,8 +14,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 
-from scalerl_jax.config import ModelConfig, RopeScaling
+from scalerl_jax.config import ConfigError, ModelConfig, RopeScaling
 
 # Finite rather than -inf: a query with no visible key (padding) then attends uniformly
 # instead of producing NaN, and its output is masked out downstream anyway.
@@ -72,8 +73,25 @@ def apply_rope(x, positions, inv_freq):
     return out.astype(x.dtype)
 
 
+def l2_norm(x, eps: float):
+    """Weightless RMS normalisation over the last axis in fp32 (Llama-4's q/k `L2Norm`)."""
+    xf = x.astype(jnp.float32)
+    return (xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)).astype(x.dtype)
+
+
+def attn_temperature(positions, floor_scale: int, scale: float):
+    """Llama-4 NoPE-layer query scale [B, T]: 1 + scale * log1p(floor((pos + 1) / floor_scale)),
+    so attention sharpens slowly with distance from the start (arXiv 2501.19399)."""
+    pos = positions.astype(jnp.float32)
+    return 1.0 + scale * jnp.log1p(jnp.floor((pos + 1.0) / floor_scale))
+
+
 class Attention(nnx.Module):
-    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    """GQA attention of layer `layer`. Llama-4 layers (cfg.nope_layers etc.): NoPE layers skip
+    RoPE and may scale queries by `attn_temperature`; RoPE layers may L2-normalise q and k.
+    Which keys a query sees (causal, chunked-local) is entirely the caller's `mask`."""
+
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, layer: int = 0):
         d, h, kv, hd = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.dim_per_head
         pd = jnp.dtype(cfg.param_dtype)
         self.q = param(rngs, (d, h, hd), ("embed", "heads", "head_dim"), pd)
@@ -88,6 +106,9 @@ class Attention(nnx.Module):
             self.q_norm = RMSNorm(hd, cfg.rms_norm_eps, pd, rngs, axis_name="head_dim")
             self.k_norm = RMSNorm(hd, cfg.rms_norm_eps, pd, rngs, axis_name="head_dim")
         self.cfg = cfg
+        self.rope = cfg.uses_rope(layer)
+        self.l2_qk = cfg.qk_l2_norm and self.rope
+        self.temperature = cfg.attn_temperature_tuning and not self.rope
 
     def _project(self, x, positions):
         cfg, dt = self.cfg, x.dtype
@@ -100,28 +121,46 @@ class Attention(nnx.Module):
             v = v + self.v_bias.get_value().astype(dt)
         if cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        # A trace-time constant; kept off the module so it never becomes model state.
-        inv_freq = rope_inv_freq(cfg.dim_per_head, cfg.rope_theta, cfg.rope_scaling)
-        return apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq), v
+        if self.rope:
+            # A trace-time constant; kept off the module so it never becomes model state.
+            inv_freq = rope_inv_freq(cfg.dim_per_head, cfg.rope_theta, cfg.rope_scaling)
+            q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
+        if self.l2_qk:  # after RoPE, as transformers' Llama-4 does
+            q, k = l2_norm(q, cfg.rms_norm_eps), l2_norm(k, cfg.rms_norm_eps)
+        if self.temperature:  # a per-query factor, so it goes on q rather than into attend
+            t = attn_temperature(positions, cfg.attn_floor_scale, cfg.attn_scale)
+            q = (q.astype(jnp.float32) * t[:, :, None, None]).astype(q.dtype)
+        return q, k, v
 
-    def __call__(self, x, positions, mask, cache=None):
+    def __call__(self, x, positions, mask, cache=None, segment_ids=None):
         """x: [B, T, D]; mask: [B, T, S] bool (True = may attend).
 
-        Without a cache S == T. With a cache (k, v: [B, S, KV, hd]) the new keys/values are
+        Without a cache S == T. With a cache (k, v: [B, KV, S, hd]) the new keys/values are
         written at `positions[:, 0]` onwards (contiguous per row) and attention runs over all S
         cache entries; entries past a row's current position are hidden by `mask`.
+        `segment_ids` [B, T]: given (training path) only when `mask` is causal within them,
+        so `attend` may use a fused kernel (ModelConfig.attention_impl).
         Returns (out [B, T, D], updated cache or None).
         """
         q, k, v = self._project(x, positions)
         if cache is not None:
+            # The cache is heads-major, [B, KV, S, hd] (transformer.KVCache): the batched
+            # decode dots then read it as stored; [B, S, KV, hd] made XLA transpose the whole
+            # cache of every layer on every decode step. attend's [B, S, KV, hd] view below is
+            # folded into the dots, not materialised.
             ck, cv = cache
             start = positions[:, 0]
-            write = jax.vmap(lambda c, new, s: jax.lax.dynamic_update_slice_in_dim(c, new, s, 0))
-            ck = write(ck, k.astype(ck.dtype), start)
-            cv = write(cv, v.astype(cv.dtype), start)
-            k, v, cache = ck.astype(x.dtype), cv.astype(x.dtype), (ck, cv)
+            write = jax.vmap(lambda c, new, s: jax.lax.dynamic_update_slice_in_dim(c, new, s, 1))
+            ck = write(ck, k.swapaxes(1, 2).astype(ck.dtype), start)
+            cv = write(cv, v.swapaxes(1, 2).astype(cv.dtype), start)
+            # The mask may cover only a prefix window of the cache (Transformer.decode's window).
+            w = mask.shape[-1]
+            k, v, cache = (ck[:, :, :w].swapaxes(1, 2).astype(x.dtype),
+                           cv[:, :, :w].swapaxes(1, 2).astype(x.dtype), (ck, cv))
         # Without a cache the mask is causal by index (Transformer.__call__), so chunking holds.
-        out = attend(q, k, v, mask, self.cfg.attention_chunk if cache is None else 0)
+        out = attend(q, k, v, mask, self.cfg.attention_chunk if cache is None else 0,
+                     impl=self.cfg.attention_impl,
+                     segment_ids=segment_ids if cache is None else None)
         out = jnp.einsum("bthk,hkd->btd", out, self.o.get_value().astype(x.dtype))
         return out, cache
 
@@ -130,22 +169,43 @@ class Attention(nnx.Module):
 # sequences get bigger chunks rather than a huge program.
 _MAX_QUERY_CHUNKS = 16
 
+# The remat policy "attn_out" saves the tensors tagged with this name (layers.attend's output,
+# and the splash kernel's residuals), so the backward pass never recomputes attention.
+ATTN_OUT = "attn_out"
 
-def attend(q, k, v, mask, query_chunk: int = 0):
+
+def attend(q, k, v, mask, query_chunk: int = 0, *, impl: str = "xla", segment_ids=None):
     """Grouped-query attention. q: [B, T, H, hd]; k, v: [B, S, KV, hd]; mask: [B, T, S].
 
     `query_chunk > 0` requires S == T and a mask that is causal by index (the training path):
     queries are then processed in chunks that read only the keys up to the chunk's end.
+
+    `impl` (ModelConfig.attention_impl) picks a fused kernel for the training path, used only
+    when `segment_ids` [B, T] is given: the caller promises that `mask` is exactly "causal by
+    index within equal segment ids, keys of segment 0 (padding) hidden", which the kernels
+    rebuild from their own arguments, so the dense mask is not read (and XLA drops it). Outputs
+    at padding queries are then unspecified (the kernels let padding attend to padding; they are
+    never read). Without `segment_ids` (decode, chunked-local layers) the XLA path runs: decode
+    is bound by reading the KV cache (per cached position KV x hd x 2 values against H fp32
+    scores), so a fused kernel would save little there, and the TPU decode kernels need a paged
+    cache layout the engine does not have.
     """
+    if segment_ids is not None:
+        kind = resolve_attention_impl(impl, _platform(), head_dim=q.shape[-1], dtype=q.dtype,
+                                      seq_len=q.shape[1])
+        if kind == "cudnn":
+            return checkpoint_name(dot_product_attention(q, k, v, segment_ids, "cudnn"), ATTN_OUT)
+        if kind == "splash":
+            return checkpoint_name(splash_attention(q, k, v, segment_ids), ATTN_OUT)
     t = q.shape[1]
     if query_chunk <= 0 or t <= query_chunk or k.shape[1] != t:
-        return _attend_block(q, k, v, mask)
+        return checkpoint_name(_attend_block(q, k, v, mask), ATTN_OUT)
     chunk = max(query_chunk, -(-t // _MAX_QUERY_CHUNKS))
     outs = []
     for c0 in range(0, t, chunk):
         c1 = min(t, c0 + chunk)
         outs.append(_attend_block(q[:, c0:c1], k[:, :c1], v[:, :c1], mask[:, c0:c1, :c1]))
-    return jnp.concatenate(outs, axis=1)
+    return checkpoint_name(jnp.concatenate(outs, axis=1), ATTN_OUT)
 
 
 def _attend_block(q, k, v, mask):
@@ -161,6 +221,119 @@ def _attend_block(q, k, v, mask):
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     out = jnp.einsum("bkgts,bskd->bkgtd", probs, v)
     return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, hd)
+
+
+def _platform() -> str:
+    """"cuda", "rocm", "tpu" or "cpu": the default backend, GPUs told apart by their runtime."""
+    backend = jax.default_backend()
+    if backend == "gpu":
+        return "cuda" if "cuda" in jax.devices()[0].client.platform_version.lower() else "rocm"
+    return backend
+
+
+# Sequence blocks of the splash kernel (its tiles must divide the sequence): the largest of
+# these that divides T. 512 is MaxText's default on v5 chips; 128 is the kernel's minimum.
+_SPLASH_BLOCKS = (512, 256, 128)
+
+
+def _cudnn_head_dim_max() -> int:
+    """cuDNN flash attention takes head_dim <= 256 on Hopper (sm_90) and later, else <= 128."""
+    try:
+        cap = tuple(int(x) for x in jax.devices()[0].compute_capability.split("."))
+    except (AttributeError, ValueError):
+        return 128
+    return 256 if cap >= (9, 0) else 128
+
+
+def fused_attention_problem(kind: str, platform: str, *, head_dim: int, dtype,
+                            seq_len: int) -> Optional[str]:
+    """Why kernel `kind` ("cudnn" or "splash") cannot run these shapes here, or None."""
+    dtype = jnp.dtype(dtype)
+    if kind == "cudnn":
+        if platform != "cuda":
+            return "cuDNN flash attention needs a CUDA GPU"
+        if dtype not in (jnp.bfloat16, jnp.float16):
+            return f"cuDNN flash attention takes bfloat16/float16 (compute dtype is {dtype})"
+        hmax = _cudnn_head_dim_max()
+        if head_dim % 8 or head_dim > hmax:
+            return f"cuDNN flash attention needs head_dim a multiple of 8, <= {hmax}"
+        if seq_len % 2:  # with a mask (bias) cuDNN's backward needs even lengths
+            return "cuDNN flash attention with a mask needs an even sequence length"
+        return None
+    if platform != "tpu":
+        return "the splash attention kernel (Pallas, Mosaic) needs a TPU"
+    if seq_len % _SPLASH_BLOCKS[-1]:
+        return f"the splash kernel needs a sequence length divisible by {_SPLASH_BLOCKS[-1]}"
+    return None
+
+
+def resolve_attention_impl(impl: str, platform: str, *, head_dim: int, dtype,
+                           seq_len: int) -> str:
+    """The kernel `attend` runs for ModelConfig.attention_impl=`impl` on `platform`: "xla",
+    "cudnn" or "splash". "auto" takes the platform's fused kernel when it supports the shapes,
+    else "xla"; a kernel asked for by name that cannot run is a ConfigError."""
+    if impl == "xla":
+        return "xla"
+    if impl == "auto":
+        kind = {"cuda": "cudnn", "tpu": "splash"}.get(platform)
+        if kind is None or fused_attention_problem(kind, platform, head_dim=head_dim,
+                                                   dtype=dtype, seq_len=seq_len):
+            return "xla"
+        return kind
+    if impl not in ("cudnn", "splash"):
+        raise ConfigError(f"ModelConfig.attention_impl={impl!r}: must be one of "
+                          "('xla', 'cudnn', 'splash', 'auto')")
+    why = fused_attention_problem(impl, platform, head_dim=head_dim, dtype=dtype,
+                                  seq_len=seq_len)
+    if why:
+        raise ConfigError(f"ModelConfig.attention_impl={impl!r} on platform {platform!r} "
+                          f"(head_dim={head_dim}, dtype={jnp.dtype(dtype)}, "
+                          f"sequence length {seq_len}): {why}; use 'auto' or 'xla'")
+    return impl
+
+
+def segment_mask(segment_ids):
+    """[B, 1, T, T] bool: same segment and the key is not padding (segment 0); the causal part
+    is left to the kernel's own flag."""
+    same = segment_ids[:, :, None] == segment_ids[:, None, :]
+    return (same & (segment_ids[:, None, :] > 0))[:, None]
+
+
+def dot_product_attention(q, k, v, segment_ids, implementation: str):
+    """The training-path mask through `jax.nn.dot_product_attention` (the cuDNN kernel on GPU;
+    implementation="xla" runs the same arguments anywhere, which is how CPU tests check them).
+    Causality goes in as `is_causal` (cuDNN then skips the tiles above the diagonal); the
+    public API has no segment ids, so packed segments and padding go in as a boolean mask,
+    which cuDNN reads as a bias. GQA is native: k, v keep their KV heads."""
+    return jax.nn.dot_product_attention(q, k, v, mask=segment_mask(segment_ids), is_causal=True,
+                                        implementation=implementation)
+
+
+def splash_attention(q, k, v, segment_ids, interpret: bool = False):
+    """The training-path mask through the Pallas splash-attention kernel: a static causal mask
+    plus the kernel's own segment ids (queries see keys of their segment; padding, segment 0,
+    sees only padding). Heads-major [H, T, hd] per row under vmap; the kernel handles GQA
+    (H a multiple of KV) itself. `interpret`: run the kernel in Pallas' interpreter (CPU
+    tests). On a multi-chip mesh this call should sit in a shard_map over the batch axes, which
+    it does not yet (XLA cannot partition a Mosaic custom call)."""
+    from jax.experimental.pallas.ops.tpu.splash_attention import (
+        splash_attention_kernel as splash, splash_attention_mask as splash_mask)
+
+    b, t, h, hd = q.shape
+    blk = next(x for x in _SPLASH_BLOCKS if t % x == 0)
+    sizes = splash.BlockSizes(block_q=blk, block_kv=blk, block_kv_compute=blk, block_q_dkv=blk,
+                              block_kv_dkv=blk, block_kv_dkv_compute=blk, block_q_dq=blk,
+                              block_kv_dq=blk)
+    mask = splash_mask.MultiHeadMask([splash_mask.CausalMask((t, t))] * h)
+    kernel = splash.make_splash_mha(mask, head_shards=1, q_seq_shards=1, block_sizes=sizes,
+                                    residual_checkpoint_name=ATTN_OUT, interpret=interpret)
+    # The kernel does not scale the logits; scaling q first is what the XLA path computes.
+    qh = (q * (1.0 / math.sqrt(hd))).astype(q.dtype).transpose(0, 2, 1, 3)
+    kh, vh = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+    seg = segment_ids.astype(jnp.int32)
+    out = jax.vmap(lambda a, b_, c, s: kernel(a, b_, c, segment_ids=splash.SegmentIds(s, s)))(
+        qh, kh, vh, seg)
+    return out.transpose(0, 2, 1, 3)
 
 
 class MLP(nnx.Module):

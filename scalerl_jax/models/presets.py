@@ -40,17 +40,18 @@ def _qwen3_moe(name, d, layers, heads, kv, experts, top_k, expert_f, dense_f):
         norm_topk_prob=True)
 
 
-# Llama-4 Scout's text model (HF Llama4TextConfig of meta-llama/Llama-4-Scout-17B-16E): every
-# layer MoE with 16 routed experts (top-1, sigmoid router scaling the expert input) plus a shared
-# expert, both 8192 wide. This decoder has Llama-3 attention, not Llama-4's (no NoPE layers,
-# chunked attention or L2 qk-norm, none of which has parameters), so the preset has Scout's exact
-# parameter shapes and matmul cost, for plans and same-cost runs, but is not an HF-loadable Scout.
+# Llama-4 Scout's text model (the text_config of meta-llama/Llama-4-Scout-17B-16E): every layer
+# MoE with 16 routed experts (top-1, sigmoid router scaling the expert input) plus a shared
+# expert, both 8192 wide; every 4th layer NoPE with temperature tuning, the others RoPE with
+# chunked local attention over 8192 positions and weightless L2 qk-norm. Loads from and exports
+# to HF `Llama4ForCausalLM` (hf.py). 107,769,861,120 parameters, 17,172,894,720 active.
 _SCOUT = ModelConfig(
     name="llama-4-scout-17b-16e", vocab_size=202048, hidden_size=5120, intermediate_size=16384,
-    num_layers=48, num_heads=40, num_kv_heads=8, head_dim=128, rope_theta=500000.0,
-    rope_scaling=_LLAMA31_ROPE, rms_norm_eps=1e-5, max_position_embeddings=131072,
+    num_layers=48, num_heads=40, num_kv_heads=8, rope_theta=500000.0,  # head_dim 5120 / 40
+    rope_scaling=_LLAMA31_ROPE, rms_norm_eps=1e-5, max_position_embeddings=262144,
     num_experts=16, experts_per_token=1, moe_intermediate_size=8192, shared_expert_size=8192,
-    router="sigmoid")
+    router="sigmoid", nope_layers=tuple(range(3, 48, 4)), local_attention_chunk=8192,
+    qk_l2_norm=True, attn_temperature_tuning=True, attn_floor_scale=8192, attn_scale=0.1)
 
 
 def _tiny(name, **kw):
@@ -83,6 +84,15 @@ PRESETS: dict[str, ModelConfig] = {
     "tiny-qwen3-moe": _tiny("tiny-qwen3-moe", qk_norm=True, head_dim=32, num_experts=8,
                             experts_per_token=2, moe_intermediate_size=32, norm_topk_prob=True,
                             dense_layers=(1,)),
+    # A Llama-4 in miniature: 4 layers (layer 3 NoPE with temperature tuning, the others RoPE
+    # with 8-position chunked attention and L2 qk-norm), layer 2 dense, the rest MoE with 4
+    # experts (top-1) and a shared expert. A small floor scale makes the temperature vary
+    # within short test sequences.
+    "tiny-llama4": _tiny("tiny-llama4", num_layers=4, num_experts=4,
+                         experts_per_token=1, moe_intermediate_size=32, shared_expert_size=32,
+                         router="sigmoid", dense_layers=(2,), nope_layers=(3,),
+                         local_attention_chunk=8, qk_l2_norm=True, attn_temperature_tuning=True,
+                         attn_floor_scale=4, rms_norm_eps=1e-5),
 }
 
 

@@ -1,5 +1,7 @@
 """The decoder policy: Llama-3.x, Qwen2.5 and Qwen3 models, dense or mixture-of-experts (Qwen3-MoE,
-Llama-4-style routed + shared experts; models/moe.py), in one Flax NNX module.
+Llama-4 routed + shared experts; models/moe.py), in one Flax NNX module. Llama-4's attention
+(NoPE layers, chunked local attention, L2 qk-norm, temperature tuning) is config fields: the
+masks are built here, the rest is in layers.Attention.
 
 Two paths share the weights:
 * `model(tokens, positions, segment_ids)` -> final hidden states [B, T, D], for training. The LM
@@ -18,24 +20,24 @@ import jax.numpy as jnp
 from flax import nnx
 
 from scalerl_jax.config import ModelConfig
-from scalerl_jax.models.layers import MLP, Attention, RMSNorm, param
+from scalerl_jax.models.layers import ATTN_OUT, MLP, Attention, RMSNorm, param
 from scalerl_jax.models.moe import MoE, RouterStats
 
 
 class KVCache(NamedTuple):
-    """Per-layer keys and values, each [B, S, KV, head_dim]. Logical axes:
-    (cache_batch, cache_seq, kv_heads, head_dim)."""
+    """Per-layer keys and values, each [B, KV, S, head_dim] (heads-major: the layout the
+    decode step's batched dots read without a transpose). Logical axes: CACHE_AXES."""
 
     k: tuple
     v: tuple
 
 
-CACHE_AXES = ("cache_batch", "cache_seq", "kv_heads", "head_dim")
+CACHE_AXES = ("cache_batch", "kv_heads", "cache_seq", "head_dim")
 
 
 def init_cache(cfg: ModelConfig, batch: int, length: int, dtype=None) -> KVCache:
     dtype = jnp.dtype(dtype or cfg.compute_dtype)
-    shape = (batch, length, cfg.num_kv_heads, cfg.dim_per_head)
+    shape = (batch, cfg.num_kv_heads, length, cfg.dim_per_head)
     zeros = tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers))
     return KVCache(zeros, tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)))
 
@@ -47,19 +49,41 @@ class Block(nnx.Module):
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, index: int = 0):
         pd = jnp.dtype(cfg.param_dtype)
         self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pd, rngs)
-        self.attn = Attention(cfg, rngs)
+        self.attn = Attention(cfg, rngs, index)
+        self.local_attention = cfg.is_local_attention_layer(index)  # takes the chunked mask
         self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pd, rngs)
         self.is_moe = cfg.is_moe_layer(index)
         self.mlp = MoE(cfg, rngs) if self.is_moe else MLP(cfg, rngs)
 
-    def __call__(self, x, positions, mask, cache=None, valid=None):
-        """Returns (x, cache, RouterStats or None). `valid` [B, T]: tokens router stats count."""
-        h, cache = self.attn(self.attn_norm(x), positions, mask, cache)
+    def __call__(self, x, positions, mask, cache=None, valid=None, segment_ids=None):
+        """Returns (x, cache, RouterStats or None). `valid` [B, T]: tokens router stats count.
+        `segment_ids`: see Attention.__call__."""
+        h, cache = self.attn(self.attn_norm(x), positions, mask, cache, segment_ids=segment_ids)
         x = x + h
         if self.is_moe:
             out, stats = self.mlp(self.mlp_norm(x), valid)
             return x + out, cache, stats
         return x + self.mlp(self.mlp_norm(x)), cache, None
+
+
+def _local_mask(cfg: ModelConfig, mask, q_positions, k_positions):
+    """`mask` [B, T, S] narrowed to Llama-4's chunked local attention: a query sees only keys
+    whose position lies in its own chunk of `local_attention_chunk` positions (None when no
+    layer is local). Positions, not indices, so packed segments and left padding chunk from
+    each sequence's start, as transformers does."""
+    c = cfg.local_attention_chunk
+    if not any(cfg.is_local_attention_layer(i) for i in range(cfg.num_layers)):
+        return None
+    return mask & (q_positions[:, :, None] // c == k_positions[:, None, :] // c)
+
+
+def remat_policy(name: str):
+    """ModelConfig.remat_policy -> a jax.checkpoint policy (None: save nothing but the block's
+    input, jax's default)."""
+    policies = jax.checkpoint_policies
+    return {"full": None, "dots": policies.checkpoint_dots,
+            "dots_no_batch": policies.dots_with_no_batch_dims_saveable,
+            "attn_out": policies.save_only_these_names(ATTN_OUT)}[name]
 
 
 def _stack_stats(stats: list) -> Optional[RouterStats]:
@@ -115,29 +139,42 @@ class Transformer(nnx.Module):
         causal = idx[:, None] >= idx[None, :]
         same = segment_ids[:, :, None] == segment_ids[:, None, :]
         mask = causal[None] & same & (segment_ids[:, None, :] > 0)
+        local = _local_mask(self.cfg, mask, positions, positions)
         valid = segment_ids > 0
         x = self._embed(tokens)
         stats = []
+        policy = remat_policy(self.cfg.remat_policy)
         for block in self.layers:
+            m = local if block.local_attention else mask
+            # Fused attention kernels rebuild the causal-within-segment mask from the ids; the
+            # chunked local mask is not that one, so local layers keep the dense mask (XLA).
+            seg = None if block.local_attention else segment_ids
             if self.cfg.remat:
-                x, st = nnx.remat(lambda blk, h: blk(h, positions, mask, valid=valid)[::2])(
-                    block, x)
+                x, st = nnx.remat(
+                    lambda blk, h, m=m, seg=seg: blk(h, positions, m, valid=valid,
+                                                     segment_ids=seg)[::2],
+                    policy=policy)(block, x)
             else:
-                x, _, st = block(x, positions, mask, valid=valid)
+                x, _, st = block(x, positions, m, valid=valid, segment_ids=seg)
             stats.append(st)
         return self.final_norm(x), _stack_stats(stats)
 
     # -- sampling path -------------------------------------------------------------------------
-    def decode(self, tokens, positions, cache: KVCache):
+    def decode(self, tokens, positions, cache: KVCache, window: Optional[int] = None):
         """tokens, positions: [B, T]; each row's positions are contiguous and its new keys are
         written there. A row attends to cache entries at positions <= its own, so stale entries
-        beyond a row's length are never read (prefill padding is overwritten by later steps)."""
-        s = cache.k[0].shape[1]
-        mask = jnp.arange(s)[None, None, :] <= positions[:, :, None]
+        beyond a row's length are never read (prefill padding is overwritten by later steps).
+        window: attend over only the first `window` cache entries (the caller promises every row's
+        positions are below it): the cost of a step then follows the filled length, not S."""
+        s = cache.k[0].shape[2] if window is None else min(int(window), cache.k[0].shape[2])
+        slots = jnp.arange(s, dtype=positions.dtype)[None]  # cache slot j holds position j
+        mask = slots[:, None, :] <= positions[:, :, None]
+        local = _local_mask(self.cfg, mask, positions, slots)
         x = self._embed(tokens)
         ks, vs = [], []
         for block, ck, cv in zip(self.layers, cache.k, cache.v):
-            x, (ck, cv), _ = block(x, positions, mask, (ck, cv))
+            m = local if block.local_attention else mask
+            x, (ck, cv), _ = block(x, positions, m, (ck, cv))
             ks.append(ck)
             vs.append(cv)
         return self.final_norm(x), KVCache(tuple(ks), tuple(vs))

@@ -3,7 +3,8 @@
   topology.py   the slice table (hosts, chips per host, HBM, bf16 peak, HBM bandwidth) and the
                 check that this machine is the named slice
   estimate.py   memory per chip (params, optimizer, gradients, activations with and without
-                remat, weight-sync copy, KV cache) and step time (FLOPs, MFU, decode bandwidth)
+                remat, one weight-sync group, sampler weights in their dtype of use, KV
+                cache) and step time (FLOPs, MFU, decode bandwidth)
   planner.py    resolution: roles, trainer / sampler meshes, micro-batches, remat, slots; the
                 printout and the one-line reason a plan cannot run
 
@@ -12,7 +13,8 @@ Pure functions of the config and the table: importing or calling them touches no
 from scalerl_jax.plan.estimate import (GIB, Assumptions, Layout, SamplerMemory, StepTime,
                                        TrainerMemory, activation_bytes, kv_cache_bytes,
                                        param_bytes, param_inventory, rows_per_chip,
-                                       sampler_memory, seq_len, shard_elements, step_time,
+                                       sampler_memory, sampler_param_bytes, seq_len,
+                                       shard_elements, step_time, sync_group_bytes,
                                        trainer_memory)
 from scalerl_jax.plan.planner import (PLANNED, Plan, explain, format_plan, resolve,
                                       smallest_fitting)
@@ -23,5 +25,5 @@ __all__ = ["CHIPS", "GIB", "PLANNED", "Assumptions", "Chip", "Layout", "Plan", "
            "SamplerMemory", "StepTime", "Topology", "TrainerMemory", "activation_bytes",
            "check_hardware", "explain", "format_plan", "known_topologies", "kv_cache_bytes",
            "param_bytes", "param_inventory", "resolve", "rows_per_chip", "sampler_memory",
-           "seq_len", "shard_elements", "slices", "smallest_fitting", "step_time", "topology",
-           "trainer_memory"]
+           "sampler_param_bytes", "seq_len", "shard_elements", "slices", "smallest_fitting",
+           "step_time", "sync_group_bytes", "topology", "trainer_memory"]

@@ -23,6 +23,11 @@ def param_inventory(m: ModelConfig) -> list[tuple[tuple, tuple, int]]:
     transformer.py create them (tests/test_plan.py checks this against the real module).
     Identical arrays are counted, not listed: every layer has the same ones. MoE layers hold
     all E experts (memory counts every expert; FLOPs count only the active ones)."""
+    return list(_inventory(m))
+
+
+@functools.lru_cache(maxsize=64)  # pure; a plan search asks for it thousands of times
+def _inventory(m: ModelConfig) -> tuple:
     d, f, h, kv, hd, n = (m.hidden_size, m.intermediate_size, m.num_heads, m.num_kv_heads,
                           m.dim_per_head, m.num_layers)
     moe = m.num_moe_layers
@@ -47,7 +52,7 @@ def param_inventory(m: ModelConfig) -> list[tuple[tuple, tuple, int]]:
         out.append(((hd,), ("head_dim",), 2 * n))
     if not m.tie_embeddings:
         out.append(((d, m.vocab_size), ("embed", "vocab"), 1))
-    return out
+    return tuple(out)
 
 
 class _MeshShape(NamedTuple):
@@ -83,6 +88,40 @@ def param_bytes(m: ModelConfig, mesh_shape: dict, dtype: Optional[str] = None) -
     """Bytes of one copy of the params on one device of a mesh with these axis sizes."""
     size = _BYTES[dtype or m.param_dtype]
     return sum(k * shard_elements(s, a, mesh_shape) for s, a, k in param_inventory(m)) * size
+
+
+# Inventory entry (by its logical axes) -> the parameter names sampler/weight_sync.use_dtype
+# decides on: norm scales, the router, the untied LM head, the embedding; the rest is a matrix.
+_NAMES = {("norm",): ("scale",), ("head_dim",): ("scale",), ("embed", "router"): ("router",),
+          ("embed", "vocab"): ("lm_head",), ("vocab", "embed"): ("embed",)}
+
+
+def sampler_item_bytes(m: ModelConfig, axes: tuple, weight_dtype: str) -> int:
+    """Bytes per element the sampler stores a parameter in (SamplerConfig.weight_dtype,
+    sampler/weight_sync.sampler_dtypes): "param": param_dtype; "compute": the narrower of
+    param_dtype and the dtype the forward casts it to."""
+    from scalerl_jax.sampler.weight_sync import use_dtype
+
+    param = _BYTES[m.param_dtype]
+    if weight_dtype == "param":
+        return param
+    return min(param, use_dtype(_NAMES.get(tuple(axes), ("kernel",)), m).itemsize)
+
+
+def sampler_param_bytes(m: ModelConfig, mesh_shape: dict, weight_dtype: str) -> int:
+    """Bytes of the sampler's copy of the params on one device of its mesh."""
+    return sum(k * shard_elements(s, a, mesh_shape) * sampler_item_bytes(m, a, weight_dtype)
+               for s, a, k in param_inventory(m))
+
+
+def sync_group_bytes(cfg: RunConfig) -> int:
+    """Bytes of the largest group weight sync gathers at once, in the sampler's dtypes: at
+    most `sampler.weight_sync_group_mib`, or the largest single array when that is larger
+    (sampler/weight_sync.make_groups), never more than the whole model."""
+    m, wd = cfg.model, cfg.sampler.weight_dtype
+    arrays = [math.prod(s) * sampler_item_bytes(m, a, wd) for s, a, _ in param_inventory(m)]
+    whole = sampler_param_bytes(m, {}, wd)
+    return max(min(cfg.sampler.weight_sync_group_mib << 20, whole), max(arrays))
 
 
 def per_shard(n: int, t: int) -> int:
@@ -178,7 +217,8 @@ def activation_bytes(m: ModelConfig, rows: int, t: int, tensor: int, logprob_chu
                         per_shard(m.shared_expert_size, tensor)) + 2 * k * d) + \
         4 * 2 * m.num_experts
     scores = h * _attention_score_elements(t, m.attention_chunk) * (4 + b)
-    layers = {dense_ffn: m.num_layers - m.num_moe_layers, moe_ffn: m.num_moe_layers}
+    moe = m.num_moe_layers  # a property that walks the layers: read it once
+    layers = {dense_ffn: m.num_layers - moe, moe_ffn: moe}
     sets = {ffn: rows * (t * (per_token + ffn) + scores) for ffn in layers}
     if remat:
         kept = m.num_layers * rows * t * d * b + max(sets[ffn] for ffn, c in layers.items() if c)
@@ -196,7 +236,8 @@ def trainer_memory(cfg: RunConfig, mesh_shape: dict, micro_batches: int, remat: 
     params' dtype, so fp32 params are their own master copy and bf16 params have none);
     gradients: the fp32 accumulator plus one micro-batch's gradients in param_dtype
     (train/step.py); activations (`activation_bytes`); the weight-sync copy: every host gathers
-    a full copy of the params, sharded over its own trainer chips (sampler/weight_sync.py)."""
+    one group of params at a time in the sampler's dtypes (`sync_group_bytes`), sharded over its
+    own trainer chips (sampler/weight_sync.py)."""
     m = cfg.model
     params = param_bytes(m, mesh_shape)
     grads = param_bytes(m, mesh_shape, "float32") + params
@@ -204,7 +245,7 @@ def trainer_memory(cfg: RunConfig, mesh_shape: dict, micro_batches: int, remat: 
     t, tensor = seq_len(cfg), mesh_shape["tensor"]
     act = {r: activation_bytes(m, rows, t, tensor, cfg.optim.logprob_chunk, r)
            for r in (False, True)}
-    sync = -(-param_bytes(m, {"data": 1, "fsdp": 1, "tensor": 1}) // trainer_per_host)
+    sync = -(-sync_group_bytes(cfg) // trainer_per_host)
     return TrainerMemory(params, 2 * params, grads, act[remat], act[False], act[True], sync)
 
 
@@ -218,12 +259,12 @@ def kv_cache_bytes(cfg: RunConfig, data: int, tensor: int, slots: int) -> int:
 
 
 def sampler_memory(cfg: RunConfig, data: int, tensor: int, slots: int) -> SamplerMemory:
-    """Per sampler chip: params in param_dtype (weight sync keeps the trainer's dtype; `embed`
-    is not sharded, the sampler mesh has no fsdp axis), the KV cache, and a working set: fp32
+    """Per sampler chip: params in the sampler's dtypes (`sampler_param_bytes`; `embed` is not
+    sharded, the sampler mesh has no fsdp axis), the KV cache, and a working set: fp32
     scores of one prompt's prefill (heads x P^2, twice for softmax) plus each slot's fp32 decode
     scores over the whole cache (the decode path attends to all S entries) and fp32 logits."""
     m, s = cfg.model, cfg.sampler
-    params = param_bytes(m, {"data": data, "tensor": tensor})
+    params = sampler_param_bytes(m, {"data": data, "tensor": tensor}, s.weight_dtype)
     h, per_chip = per_shard(m.num_heads, tensor), per_shard(slots, data)
     working = 4 * (2 * h * s.max_prefill_length ** 2 + per_chip * h * s.max_target_length +
                    per_chip * per_shard(m.vocab_size, tensor))

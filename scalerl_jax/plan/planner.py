@@ -6,14 +6,18 @@
   own sampler replica (DESIGN.md "Meshes"). Default: one trainer chip per four (a v5p host's 4
   chips -> 1 trainer + 3 sampler): decoding long completions costs more chip time than training
   on them. More trainer chips per host are taken only when the trainer's states do not fit.
-  A slice with one chip per host colocates trainer and sampler;
+  A slice with one chip per host colocates trainer and sampler, and so does any slice where no
+  split fits (a sampler replica too large for a host's non-trainer chips: Llama-4 Scout on v5p);
 * trainer mesh over all hosts' trainer chips: `fsdp` over all of them (params, optimizer state
   and gradients shard over every trainer chip), `tensor` only when activations need it, and
   gradient accumulation (`optim.micro_batches`, whole prompts per micro-batch) and
   rematerialisation (`model.remat`) until one micro-batch fits;
-* sampler mesh per host: the least tensor parallelism that fits the weights and KV cache,
-  the other chips splitting the decode slots (`data`); the slot count is rounded up to a
-  multiple of `data` so that every chip decodes the same number of slots.
+* sampler mesh per host: the most decode slots (the configured count, then halves of it down
+  to one group of generations_per_prompt) with the least tensor parallelism that fits the
+  weights (in their dtype of use, `sampler.weight_dtype`) and KV cache, the other chips
+  splitting the decode slots (`data`); the slot count is rounded up to a multiple of `data` so
+  that every chip decodes the same number of slots. `tensor` also splits MoE expert weights
+  (their `mlp` dim), so a sampler mesh needs no separate expert axis to hold them.
 
 Fields the user set explicitly (`pinned`) are kept. Everything here is arithmetic on the config
 and the topology table: nothing touches devices or data, so a plan for any slice can be printed
@@ -23,6 +27,8 @@ plan/estimate.py.
 from __future__ import annotations
 
 import dataclasses
+import functools
+from typing import Optional
 
 from scalerl_jax.config import MeshConfig, RunConfig
 from scalerl_jax.plan.estimate import (GIB, Assumptions, Layout, SamplerMemory, StepTime,
@@ -48,6 +54,7 @@ class Plan:
     config: RunConfig  # the input config with the planned fields (PLANNED) filled in
     changes: tuple  # (key, old, new) of the planned fields that changed
     problems: tuple  # sentences naming the numbers; empty when the plan can run
+    requested: Optional[RunConfig] = None  # the input config, before planning
 
     @property
     def budget(self) -> int:
@@ -98,17 +105,30 @@ def _trainer_options(cfg: RunConfig, n: int, pinned: frozenset):
 
 
 def _sampler_options(cfg: RunConfig, chips: int, pinned: frozenset):
-    """(data, tensor, slots) of one host's replica on `chips` chips, least tensor first."""
+    """(data, tensor, slots) of one host's replica on `chips` chips: the most slots first (the
+    configured count, then halves of it down to one group: generations_per_prompt slots decode
+    a whole group at once), and for each the least tensor parallelism; slots are rounded up to
+    a multiple of `data`. Tensor parallelism shards the expert weights too (their `mlp` dim),
+    so it is what splits an MoE model's experts over a host's chips."""
     st = cfg.mesh.sampler_tensor
     tensors = [chips if st == -1 else st] if "mesh.sampler_tensor" in pinned else \
         [t for t in range(1, chips + 1) if chips % t == 0]
-    for t in tensors:
-        if chips % t:
-            continue
-        data, slots = chips // t, cfg.sampler.max_concurrent_decodes
-        if "sampler.max_concurrent_decodes" not in pinned:
-            slots = -(-slots // data) * data
-        yield data, t, slots
+    fixed = "sampler.max_concurrent_decodes" in pinned
+    counts = [cfg.sampler.max_concurrent_decodes]
+    if not fixed:
+        floor = min(counts[0], cfg.pipeline.generations_per_prompt)
+        while counts[-1] // 2 >= floor:
+            counts.append(counts[-1] // 2)
+    seen = set()
+    for want in counts:
+        for t in tensors:
+            if chips % t:
+                continue
+            data = chips // t
+            slots = want if fixed else -(-want // data) * data
+            if (data, t, slots) not in seen:
+                seen.add((data, t, slots))
+                yield data, t, slots
 
 
 def _host_problems(cfg: RunConfig, topo: Topology) -> list[str]:
@@ -170,38 +190,52 @@ def resolve(cfg: RunConfig, topo: Topology, pinned=frozenset(),
                         f"{c} chips per host (the rest sample); or colocate")
         splits = [max(1, c // 4)] if c >= 2 else [c]
         colocate = colocate or c < 2
+    roles = [(k, colocate) for k in splits]
+    if not colocate and not pinned & {"mesh.colocate", "mesh.trainer_devices_per_host"}:
+        # The last resort: every chip trains and samples. A host's sampler replica then spans
+        # all its chips, which a model too large for the non-trainer chips needs (PipelineRL
+        # loses its overlap: the step is trainer + sampler time).
+        roles.append((c, True))
 
-    def evaluate(k, tr, sa):
+    @functools.lru_cache(maxsize=None)  # the search asks for the same options repeatedly
+    def tmemory(k, tr):
+        mesh, micro, remat = tr
+        return trainer_memory(cfg, dict(zip(("data", "fsdp", "tensor"), mesh)), micro, remat, k)
+
+    @functools.lru_cache(maxsize=None)
+    def smemory(sa):
+        return sampler_memory(cfg, *sa)
+
+    def evaluate(k, co, tr, sa):
         mesh, micro, remat = tr
         data, tensor, slots = sa
-        shape = dict(zip(("data", "fsdp", "tensor"), mesh))
-        tmem = trainer_memory(cfg, shape, micro, remat, k)
-        smem = sampler_memory(cfg, data, tensor, slots)
-        layout = Layout(topo.hosts, c, k, colocate, mesh, (data, tensor), micro, remat, slots)
+        tmem, smem = tmemory(k, tr), smemory(sa)
+        layout = Layout(topo.hosts, c, k, co, mesh, (data, tensor), micro, remat, slots)
         return layout, tmem, smem
 
-    def peaks(tmem, smem):
-        return (tmem.peak + smem.peak,) * 2 if colocate else (tmem.peak, smem.peak)
-
     chosen = closest = None
-    for k in splits:
-        n_train = (c if colocate else k) * topo.hosts
-        sampler_chips = c if colocate else c - k
+    for k, co in roles:
+        n_train = (c if co else k) * topo.hosts
+        sampler_chips = c if co else c - k
         trs = list(_trainer_options(cfg, n_train, pinned))
         sas = list(_sampler_options(cfg, sampler_chips, pinned))
         if not trs or not sas:
             continue
-        if closest is None:  # the default split, at its smallest memory, for the numbers
-            closest = evaluate(k, min(trs, key=lambda o: evaluate(k, o, sas[0])[1].peak),
-                               min(sas, key=lambda o: evaluate(k, trs[0], o)[2].peak))
-        if colocate:
-            pairs = ((tr, sa) for tr in trs for sa in sas)
-            chosen = next((evaluate(k, tr, sa) for tr, sa in pairs
-                           if max(peaks(*evaluate(k, tr, sa)[1:])) <= budget), None)
+        # For the numbers of a plan that cannot run: the roles whose smallest-memory options
+        # come closest to the budget.
+        least = evaluate(k, co, min(trs, key=lambda o: evaluate(k, co, o, sas[0])[1].peak),
+                         min(sas, key=lambda o: evaluate(k, co, trs[0], o)[2].peak))
+        if closest is None or _worst(least, co) < _worst(closest, closest[0].colocated):
+            closest = least
+        if co:
+            tms = [evaluate(k, co, tr, sas[0])[1].peak for tr in trs]
+            sms = [evaluate(k, co, trs[0], sa)[2].peak for sa in sas]
+            chosen = next((evaluate(k, co, tr, sa) for (tr, tm) in zip(trs, tms)
+                           for (sa, sm) in zip(sas, sms) if tm + sm <= budget), None)
         else:
-            tr = next((o for o in trs if evaluate(k, o, sas[0])[1].peak <= budget), None)
-            sa = next((o for o in sas if evaluate(k, trs[0], o)[2].peak <= budget), None)
-            chosen = evaluate(k, tr, sa) if tr and sa else None
+            tr = next((o for o in trs if evaluate(k, co, o, sas[0])[1].peak <= budget), None)
+            sa = next((o for o in sas if evaluate(k, co, trs[0], o)[2].peak <= budget), None)
+            chosen = evaluate(k, co, tr, sa) if tr and sa else None
         if chosen:
             break
     if closest is None:
@@ -214,7 +248,13 @@ def resolve(cfg: RunConfig, topo: Topology, pinned=frozenset(),
     changes = tuple((key, _get(cfg, key), _get(resolved, key)) for key in PLANNED
                     if _get(cfg, key) != _get(resolved, key))
     return Plan(topo, layout, tmem, smem, step_time(resolved, topo, layout, smem, assume),
-                assume, resolved, changes, tuple(problems))
+                assume, resolved, changes, tuple(problems), cfg)
+
+
+def _worst(evaluated, colocated: bool) -> int:
+    """The larger per-chip peak of (layout, trainer memory, sampler memory)."""
+    _, tmem, smem = evaluated
+    return tmem.peak + smem.peak if colocated else max(tmem.peak, smem.peak)
 
 
 def _get(cfg: RunConfig, key: str):
@@ -235,13 +275,16 @@ def _apply(cfg: RunConfig, layout: Layout) -> RunConfig:
 
 def smallest_fitting(cfg: RunConfig, pinned=frozenset(),
                      assume: Assumptions = Assumptions()) -> list[str]:
-    """Per generation, the smallest slice whose plan fits in memory (for error messages)."""
+    """Per generation, the smallest slice whose plan fits in memory (for error messages), with
+    the prompts per step it needs when it has more hosts than the config's prompts."""
     out = []
     for chip in CHIPS:
         for topo in (t for t in slices() if t.chip == chip):
             try:
                 if resolve(cfg, topo, pinned, assume).fits:
-                    out.append(topo.name)
+                    short = topo.hosts > cfg.pipeline.prompts_per_step
+                    out.append(topo.name + (f" (with pipeline.prompts_per_step={topo.hosts}: "
+                                            f"one prompt per host)" if short else ""))
                     break
             except PlanError:
                 continue
@@ -252,7 +295,9 @@ def explain(plan: Plan, pinned=frozenset()) -> str:
     """One line: why the plan cannot run, and what would."""
     text = "; ".join(plan.problems)
     if not plan.fits:
-        fits = smallest_fitting(plan.config, pinned, plan.assumptions)
+        # From the requested config: the failed plan's own choices (its reduced slot count,
+        # its micro-batches) are no constraint on another slice.
+        fits = smallest_fitting(plan.requested or plan.config, pinned, plan.assumptions)
         cfg = plan.config
         hints = ["model.param_dtype=bfloat16"] if cfg.model.param_dtype == "float32" else []
         hints += [f"fewer decode slots (sampler.max_concurrent_decodes="
@@ -318,9 +363,12 @@ def format_plan(plan: Plan) -> str:
         f"micro-batch, up to {seq_len(cfg)} tokens each; remat {'on' if lay.remat else 'off'}",
         f"  sampler   one replica per host on {_n(lay.sampler_per_host, 'chip')}, mesh "
         f"data={sdata} tensor={stensor}; {lay.slots} decode slots ({per_shard(lay.slots, sdata)} "
-        f"per chip), KV cache length {cfg.sampler.max_target_length}",
+        f"per chip), KV cache length {cfg.sampler.max_target_length}; weights in "
+        + ("the dtype of use (fp32 norms, router" + (", LM head" if m.fp32_head else "") +
+           f"; {m.compute_dtype} the rest)" if cfg.sampler.weight_dtype == "compute"
+           else m.param_dtype),
         f"  memory per chip, GiB{'':14}trainer   sampler",
-        label(f"params ({m.param_dtype})") + _gib(tm.params) + _gib(sm.params),
+        label("params") + _gib(tm.params) + _gib(sm.params),
         label("optimizer (AdamW mu, nu)") + _gib(tm.optimizer) + dash,
         label("gradients (fp32 acc + grads)") + _gib(tm.gradients) + dash,
         label(f"activations (remat {'on' if lay.remat else 'off'})") + _gib(tm.activations) +

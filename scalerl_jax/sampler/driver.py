@@ -237,6 +237,13 @@ class Driver:
         with self._lock:
             self._pending = (params, int(version))
 
+    def precompile(self) -> list[str]:
+        """Compile, before the first step, every engine program this driver can call (each
+        cache window of `generate`, each prefill bucket): `Engine.precompile`. Call it before
+        `start` / `run` so that no compilation stalls a run's first steps. Returns the names of
+        the newly compiled functions."""
+        return self.engine.precompile(self._params, self._buckets)
+
     def start(self) -> "Driver":
         if self._thread is not None:
             raise RuntimeError("Driver.start() called twice")

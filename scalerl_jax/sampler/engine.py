@@ -39,18 +39,19 @@ from scalerl_jax import mesh as mesh_lib
 from scalerl_jax.config import ModelConfig, SamplerConfig
 from scalerl_jax.models.transformer import CACHE_AXES, KVCache, Transformer, init_cache
 from scalerl_jax.sampler import sampling
+from scalerl_jax.sampler.weight_sync import sampler_dtypes, with_dtypes
 
 
 class Prefix(NamedTuple):
     """A prefilled prompt, ready to be inserted into any number of slots."""
 
-    cache: KVCache  # per layer [1, T, KV, hd], T = the padded (bucket) length
+    cache: KVCache  # per layer [1, KV, T, hd], T = the padded (bucket) length
     length: jax.Array  # () int32: prompt tokens in the cache (true_length - 1)
     last_token: jax.Array  # () int32: the prompt's last token, fed by the first generate step
 
 
 class DecodeState(NamedTuple):
-    cache: KVCache  # per layer [B, S, KV, hd]
+    cache: KVCache  # per layer [B, KV, S, hd]
     lengths: jax.Array  # [B] int32: tokens in the cache = position of the next fed token
     next_token: jax.Array  # [B] int32
     active: jax.Array  # [B] bool: slot holds a live sequence with room in its cache
@@ -111,7 +112,11 @@ class Engine:
         self.seed = seed
         self.cache_dtype = jnp.dtype(cache_dtype or model_cfg.compute_dtype)
         abstract = nnx.eval_shape(lambda: Transformer(model_cfg, nnx.Rngs(params=0)))
-        self.graphdef, self.abstract_params = nnx.split(abstract)
+        self.graphdef, trainer_params = nnx.split(abstract)
+        # Weights in the dtype the forward uses them in (SamplerConfig.weight_dtype): the
+        # trainer's fp32 masters arrive as bf16, which halves the sampler's HBM for them.
+        self.param_dtypes = sampler_dtypes(model_cfg, trainer_params, cfg.weight_dtype)
+        self.abstract_params = with_dtypes(trainer_params, self.param_dtypes)
         self.param_shardings = mesh_lib.state_shardings(self.abstract_params, mesh)
         self._param_struct = jax.tree.structure(self.abstract_params)
         self.traces: dict[str, int] = {}  # trace (= compile) count per jitted function
@@ -170,25 +175,33 @@ class Engine:
     # -- JetStream methods ----------------------------------------------------------------------
     def load_params(self, params):
         """Validate params against the model's structure, shapes and dtypes and place them with
-        exactly the engine's shardings (a no-op for arrays already there), so `generate` never
-        recompiles for them."""
+        exactly the engine's shardings and dtypes (a no-op for arrays already there), so
+        `generate` never recompiles for them. Params in the model's `param_dtype` (the
+        trainer's) are cast to the engine's `param_dtypes` one array at a time."""
         if jax.tree.structure(params) != self._param_struct:
             raise EngineError("params tree does not match the engine's model "
                               f"({self.model_cfg.name}): got {jax.tree.structure(params)}")
-        for (path, want), got in zip(jax.tree.leaves_with_path(self.abstract_params),
-                                     jax.tree.leaves(params)):
-            if tuple(got.shape) != tuple(want.shape) or got.dtype != want.dtype:
+        trainer_dtype = jnp.dtype(self.model_cfg.param_dtype)
+        out = []
+        for (path, want), got, sh in zip(jax.tree.leaves_with_path(self.abstract_params),
+                                         jax.tree.leaves(params),
+                                         jax.tree.leaves(self.param_shardings)):
+            if tuple(got.shape) != tuple(want.shape) or \
+                    got.dtype not in (want.dtype, trainer_dtype):
                 raise EngineError(f"param {jax.tree_util.keystr(path)} is {got.dtype}"
                                   f"{list(got.shape)}, the engine expects {want.dtype}"
-                                  f"{list(want.shape)}")
-        return jax.device_put(params, self.param_shardings)
+                                  f"{list(want.shape)} (or {trainer_dtype}, cast on load)")
+            x = jax.device_put(got, sh)
+            out.append(x if x.dtype == want.dtype else
+                       jax.device_put(x.astype(want.dtype), sh))
+        return jax.tree.unflatten(jax.tree.structure(params), out)
 
     def init_decode_state(self) -> DecodeState:
         return self._init()
 
     def get_prefix_destination_sharding(self) -> Prefix:
-        kv = mesh_lib.named(self._mesh, None, "cache_seq", "kv_heads", "head_dim",
-                            shape=(1, 1, self.model_cfg.num_kv_heads, self.model_cfg.dim_per_head))
+        kv = mesh_lib.named(self._mesh, None, *CACHE_AXES[1:],
+                            shape=(1, self.model_cfg.num_kv_heads, 1, self.model_cfg.dim_per_head))
         layers = self.model_cfg.num_layers
         return Prefix(KVCache((kv,) * layers, (kv,) * layers), self._replicated, self._replicated)
 
@@ -246,16 +259,35 @@ class Engine:
         """`decode_steps_per_call` decode steps for all slots -> (decode_state, ResultTokens).
 
         max_length: optional promise that every ACTIVE slot's length (cached tokens) is at most
-        this. The steps then attend over (and write into) only the smallest of `cache_windows`
+        this. The steps then attend over only the smallest of `cache_windows`
         holding max_length + decode_steps_per_call entries instead of the whole cache: the same
         result, since entries past a slot's length are masked anyway, at a cost that follows the
-        filled length (one compile per window). Inactive slots may write garbage inside the
-        window; their rows are rewritten by the next insert before anything reads them."""
+        filled length (one compile per window). Inactive slots may write garbage into their
+        rows; those are rewritten by the next insert before anything reads them."""
         window = self.max_target_length
         if max_length is not None:
             need = int(max_length) + self.decode_steps_per_call
             window = next((w for w in self.cache_windows if w >= need), window)
         return self._generate(params, decode_state, window)
+
+    def precompile(self, params, prefill_lengths: Sequence[int]) -> list[str]:
+        """Compile every program a driver calls, by running each once on a scratch decode
+        state: `generate` for every cache window, `prefill` and `bulk_insert` for every padded
+        prompt length in `prefill_lengths` (the driver's buckets), the slot update and the state
+        init. Otherwise each first use compiles in the middle of a run (seconds per program on a
+        CPU, minutes for a large model on an accelerator), stalling every slot. `params` must come
+        from `load_params` (the shardings the programs are compiled for). Returns the names of
+        the functions traced here, one entry per new program (empty when all were compiled)."""
+        before = dict(self.traces)
+        state = self.init_decode_state()
+        for t in sorted({int(t) for t in prefill_lengths}):
+            prefix = self.prefill(params, np.zeros((t,), np.int32), 1)
+            state = self.bulk_insert(prefix, state, [0], keys=np.zeros((1, 2), np.uint32))
+        state = self.free_resource(state, 0)
+        for w in self.cache_windows:
+            state, res = self._generate(params, state, w)
+        jax.block_until_ready(res)
+        return [name for name, n in self.traces.items() for _ in range(n - before.get(name, 0))]
 
     def free_resource(self, decode_state: DecodeState, slot: int) -> DecodeState:
         """Deactivate a slot; its cache rows are simply overwritten by the next insert."""
@@ -352,21 +384,27 @@ class Engine:
             queue_len=upd(state.queue_len, a["set_queue"], a["queue_len"]))
 
     def _generate_impl(self, params, state, window):
-        if window < self.max_target_length:
+        # Two ways to attend over a window only. XLA materialises a window slice of the cache
+        # for the decode dots (the slice is strided in [B, KV, S, hd]), so reading it in place
+        # copies the window once per step and layer, while cutting it out once per call and
+        # writing it back costs two copies per call: cutting wins above two steps per call.
+        if window < self.max_target_length and self.decode_steps_per_call > 2:
             full = state.cache
-            cut = KVCache(tuple(k[:, :window] for k in full.k), tuple(v[:, :window] for v in full.v))
+            cut = KVCache(tuple(k[:, :, :window] for k in full.k),
+                          tuple(v[:, :, :window] for v in full.v))
             state, res = self._generate_impl(params, state._replace(cache=cut),
                                              self.max_target_length)
 
             def back(dst, src):
-                return jax.lax.dynamic_update_slice_in_dim(dst, src, 0, axis=1)
+                return jax.lax.dynamic_update_slice_in_dim(dst, src, 0, axis=2)
             return state._replace(cache=KVCache(tuple(map(back, full.k, state.cache.k)),
                                                 tuple(map(back, full.v, state.cache.v)))), res
         model = nnx.merge(self.graphdef, params)
         cfg, s = self.cfg, self.max_target_length
 
         def step(st: DecodeState, _):
-            hidden, cache = model.decode(st.next_token[:, None], st.lengths[:, None], st.cache)
+            hidden, cache = model.decode(st.next_token[:, None], st.lengths[:, None], st.cache,
+                                         window=window)
             logits = model.logits(hidden[:, 0])
             keys = jax.vmap(jax.random.split)(st.rng)  # [B, 2, 2]
             valid = st.active

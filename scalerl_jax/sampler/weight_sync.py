@@ -1,16 +1,24 @@
-"""Trainer mesh -> this host's sampler mesh, in multi-controller JAX.
+"""Trainer mesh -> this host's sampler mesh, in multi-controller JAX, one bounded group at a time.
 
 A `device_put` from the trainer mesh (devices of every host) to a host-local sampler mesh raises
 in multi-controller JAX: the two shardings do not have the same device set, and no process can
-address the other hosts' shards. So the sync runs in two steps:
+address the other hosts' shards. So the sync runs in two steps, per group of parameters:
 
-1. a jitted identity over the trainer devices re-lays the params out so that every host holds a
-   complete copy: replicated across hosts, sharded over that host's own trainer devices (a
-   `("hosts", "local")` view of the trainer mesh, same devices in the same order, which jit
-   requires). The cross-host all-gathers happen here, inside one compiled program;
+1. a jitted cast-and-identity over the trainer devices casts the group to the sampler's dtypes
+   (`sampler_dtypes`: bf16 for weights the forward uses in bf16) and re-lays it out so that
+   every host holds a complete copy: replicated across hosts, sharded over that host's own
+   trainer devices (a `("hosts", "local")` view of the trainer mesh, same devices in the same
+   order, which jit requires). The cross-host all-gathers happen here, inside one program;
 2. each host assembles its addressable shards into a host-local array and `device_put`s it onto
    its sampler mesh with exactly the sampler's shardings, so `Engine.generate` sees identical
    shapes, dtypes and shardings and does not recompile.
+
+Groups: consecutive parameters (a layer's arrays are adjacent in the tree) whose sampler-dtype
+bytes add up to at most `group_bytes`; an array larger than that is a group of its own. Each
+group's transfer completes before the next group is gathered, so a trainer chip holds at most
+one gathered group (its bytes / trainer chips per host), not a copy of the model: what the plan
+counts as the weight-sync memory (plan/estimate.py). The cast comes before the gather, so the
+gather moves half the bytes of fp32 masters.
 
 If the trainer mesh's device order interleaves hosts in a way no `(hosts, local)` reshape
 captures, step 1 falls back to full replication on every trainer device (correct, more memory).
@@ -21,10 +29,13 @@ import logging
 from typing import Optional
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 log = logging.getLogger(__name__)
+
+WEIGHT_DTYPES = ("compute", "param")
 
 
 def host_view(trainer_mesh: Mesh) -> tuple[Mesh, Optional[Mesh]]:
@@ -55,6 +66,46 @@ def host_view(trainer_mesh: Mesh) -> tuple[Mesh, Optional[Mesh]]:
     return Mesh(devices.reshape(1, -1), ("hosts", "local")), None
 
 
+# ------------------------------------------------------------------------ sampler dtypes
+def use_dtype(path_names: tuple, model_cfg) -> np.dtype:
+    """The dtype the forward pass casts a parameter to (models/layers.py, moe.py,
+    transformer.py): fp32 for RMSNorm scales (`scale`), the router and an fp32 LM head
+    (`lm_head`, or the tied `embed` when `fp32_head`); the compute dtype for everything else."""
+    f32 = np.dtype(np.float32)
+    if "scale" in path_names or "router" in path_names:
+        return f32
+    if model_cfg.fp32_head and ("lm_head" in path_names or
+                                (model_cfg.tie_embeddings and "embed" in path_names)):
+        return f32
+    return np.dtype(jnp.dtype(model_cfg.compute_dtype))
+
+
+def sampler_dtypes(model_cfg, abstract_params, weight_dtype: str = "compute"):
+    """Tree (like `abstract_params`) of the dtype the sampler stores each parameter in.
+
+    "param": the trainer's `param_dtype`. "compute": the narrower of `param_dtype` and the
+    dtype the forward casts the parameter to (`use_dtype`). Casting fp32 -> bf16 once here
+    instead of at every use gives the very same bf16 operands, so sampling is bit-identical,
+    and a bf16 value widened to fp32 at use is exact, so bf16 params are never widened."""
+    if weight_dtype not in WEIGHT_DTYPES:
+        raise ValueError(f"weight_dtype={weight_dtype!r}: must be one of {WEIGHT_DTYPES}")
+    param = np.dtype(jnp.dtype(model_cfg.param_dtype))
+
+    def pick(path, x):
+        if weight_dtype == "param":
+            return param
+        names = tuple(getattr(k, "key", getattr(k, "name", None)) for k in path)
+        use = use_dtype(names, model_cfg)
+        return use if use.itemsize < param.itemsize else param
+    return jax.tree.map_with_path(pick, abstract_params)
+
+
+def with_dtypes(abstract_params, dtypes):
+    """`abstract_params` (ShapeDtypeStruct leaves) with the dtypes of the tree `dtypes`."""
+    return jax.tree.map(lambda x, dt: jax.ShapeDtypeStruct(x.shape, dt), abstract_params, dtypes)
+
+
+# ----------------------------------------------------------------------------- the sync
 def _local_spec(x, local: int) -> PartitionSpec:
     """Shard one dimension over the host's trainer devices: preferably one the trainer already
     shards (less data moves), else the largest that `local` divides; else replicate."""
@@ -68,45 +119,106 @@ def _local_spec(x, local: int) -> PartitionSpec:
     return PartitionSpec()
 
 
+def make_groups(sizes: list, budget: Optional[int]) -> list[list[int]]:
+    """Consecutive indices whose sizes add up to at most `budget` (None: one group); an item
+    larger than the budget is a group of its own."""
+    groups, total = [], 0
+    for i, n in enumerate(sizes):
+        if not groups or (budget is not None and total + n > budget):
+            groups.append([])
+            total = 0
+        groups[-1].append(i)
+        total += n
+    return groups
+
+
 class WeightSync:
     """Callable: trainer-mesh params -> params on this host's sampler mesh.
 
     sampler_shardings: a tree matching params (e.g. `Engine.param_shardings`: one NamedSharding
-    per nnx Variable) on this host's sampler mesh.
+    per nnx Variable) on this host's sampler mesh. dtypes: a matching tree of the sampler's
+    dtypes (`Engine.param_dtypes`); None keeps the trainer's. group_bytes: bound on one group's
+    bytes in the sampler's dtypes (None: the whole model in one group).
+
+    After each call `largest_group_bytes` is the most bytes one trainer device held for one
+    gathered group (measured from the gathered arrays' shards) and `groups` the index groups.
     """
 
-    def __init__(self, trainer_mesh: Mesh, sampler_shardings):
+    def __init__(self, trainer_mesh: Mesh, sampler_shardings, dtypes=None,
+                 group_bytes: Optional[int] = None):
+        if group_bytes is not None and group_bytes <= 0:
+            raise ValueError(f"group_bytes={group_bytes}: must be > 0 (or None: one group)")
         self.host_mesh, self.local_mesh = host_view(trainer_mesh)
         self._sampler_leaves = jax.tree.leaves(sampler_shardings)
-        self._gather = None
+        self._dtypes = None if dtypes is None else jax.tree.leaves(dtypes)
+        if self._dtypes is not None and len(self._dtypes) != len(self._sampler_leaves):
+            raise ValueError(f"dtypes has {len(self._dtypes)} leaves, sampler_shardings "
+                             f"{len(self._sampler_leaves)}")
+        self.group_bytes = group_bytes
+        self.groups: list[list[int]] = []
+        self.largest_group_bytes = 0
+        self._gathers: dict = {}  # (specs, dtypes) -> jitted cast + gather; layers share one
         self._specs = None
         self._shapes = None
+
+    @classmethod
+    def for_engine(cls, trainer_mesh: Mesh, engine) -> "WeightSync":
+        """The sync into `engine`'s shardings and dtypes, in groups of
+        `engine.cfg.weight_sync_group_mib`."""
+        return cls(trainer_mesh, engine.param_shardings, engine.param_dtypes,
+                   engine.cfg.weight_sync_group_mib << 20)
 
     def _build(self, leaves):
         local = self.local_mesh.size if self.local_mesh is not None else 1
         self._specs = [_local_spec(x, local) for x in leaves]
-        out = [NamedSharding(self.host_mesh, s) for s in self._specs]
-        self._gather = jax.jit(lambda xs: xs, out_shardings=out)
+        targets = [np.dtype(x.dtype) for x in leaves] if self._dtypes is None else \
+            [np.dtype(d) for d in self._dtypes]
+        self._targets = targets
+        sizes = [int(np.prod(x.shape)) * dt.itemsize for x, dt in zip(leaves, targets)]
+        self.groups = make_groups(sizes, self.group_bytes)
+
+    def _gather(self, idx: list[int]):
+        key = tuple((self._specs[i], self._targets[i]) for i in idx)
+        fn = self._gathers.get(key)
+        if fn is None:
+            out = [NamedSharding(self.host_mesh, self._specs[i]) for i in idx]
+            dts = [self._targets[i] for i in idx]
+            fn = jax.jit(lambda xs: [x.astype(dt) for x, dt in zip(xs, dts)], out_shardings=out)
+            self._gathers[key] = fn
+        return fn
 
     def __call__(self, params):
         leaves, treedef = jax.tree.flatten(params)
         if len(leaves) != len(self._sampler_leaves):
             raise ValueError(f"params have {len(leaves)} arrays, sampler_shardings "
                              f"{len(self._sampler_leaves)}")
-        if self._gather is None:
+        if self._specs is None:
             self._build(leaves)
             self._shapes = [(x.shape, x.dtype) for x in leaves]
         elif [(x.shape, x.dtype) for x in leaves] != self._shapes:
             raise ValueError("params changed shape or dtype since the first sync: the sampler "
                              "would recompile; build a new WeightSync for a new model")
-        gathered = self._gather(leaves)
-        out = []
-        for x, spec, target in zip(gathered, self._specs, self._sampler_leaves):
-            shards = x.addressable_shards
-            if self.local_mesh is not None:
-                host_copy = jax.make_array_from_single_device_arrays(
-                    x.shape, NamedSharding(self.local_mesh, spec), [s.data for s in shards])
-            else:  # fully replicated fallback: any one local copy is complete
-                host_copy = shards[0].data
-            out.append(jax.device_put(host_copy, target))
+        out = [None] * len(leaves)
+        largest = 0
+        for idx in self.groups:
+            gathered = self._gather(idx)([leaves[i] for i in idx])
+            per_device: dict = {}
+            for x in gathered:
+                for s in x.addressable_shards:
+                    per_device[s.device] = per_device.get(s.device, 0) + s.data.nbytes
+            largest = max(largest, max(per_device.values(), default=0))
+            for i, x in zip(idx, gathered):
+                shards = x.addressable_shards
+                if self.local_mesh is not None:
+                    host_copy = jax.make_array_from_single_device_arrays(
+                        x.shape, NamedSharding(self.local_mesh, self._specs[i]),
+                        [s.data for s in shards])
+                else:  # fully replicated fallback: any one local copy is complete
+                    host_copy = shards[0].data
+                out[i] = jax.device_put(host_copy, self._sampler_leaves[i])
+            # The group's copies must land before the next group is gathered: then the
+            # gathered buffers are free and a trainer chip never holds two groups.
+            jax.block_until_ready([out[i] for i in idx])
+            del gathered, host_copy, shards
+        self.largest_group_bytes = largest
         return jax.tree.unflatten(treedef, out)

@@ -2,10 +2,12 @@
 
 At Qwen's vocabulary (152k) fp32 logits are 600 KB per token: 2.5 GB for one 4k-token row, and
 the softmax and the backward pass need several such buffers. Here the sequence is cut into chunks
-of `chunk_size` positions; a `lax.scan` runs over them and each chunk's body is wrapped in
-`jax.checkpoint`, so the backward pass recomputes the chunk's logits instead of keeping them.
-At any moment only one chunk's [B, chunk, V] logits (and their cotangent) exist, so the peak
-memory of this part is set by B * chunk * V, whatever the sequence length T.
+of `chunk_size` positions; a `lax.scan` runs over them. Each chunk has a hand-written backward
+pass (`_chunk_stats`) that saves only [B, chunk] normalisers and entropies and recomputes the
+chunk's logits with one matmul, so at any moment only one chunk's [B, chunk, V] logits (and
+their cotangent) exist and the peak memory of this part is set by B * chunk * V, whatever the
+sequence length T. The hand-written backward also does less than autodiff through a checkpoint
+would (no second max / sum-exp pass, one exponential per logit in each direction).
 
 The rows are kept whole (chunks cut the sequence axis, not the batch axis) so that a batch
 sharded over devices stays evenly spread in every chunk.
@@ -17,10 +19,11 @@ from typing import Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
-def _chunk_stats(kernel, hidden, targets, *, fp32: bool, with_entropy: bool, logits_sharding):
-    """hidden [B, C, D], targets [B, C] -> (logp [B, C], entropy [B, C] or None), fp32."""
+def _logits(hidden, kernel, fp32: bool, logits_sharding):
+    """[B, C, D] x [D, V] -> fp32 logits [B, C, V]."""
     # Mirrors Transformer.logits: an fp32 head multiplies fp32 operands (the ScaleRL fix for
     # sampler/trainer mismatch); a bf16 head (the ablation) rounds its logits to bf16.
     dt = jnp.float32 if fp32 else hidden.dtype
@@ -29,17 +32,77 @@ def _chunk_stats(kernel, hidden, targets, *, fp32: bool, with_entropy: bool, log
     logits = logits.astype(jnp.float32)
     if logits_sharding is not None:
         logits = jax.lax.with_sharding_constraint(logits, logits_sharding)
-    lse = jax.nn.logsumexp(logits, axis=-1)
+    return logits
+
+
+def _stats_from_logits(logits, targets, with_entropy: bool):
+    """(logp, entropy or None, lse), fp32, each [B, C].
+
+    One exponential per logit: the entropy reuses the normaliser's exp(l - max), as
+    lse - E_p[l] = lse - sum(e * l) / sum(e) (XLA fuses the sibling reductions into one pass).
+    """
+    m = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
+    e = jnp.exp(logits - m)
+    s0 = jnp.sum(e, axis=-1)
+    lse = m[..., 0] + jnp.log(s0)
     # A select-and-sum instead of a gather: it shards like any elementwise op when V is split
     # over the tensor axis, where a gather along a sharded axis would all-gather the logits.
     vocab = jax.lax.broadcasted_iota(jnp.int32, logits.shape, 2)
     picked = jnp.sum(jnp.where(vocab == targets[..., None], logits, 0.0), axis=-1)
     logp = picked - lse
     if not with_entropy:
-        return logp, None
-    probs = jnp.exp(logits - lse[..., None])
-    entropy = lse - jnp.sum(probs * logits, axis=-1)
+        return logp, None, lse
+    entropy = lse - jnp.sum(e * logits, axis=-1) / s0
+    return logp, entropy, lse
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
+def _chunk_stats(kernel, hidden, targets, fp32, with_entropy, logits_sharding, keep_logits):
+    """hidden [B, C, D], targets [B, C] -> (logp [B, C], entropy [B, C] or None), fp32.
+
+    Hand-written backward: with logits l, p = softmax(l), lse its normaliser and H the entropy,
+    d logp_t / d l = onehot(t) - p and d H / d l = -p * (l - lse + H), so the cotangent of the
+    logits is one elementwise pass over exp(l - lse) given the saved [B, C] lse and H. The
+    [B, C, V] logits are recomputed by one matmul (`keep_logits=False`, the chunked path: only
+    [B, C]-sized residuals) or kept from the forward pass (`keep_logits=True`, one chunk)."""
+    logits = _logits(hidden, kernel, fp32, logits_sharding)
+    logp, entropy, _ = _stats_from_logits(logits, targets, with_entropy)
     return logp, entropy
+
+
+def _chunk_stats_fwd(kernel, hidden, targets, fp32, with_entropy, logits_sharding, keep_logits):
+    logits = _logits(hidden, kernel, fp32, logits_sharding)
+    logp, entropy, lse = _stats_from_logits(logits, targets, with_entropy)
+    res = (kernel, hidden, targets, lse, entropy, logits if keep_logits else None)
+    return (logp, entropy), res
+
+
+def _chunk_stats_bwd(fp32, with_entropy, logits_sharding, keep_logits, res, cts):
+    kernel, hidden, targets, lse, entropy, logits = res
+    g_logp, g_ent = cts
+    if logits is None:
+        logits = _logits(hidden, kernel, fp32, logits_sharding)
+    shifted = logits - lse[..., None]  # log p
+    probs = jnp.exp(shifted)
+    vocab = jax.lax.broadcasted_iota(jnp.int32, logits.shape, 2)
+    onehot = (vocab == targets[..., None]).astype(jnp.float32)
+    g_logits = g_logp[..., None] * (onehot - probs)
+    if with_entropy and g_ent is not None:
+        g_logits = g_logits - g_ent[..., None] * probs * (shifted + entropy[..., None])
+    if logits_sharding is not None:
+        g_logits = jax.lax.with_sharding_constraint(g_logits, logits_sharding)
+    # Transposes of the forward einsum in its dtype: a bf16 head's backward runs in bf16 too.
+    dt = jnp.float32 if fp32 else hidden.dtype
+    g_logits = g_logits.astype(dt)
+    g_hidden = jnp.einsum("bcv,dv->bcd", g_logits, kernel.astype(dt),
+                          preferred_element_type=jnp.float32)
+    g_kernel = jnp.einsum("bcd,bcv->dv", hidden.astype(dt), g_logits,
+                          preferred_element_type=jnp.float32)
+    g_targets = np.zeros(targets.shape, jax.dtypes.float0)
+    return g_kernel.astype(kernel.dtype), g_hidden.astype(hidden.dtype), g_targets
+
+
+_chunk_stats.defvjp(_chunk_stats_fwd, _chunk_stats_bwd)
 
 
 def token_logprobs(hidden: jax.Array, kernel: jax.Array, targets: jax.Array, *,
@@ -62,11 +125,9 @@ def token_logprobs(hidden: jax.Array, kernel: jax.Array, targets: jax.Array, *,
     if hidden.shape[2] != kernel.shape[0]:
         raise ValueError(f"token_logprobs: hidden size {hidden.shape[2]} != kernel rows "
                          f"{kernel.shape[0]}")
-    stats = functools.partial(_chunk_stats, fp32=fp32, with_entropy=with_entropy,
-                              logits_sharding=logits_sharding)
     b, t, d = hidden.shape
     if chunk_size is None or chunk_size >= t:
-        return stats(kernel, hidden, targets)
+        return _chunk_stats(kernel, hidden, targets, fp32, with_entropy, logits_sharding, True)
     if chunk_size <= 0:
         raise ValueError(f"token_logprobs: chunk_size={chunk_size} must be > 0 or None")
     n = -(-t // chunk_size)
@@ -76,11 +137,9 @@ def token_logprobs(hidden: jax.Array, kernel: jax.Array, targets: jax.Array, *,
         targets = jnp.pad(targets, ((0, 0), (0, pad)))
     hs = hidden.reshape(b, n, chunk_size, d).swapaxes(0, 1)  # [n, B, C, D]
     ts = targets.reshape(b, n, chunk_size).swapaxes(0, 1)
-    # prevent_cse=False is the documented setting inside scan (the loop already stops CSE).
-    body = jax.checkpoint(stats, prevent_cse=False)
 
     def step(carry, xs):
-        return carry, body(kernel, *xs)
+        return carry, _chunk_stats(kernel, *xs, fp32, with_entropy, logits_sharding, False)
 
     _, (logp, entropy) = jax.lax.scan(step, None, (hs, ts))
 

@@ -19,10 +19,12 @@ come from `train.logprobs` in sequence chunks with an fp32 LM head when `fp32_he
 objective is `rl.losses.policy_loss` selected by `LossConfig.objective`.
 
 MoE policies add router metrics: `moe_aux_loss` (the Switch load-balancing loss, mean over MoE
-layers), `moe_load_e{i}` (expert i's share of the token->expert assignments, mean over layers),
-and `moe_load_max` / `moe_load_min` (the largest / smallest share times E, so 1.0 is perfect
-balance; the worst micro-batch). With `ModelConfig.router_aux_loss_coef > 0` the loss gets
-coef x moe_aux_loss. Dispatch never drops a token (models/moe.py), so there is no dropped count.
+layers), `moe_load_max` / `moe_load_min` (the largest / smallest share times E, so 1.0 is perfect
+balance; the worst micro-batch), the spread of the layer-mean load (`moe_load_cv`,
+`moe_load_entropy`, `moe_starved_frac`) and, for at most 16 experts, `moe_load_e{i}` (expert i's
+share of the token->expert assignments, mean over layers; see `router_metrics`). With
+`ModelConfig.router_aux_loss_coef > 0` the loss gets coef x moe_aux_loss. Dispatch never drops
+a token (models/moe.py), so there is no dropped count.
 
 Non-finite guard: when the loss or the gradient norm is not finite, params and optimizer state
 are kept as they were, `state.skipped` counts it and metric `skipped` is 1. `state.step` counts
@@ -87,13 +89,29 @@ def put_batch(batch: TrainBatch, mesh) -> TrainBatch:
     return put_global(batch, batch_sharding(mesh))
 
 
+# Per-expert load keys up to this many experts (Scout: 16); above it (Qwen3-MoE: 128 keys per
+# step) only summary statistics: the metrics log and tracking.py take scalars, not vectors.
+PER_EXPERT_METRICS_MAX = 16
+
+
 def router_metrics(stats) -> dict:
-    """RouterStats stacked over MoE layers (load [L, E], aux_loss [L]) -> scalar metrics."""
+    """RouterStats stacked over MoE layers (load [L, E], aux_loss [L]) -> scalar metrics.
+
+    Always: `moe_aux_loss`, `moe_load_max` / `moe_load_min` (share x E over layers),
+    `moe_load_cv` (std / mean of the layer-mean load), `moe_load_entropy` (its entropy divided
+    by log E: 1.0 is uniform) and `moe_starved_frac` (fraction of experts with load < 0.1 / E
+    in the layer mean). With at most PER_EXPERT_METRICS_MAX experts also `moe_load_e{i}`."""
     load = jnp.mean(stats.load, axis=0)
     e = load.shape[0]
+    p = load / jnp.maximum(jnp.sum(load), 1e-30)
+    entropy = -jnp.sum(jnp.where(p > 0, p * jnp.log(jnp.where(p > 0, p, 1.0)), 0.0))
     out = {"moe_aux_loss": jnp.mean(stats.aux_loss),
-           "moe_load_max": jnp.max(stats.load) * e, "moe_load_min": jnp.min(stats.load) * e}
-    out.update({f"moe_load_e{i}": load[i] for i in range(e)})
+           "moe_load_max": jnp.max(stats.load) * e, "moe_load_min": jnp.min(stats.load) * e,
+           "moe_load_cv": jnp.std(load) / jnp.maximum(jnp.mean(load), 1e-30),
+           "moe_load_entropy": entropy / max(np.log(e), 1e-30),
+           "moe_starved_frac": jnp.mean((load < 0.1 / e).astype(jnp.float32))}
+    if e <= PER_EXPERT_METRICS_MAX:
+        out.update({f"moe_load_e{i}": load[i] for i in range(e)})
     return out
 
 

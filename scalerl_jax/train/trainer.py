@@ -189,7 +189,7 @@ def _run(cfg: RunConfig, tokenizer, cleanup: contextlib.ExitStack, allow_config_
 
     # Sampler: engine on this host's sampler mesh, weights synced from the trainer mesh.
     engine = Engine(model_cfg, sampler_mesh, cfg.sampler, seed=cfg.seed)
-    sync = WeightSync(trainer_mesh, engine.param_shardings)
+    sync = WeightSync.for_engine(trainer_mesh, engine)  # engine dtypes, bounded groups
     feed = PromptFeed(source, tokenizer)
     if "data" in meta:
         feed.load_state_dict(meta["data"][host])
