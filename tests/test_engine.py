@@ -240,3 +240,12 @@ def test_windowed_generate_equals_full_cache_generate(mesh, engine, params, step
         for s, n in lengths.items():  # the filled part of every live slot is the same
             np.testing.assert_allclose(np.asarray(cw)[s, :, :n], np.asarray(cf)[s, :, :n],
                                        atol=1e-5)
+
+
+def test_cache_is_replicated_over_tensor_when_kv_heads_do_not_divide():
+    # tiny-qwen3 has 2 KV heads: over tensor=4 the cache cannot split its heads, so it keeps
+    # them whole instead of failing to build the decode state.
+    mesh4 = Mesh(np.array(jax.devices()[4:8]).reshape(1, 4), ("data", "tensor"))
+    state = Engine(CFG, mesh4, sampler_cfg()).init_decode_state()
+    assert tuple(state.cache.k[0].sharding.spec)[1:] in ((), (None, None, None))
+    assert state.cache.k[0].shape == (4, CFG.num_kv_heads, REF_LEN, CFG.dim_per_head)

@@ -122,7 +122,7 @@ class Engine:
         self.traces: dict[str, int] = {}  # trace (= compile) count per jitted function
 
         b, s, q = cfg.max_concurrent_decodes, cfg.max_target_length, max_forced_tokens
-        kv_shape = (b, s, model_cfg.num_kv_heads, model_cfg.dim_per_head)
+        kv_shape = (b, model_cfg.num_kv_heads, s, model_cfg.dim_per_head)  # CACHE_AXES order
         slot = mesh_lib.named(mesh, "cache_batch", shape=(b,))
         slot2 = mesh_lib.named(mesh, "cache_batch", None, shape=(b, 2))
         cache_sh = mesh_lib.named(mesh, *CACHE_AXES, shape=kv_shape)
