@@ -151,30 +151,8 @@ def test_sharded_over_expert_fsdp_tensor_equals_unsharded(checkpoint):
 def test_sampler_engine_logprobs_equal_training_forward():
     """The sampler's KV-cache decode path (Engine on a data x tensor sampler mesh) gives the
     training forward's log-probs for a sampled MoE continuation."""
-    from _sampler_params import random_params
-    from jax.sharding import Mesh
-    from scalerl_jax.config import SamplerConfig
-    from scalerl_jax.sampler.engine import Engine
-    cfg = presets.get("tiny-qwen3-moe")
-    mesh = Mesh(np.array(jax.devices()[4:8]).reshape(2, 2), ("data", "tensor"))
-    engine = Engine(cfg, mesh, SamplerConfig(max_concurrent_decodes=2, max_prefill_length=8,
-                                             max_target_length=32, max_new_tokens=20,
-                                             interruptions=False, decode_steps_per_call=4))
-    params = random_params(engine, 0)
-    prompt = [5, 6, 7, 8, 9]
-    padded = np.zeros((8,), np.int32)
-    padded[:5] = prompt
-    state = engine.insert(engine.prefill(params, padded, 5), engine.init_decode_state(), 1)
-    seq, lps = list(prompt), []
-    for _ in range(3):
-        state, res = engine.generate(params, state)
-        res = jax.device_get(res)
-        seq += [int(t) for t in res.tokens[:, 1]]
-        lps += [float(x) for x in res.logprobs[:, 1]]
-    tokens = np.zeros((1, 32), np.int32)
-    tokens[0, :len(seq)] = seq
-    logp = jax.nn.log_softmax(_forward(engine.graphdef, params, tokens)[0], axis=-1)
-    ref = np.asarray(logp)[np.arange(4, len(seq) - 1), seq[5:]]
+    from _sampler_params import engine_and_forward_logprobs
+    _, lps, ref = engine_and_forward_logprobs(presets.get("tiny-qwen3-moe"), calls=3)
     np.testing.assert_allclose(lps, ref, atol=1e-5, rtol=0)
 
 
