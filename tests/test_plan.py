@@ -217,6 +217,32 @@ def test_remat_and_micro_batches_lower_activation_memory():
     assert plan.activation_bytes(m, 1, 4096, 1, 512, remat=True) < remat
 
 
+def test_fused_attention_and_remat_policies_in_activation_memory():
+    from scalerl_jax.plan.estimate import activation_bytes
+    m = presets.get("llama-3.1-8b", compute_dtype="bfloat16")
+    rows, t, layers, h, hd, b = 1, 16384, 32, 32, 128, 2
+
+    def act(remat=True, **kw):  # the `remat` argument decides; the model's field allows policies
+        return activation_bytes(m.replace(remat=True, **kw), rows, t, 1, 512, remat)
+
+    # The splash kernel keeps an fp32 log-sum-exp per query and head, not the [T, T] scores
+    # (nor the dense mask): per layer, 4 + 2 bytes per causal score element less, 4 per query
+    # and head more.
+    full, splash = act(remat=False), act(remat=False, attention_impl="splash")
+    assert full - splash > layers * h * t * t / 2 * 6 > 0
+    assert act(remat=False, attention_impl="auto") == splash  # T is a multiple of 128
+    assert activation_bytes(m.replace(attention_impl="auto"), rows, t - 1, 1, 512, False) > \
+        splash  # not a multiple of the kernel's block: the XLA path
+    assert act(remat=False, attention_impl="cudnn") == full  # no cuDNN on a TPU
+    # attn_out keeps each layer's attention output as well as its input; dots policies are
+    # planned as no remat (an upper bound).
+    assert act(remat_policy="attn_out") - act() == layers * rows * t * h * hd * b
+    assert act(remat_policy="dots") == act(remat=False)
+    # Llama-4's chunked-local layers always run the XLA path: they keep their scores.
+    local = dict(local_attention_chunk=8192, nope_layers=tuple(range(3, layers, 4)))
+    assert act(remat=False, attention_impl="splash", **local) > splash
+
+
 # --------------------------------------------------------------------------- the hardware
 def _devices(n, hosts, platform="tpu", kind="TPU v5"):
     return [SimpleNamespace(platform=platform, device_kind=kind, process_index=i * hosts // n)

@@ -188,6 +188,16 @@ def _attention_score_elements(t: int, chunk: int) -> int:
     return sum((min(t, c0 + chunk) - c0) * min(t, c0 + chunk) for c0 in range(0, t, chunk))
 
 
+def fused_attention(m: ModelConfig, t: int) -> bool:
+    """Whether the training forward's attention runs the splash kernel on a TPU
+    (`ModelConfig.attention_impl` "splash", or "auto" with shapes the kernel takes: the rule of
+    `layers.resolve_attention_impl`). It keeps one fp32 log-sum-exp per query and head instead of
+    the [T, T] scores, and needs no dense mask."""
+    from scalerl_jax.models.layers import fused_attention_problem
+    return m.attention_impl in ("splash", "auto") and fused_attention_problem(
+        "splash", "tpu", head_dim=m.dim_per_head, dtype=m.compute_dtype, seq_len=t) is None
+
+
 def activation_bytes(m: ModelConfig, rows: int, t: int, tensor: int, logprob_chunk,
                      remat: bool) -> int:
     """Activations one trainer chip keeps for the backward pass of one micro-batch.
@@ -197,12 +207,16 @@ def activation_bytes(m: ModelConfig, rows: int, t: int, tensor: int, logprob_chu
     rotated q and k and the attention output (3 H hd + 3 KV hd), gate, up, silu(gate) and their
     product (4 F); plus fp32 copies made by RoPE ((H + KV) hd) and RMSNorm (2 D). Attention
     scores per row per layer: heads x score elements x (4 + b) bytes (fp32 probabilities for the
-    softmax gradient, compute-dtype ones for the value product). Heads and F shard over
-    `tensor` when it divides them.
-    Without remat every layer's set is kept; with remat only each block's input (D per token)
-    is kept, and one block's set is rebuilt at a time in the backward pass.
-    Both add the [rows, T, T] bool mask, the fp32 final hidden states, and the fp32 log-prob
-    working set: logits, softmax and their gradient for one chunk of positions (3 x chunk x V).
+    softmax gradient, compute-dtype ones for the value product); with the fused kernel
+    (`fused_attention`) 4 bytes per query and head instead, except on Llama-4's chunked-local
+    layers, which always run the XLA path. Heads and F shard over `tensor` when they divide.
+    Without remat every layer's set is kept. With remat (`remat_policy`): "full" keeps each
+    block's input (D per token) and rebuilds one block's set at a time in the backward pass;
+    "attn_out" also keeps each layer's attention output (H hd per token); "dots" and
+    "dots_no_batch" keep most matmul outputs, planned as no remat (an upper bound).
+    Both add the [rows, T, T] bool mask (unless every layer runs the fused kernel), the fp32
+    final hidden states, and the fp32 log-prob working set: logits, softmax and their gradient
+    for one chunk of positions (3 x chunk x V).
     """
     b = _BYTES[m.compute_dtype]
     d, f, hd = m.hidden_size, m.intermediate_size, m.dim_per_head
@@ -216,17 +230,20 @@ def activation_bytes(m: ModelConfig, rows: int, t: int, tensor: int, logprob_chu
     moe_ffn = b * (4 * (k * per_shard(m.expert_size, tensor) +
                         per_shard(m.shared_expert_size, tensor)) + 2 * k * d) + \
         4 * 2 * m.num_experts
+    fused = fused_attention(m, t)
     scores = h * _attention_score_elements(t, m.attention_chunk) * (4 + b)
-    moe = m.num_moe_layers  # a property that walks the layers: read it once
-    layers = {dense_ffn: m.num_layers - moe, moe_ffn: moe}
-    sets = {ffn: rows * (t * (per_token + ffn) + scores) for ffn in layers}
-    if remat:
-        kept = m.num_layers * rows * t * d * b + max(sets[ffn] for ffn, c in layers.items() if c)
+    unfused = [not fused or m.is_local_attention_layer(i) for i in range(m.num_layers)]
+    sets = [rows * (t * (per_token + (moe_ffn if m.is_moe_layer(i) else dense_ffn)) +
+                    (scores if unfused[i] else h * t * 4))
+            for i in range(m.num_layers)]
+    if remat and m.remat_policy in ("full", "attn_out"):
+        saved = d + (h * hd if m.remat_policy == "attn_out" else 0)
+        kept = m.num_layers * rows * t * saved * b + max(sets)
     else:
-        kept = sum(sets[ffn] * c for ffn, c in layers.items())
+        kept = sum(sets)
     chunk = t if logprob_chunk is None else min(t, logprob_chunk)
     vocab = per_shard(m.vocab_size, tensor)
-    common = rows * t * t + rows * t * d * 4 + 3 * rows * chunk * vocab * 4
+    common = rows * t * t * any(unfused) + rows * t * d * 4 + 3 * rows * chunk * vocab * 4
     return kept + common
 
 
