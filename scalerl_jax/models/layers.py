@@ -39,10 +39,14 @@ class RMSNorm(nnx.Module):
         self.eps = eps
 
     def __call__(self, x):
-        # Normalise in fp32 (as HF does) and cast back: bf16 variance loses too much.
-        xf = x.astype(jnp.float32)
-        xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
-        return (xf * self.scale.get_value().astype(jnp.float32)).astype(x.dtype)
+        scale = self.scale.get_value().astype(jnp.float32)
+        return (_rms_normalize(x, self.eps) * scale).astype(x.dtype)
+
+
+def _rms_normalize(x, eps: float):
+    """x / rms(x) over the last axis, in fp32 (as HF does): a bf16 variance loses too much."""
+    xf = x.astype(jnp.float32)
+    return xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: Optional[RopeScaling]) -> np.ndarray:
@@ -75,8 +79,7 @@ def apply_rope(x, positions, inv_freq):
 
 def l2_norm(x, eps: float):
     """Weightless RMS normalisation over the last axis in fp32 (Llama-4's q/k `L2Norm`)."""
-    xf = x.astype(jnp.float32)
-    return (xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)).astype(x.dtype)
+    return _rms_normalize(x, eps).astype(x.dtype)
 
 
 def attn_temperature(positions, floor_scale: int, scale: float):
