@@ -101,7 +101,8 @@ def sampler_memory(cfg, layers: int) -> dict:
     # lowering hook), abstract only.
     state = state_lib.with_shardings(jax.eval_shape(engine._init), engine.state_shardings)
     start = time.perf_counter()
-    compiled = engine._generate.lower(params, state, engine.max_target_length).compile()
+    compiled = engine._generate.lower(jax.tree.leaves(params), state,
+                                      engine.max_target_length).compile()
     out = _analysis(compiled)
     out.update(compile_s=round(time.perf_counter() - start, 1))
     return out

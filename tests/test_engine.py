@@ -153,9 +153,12 @@ def test_weight_swap_mid_generation_uses_new_params_without_recompiling(engine, 
 
 def test_state_is_sharded_over_the_sampler_mesh(engine):
     state = engine.init_decode_state()
-    assert state.cache.k[0].sharding.spec == PartitionSpec("data", "tensor", None, None)
+    for kv in (state.cache.k[0], state.cache.v[0]):
+        assert kv.sharding.spec == PartitionSpec("data", "tensor", None, None)
     assert state.lengths.sharding.spec == PartitionSpec("data")
-    assert state.cache.k[0].shape == (4, CFG.num_kv_heads, REF_LEN, CFG.dim_per_head)
+    # Keys [B, KV, hd, S], values [B, KV, S, hd]: the layouts the decode dots read as stored.
+    assert state.cache.k[0].shape == (4, CFG.num_kv_heads, CFG.dim_per_head, REF_LEN)
+    assert state.cache.v[0].shape == (4, CFG.num_kv_heads, REF_LEN, CFG.dim_per_head)
 
 
 def test_engine_rejects_bad_input(engine, params):
@@ -236,9 +239,11 @@ def test_windowed_generate_equals_full_cache_generate(mesh, engine, params, step
         lengths = {s: n + k for s, n in lengths.items()}
     assert used == {16, 32, 48}
     np.testing.assert_array_equal(np.asarray(windowed.lengths), np.asarray(full.lengths))
-    for cw, cf in zip(windowed.cache.k + windowed.cache.v, full.cache.k + full.cache.v):
+    for kw, kf, vw, vf in zip(windowed.cache.k, full.cache.k, windowed.cache.v, full.cache.v):
         for s, n in lengths.items():  # the filled part of every live slot is the same
-            np.testing.assert_allclose(np.asarray(cw)[s, :, :n], np.asarray(cf)[s, :, :n],
+            np.testing.assert_allclose(np.asarray(kw)[s, :, :, :n], np.asarray(kf)[s, :, :, :n],
+                                       atol=1e-5)
+            np.testing.assert_allclose(np.asarray(vw)[s, :, :n], np.asarray(vf)[s, :, :n],
                                        atol=1e-5)
 
 
@@ -247,5 +252,6 @@ def test_cache_is_replicated_over_tensor_when_kv_heads_do_not_divide():
     # them whole instead of failing to build the decode state.
     mesh4 = Mesh(np.array(jax.devices()[4:8]).reshape(1, 4), ("data", "tensor"))
     state = Engine(CFG, mesh4, sampler_cfg()).init_decode_state()
-    assert tuple(state.cache.k[0].sharding.spec)[1:] in ((), (None, None, None))
-    assert state.cache.k[0].shape == (4, CFG.num_kv_heads, REF_LEN, CFG.dim_per_head)
+    for kv in (state.cache.k[0], state.cache.v[0]):
+        assert tuple(kv.sharding.spec)[1:] in ((), (None, None, None))
+    assert state.cache.k[0].shape == (4, CFG.num_kv_heads, CFG.dim_per_head, REF_LEN)

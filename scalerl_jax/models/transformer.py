@@ -20,26 +20,37 @@ import jax.numpy as jnp
 from flax import nnx
 
 from scalerl_jax.config import ModelConfig
-from scalerl_jax.models.layers import ATTN_OUT, MLP, Attention, RMSNorm, param
+from scalerl_jax.models.layers import ATTN_OUT, MLP, Attention, RMSNorm, dense, param
 from scalerl_jax.models.moe import MoE, RouterStats
 
 
 class KVCache(NamedTuple):
-    """Per-layer keys and values, each [B, KV, S, head_dim] (heads-major: the layout the
-    decode step's batched dots read without a transpose). Logical axes: CACHE_AXES."""
+    """Per-layer keys [B, KV, head_dim, S] and values [B, KV, S, head_dim] (logical axes
+    KEY_AXES, VALUE_AXES). Each is stored the way the decode step's dots read it, per slot and
+    KV head: the scores are [G, hd] x [hd, S] and the weighted sum [G, S] x [S, hd], both with
+    the contracted axis second-minor. Keys stored [S, hd] made XLA:CPU repack every key window
+    on every step (the scores took ~4x the time of the weighted sum), and the sequence axis
+    anywhere but next to head_dim made XLA transpose the whole cache each step."""
 
     k: tuple
     v: tuple
 
 
-CACHE_AXES = ("cache_batch", "kv_heads", "cache_seq", "head_dim")
+KEY_AXES = ("cache_batch", "kv_heads", "head_dim", "cache_seq")
+VALUE_AXES = ("cache_batch", "kv_heads", "cache_seq", "head_dim")
+
+
+def cache_shapes(cfg: ModelConfig, batch: int, length: int) -> tuple[tuple, tuple]:
+    """(key shape, value shape) of one layer's cache."""
+    kv, hd = cfg.num_kv_heads, cfg.dim_per_head
+    return (batch, kv, hd, length), (batch, kv, length, hd)
 
 
 def init_cache(cfg: ModelConfig, batch: int, length: int, dtype=None) -> KVCache:
     dtype = jnp.dtype(dtype or cfg.compute_dtype)
-    shape = (batch, cfg.num_kv_heads, length, cfg.dim_per_head)
-    zeros = tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers))
-    return KVCache(zeros, tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)))
+    kshape, vshape = cache_shapes(cfg, batch, length)
+    return KVCache(tuple(jnp.zeros(kshape, dtype) for _ in range(cfg.num_layers)),
+                   tuple(jnp.zeros(vshape, dtype) for _ in range(cfg.num_layers)))
 
 
 class Block(nnx.Module):
@@ -118,8 +129,8 @@ class Transformer(nnx.Module):
         """Logits for hidden states [..., D]: fp32 when `fp32_head` (ScaleRL), else compute
         dtype."""
         dt = jnp.float32 if self.cfg.fp32_head else jnp.dtype(self.cfg.compute_dtype)
-        return jnp.einsum("...d,dv->...v", hidden.astype(dt), self.head_kernel().astype(dt),
-                          preferred_element_type=jnp.float32 if self.cfg.fp32_head else None)
+        return dense(hidden.astype(dt), self.head_kernel().astype(dt),
+                     preferred_element_type=jnp.float32 if self.cfg.fp32_head else None)
 
     # -- training path -------------------------------------------------------------------------
     def __call__(self, tokens, positions=None, segment_ids=None):
@@ -166,7 +177,7 @@ class Transformer(nnx.Module):
         beyond a row's length are never read (prefill padding is overwritten by later steps).
         window: attend over only the first `window` cache entries (the caller promises every row's
         positions are below it): the cost of a step then follows the filled length, not S."""
-        s = cache.k[0].shape[2] if window is None else min(int(window), cache.k[0].shape[2])
+        s = cache.v[0].shape[2] if window is None else min(int(window), cache.v[0].shape[2])
         slots = jnp.arange(s, dtype=positions.dtype)[None]  # cache slot j holds position j
         mask = slots[:, None, :] <= positions[:, :, None]
         local = _local_mask(self.cfg, mask, positions, slots)

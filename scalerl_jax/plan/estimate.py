@@ -269,7 +269,7 @@ def trainer_memory(cfg: RunConfig, mesh_shape: dict, micro_batches: int, remat: 
 def kv_cache_bytes(cfg: RunConfig, data: int, tensor: int, slots: int) -> int:
     """KV cache on one sampler chip: slots x max_target_length x layers x 2 (k, v) x kv_heads x
     head_dim x compute-dtype bytes; slots shard over `data` and kv heads over `tensor` when they
-    divide (cache axes in models/transformer.CACHE_AXES), else they are replicated."""
+    divide (models/transformer.KEY_AXES, VALUE_AXES), else they are replicated."""
     m = cfg.model
     return (per_shard(slots, data) * cfg.sampler.max_target_length * m.num_layers * 2 *
             per_shard(m.num_kv_heads, tensor) * m.dim_per_head * _BYTES[m.compute_dtype])

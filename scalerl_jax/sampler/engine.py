@@ -37,7 +37,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from scalerl_jax import mesh as mesh_lib
 from scalerl_jax.config import ModelConfig, SamplerConfig
-from scalerl_jax.models.transformer import CACHE_AXES, KVCache, Transformer, init_cache
+from scalerl_jax.models.transformer import (KEY_AXES, VALUE_AXES, KVCache, Transformer,
+                                            cache_shapes, init_cache)
 from scalerl_jax.sampler import sampling
 from scalerl_jax.sampler.weight_sync import sampler_dtypes, with_dtypes
 
@@ -45,13 +46,13 @@ from scalerl_jax.sampler.weight_sync import sampler_dtypes, with_dtypes
 class Prefix(NamedTuple):
     """A prefilled prompt, ready to be inserted into any number of slots."""
 
-    cache: KVCache  # per layer [1, KV, T, hd], T = the padded (bucket) length
+    cache: KVCache  # per layer keys [1, KV, hd, T], values [1, KV, T, hd]; T = the bucket
     length: jax.Array  # () int32: prompt tokens in the cache (true_length - 1)
     last_token: jax.Array  # () int32: the prompt's last token, fed by the first generate step
 
 
 class DecodeState(NamedTuple):
-    cache: KVCache  # per layer [B, KV, S, hd]
+    cache: KVCache  # per layer keys [B, KV, hd, S], values [B, KV, S, hd]
     lengths: jax.Array  # [B] int32: tokens in the cache = position of the next fed token
     next_token: jax.Array  # [B] int32
     active: jax.Array  # [B] bool: slot holds a live sequence with room in its cache
@@ -122,21 +123,23 @@ class Engine:
         self.traces: dict[str, int] = {}  # trace (= compile) count per jitted function
 
         b, s, q = cfg.max_concurrent_decodes, cfg.max_target_length, max_forced_tokens
-        kv_shape = (b, model_cfg.num_kv_heads, s, model_cfg.dim_per_head)  # CACHE_AXES order
+        kshape, vshape = cache_shapes(model_cfg, b, s)
         slot = mesh_lib.named(mesh, "cache_batch", shape=(b,))
         slot2 = mesh_lib.named(mesh, "cache_batch", None, shape=(b, 2))
-        cache_sh = mesh_lib.named(mesh, *CACHE_AXES, shape=kv_shape)
         layers = model_cfg.num_layers
         self.state_shardings = DecodeState(
-            cache=KVCache((cache_sh,) * layers, (cache_sh,) * layers), lengths=slot,
+            cache=KVCache((mesh_lib.named(mesh, *KEY_AXES, shape=kshape),) * layers,
+                          (mesh_lib.named(mesh, *VALUE_AXES, shape=vshape),) * layers),
+            lengths=slot,
             next_token=slot, active=slot, rng=slot2,
             queue=mesh_lib.named(mesh, "cache_batch", None, shape=(b, q)), queue_len=slot)
         self._replicated = NamedSharding(mesh, PartitionSpec())
 
         st, rep = self.state_shardings, self._replicated
         self._init = jax.jit(self._traced("init_decode_state", self._init_impl), out_shardings=st)
-        self._generate = jax.jit(self._traced("generate", self._generate_impl),
-                                 in_shardings=(self.param_shardings, st),
+        self._flat_params = (None, [])  # (params object, its leaves): see _leaves
+        self._generate = jax.jit(self._traced("generate", self._generate_flat),
+                                 in_shardings=(jax.tree.leaves(self.param_shardings), st),
                                  out_shardings=(st, rep), donate_argnums=(1,),
                                  static_argnums=(2,))
         self._prefill = jax.jit(self._traced("prefill", self._prefill_impl),
@@ -200,10 +203,11 @@ class Engine:
         return self._init()
 
     def get_prefix_destination_sharding(self) -> Prefix:
-        kv = mesh_lib.named(self._mesh, None, *CACHE_AXES[1:],
-                            shape=(1, self.model_cfg.num_kv_heads, 1, self.model_cfg.dim_per_head))
+        kshape, vshape = cache_shapes(self.model_cfg, 1, 1)
+        k = mesh_lib.named(self._mesh, None, *KEY_AXES[1:], shape=kshape)
+        v = mesh_lib.named(self._mesh, None, *VALUE_AXES[1:], shape=vshape)
         layers = self.model_cfg.num_layers
-        return Prefix(KVCache((kv,) * layers, (kv,) * layers), self._replicated, self._replicated)
+        return Prefix(KVCache((k,) * layers, (v,) * layers), self._replicated, self._replicated)
 
     def prefill(self, params, padded_tokens, true_length: int) -> Prefix:
         """padded_tokens: [T] int (T <= max_prefill_length, one compile per T: pad to buckets);
@@ -268,7 +272,7 @@ class Engine:
         if max_length is not None:
             need = int(max_length) + self.decode_steps_per_call
             window = next((w for w in self.cache_windows if w >= need), window)
-        return self._generate(params, decode_state, window)
+        return self._generate(self._leaves(params), decode_state, window)
 
     def precompile(self, params, prefill_lengths: Sequence[int]) -> list[str]:
         """Compile every program a driver calls, by running each once on a scratch decode
@@ -285,9 +289,19 @@ class Engine:
             state = self.bulk_insert(prefix, state, [0], keys=np.zeros((1, 2), np.uint32))
         state = self.free_resource(state, 0)
         for w in self.cache_windows:
-            state, res = self._generate(params, state, w)
+            state, res = self._generate(self._leaves(params), state, w)
         jax.block_until_ready(res)
         return [name for name, n in self.traces.items() for _ in range(n - before.get(name, 0))]
+
+    def _leaves(self, params) -> list:
+        """The leaves of `params`, flattened once per params object: flattening the nnx state's
+        Variables in Python on every call took ~5% of a small model's decode step on CPU.
+        Params are not changed in place (a new version is a new object: `load_params`, weight
+        sync), so the object stands for its contents; holding it keeps its id from being
+        reused."""
+        if self._flat_params[0] is not params:
+            self._flat_params = (params, jax.tree.leaves(params))
+        return self._flat_params[1]
 
     def free_resource(self, decode_state: DecodeState, slot: int) -> DecodeState:
         """Deactivate a slot; its cache rows are simply overwritten by the next insert."""
@@ -383,22 +397,25 @@ class Engine:
             queue=upd(state.queue, a["set_queue"], a["queue"]),
             queue_len=upd(state.queue_len, a["set_queue"], a["queue_len"]))
 
+    def _generate_flat(self, leaves, state, window):
+        return self._generate_impl(jax.tree.unflatten(self._param_struct, leaves), state, window)
+
     def _generate_impl(self, params, state, window):
         # Two ways to attend over a window only. XLA materialises a window slice of the cache
         # for the decode dots (the slice is strided in [B, KV, S, hd]), so reading it in place
         # copies the window once per step and layer, while cutting it out once per call and
         # writing it back costs two copies per call: cutting wins above two steps per call.
         if window < self.max_target_length and self.decode_steps_per_call > 2:
-            full = state.cache
-            cut = KVCache(tuple(k[:, :, :window] for k in full.k),
+            full = state.cache  # the sequence axis is 3 in keys, 2 in values (KVCache)
+            cut = KVCache(tuple(k[..., :window] for k in full.k),
                           tuple(v[:, :, :window] for v in full.v))
             state, res = self._generate_impl(params, state._replace(cache=cut),
                                              self.max_target_length)
 
-            def back(dst, src):
-                return jax.lax.dynamic_update_slice_in_dim(dst, src, 0, axis=2)
-            return state._replace(cache=KVCache(tuple(map(back, full.k, state.cache.k)),
-                                                tuple(map(back, full.v, state.cache.v)))), res
+            def back(axis):
+                return lambda dst, src: jax.lax.dynamic_update_slice_in_dim(dst, src, 0, axis)
+            return state._replace(cache=KVCache(tuple(map(back(3), full.k, state.cache.k)),
+                                                tuple(map(back(2), full.v, state.cache.v)))), res
         model = nnx.merge(self.graphdef, params)
         cfg, s = self.cfg, self.max_target_length
 

@@ -21,14 +21,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from scalerl_jax.models.layers import dense
+
 
 def _logits(hidden, kernel, fp32: bool, logits_sharding):
     """[B, C, D] x [D, V] -> fp32 logits [B, C, V]."""
     # Mirrors Transformer.logits: an fp32 head multiplies fp32 operands (the ScaleRL fix for
     # sampler/trainer mismatch); a bf16 head (the ablation) rounds its logits to bf16.
     dt = jnp.float32 if fp32 else hidden.dtype
-    logits = jnp.einsum("bcd,dv->bcv", hidden.astype(dt), kernel.astype(dt),
-                        preferred_element_type=jnp.float32 if fp32 else None)
+    logits = dense(hidden.astype(dt), kernel.astype(dt),
+                   preferred_element_type=jnp.float32 if fp32 else None)
     logits = logits.astype(jnp.float32)
     if logits_sharding is not None:
         logits = jax.lax.with_sharding_constraint(logits, logits_sharding)
@@ -94,10 +96,9 @@ def _chunk_stats_bwd(fp32, with_entropy, logits_sharding, keep_logits, res, cts)
     # Transposes of the forward einsum in its dtype: a bf16 head's backward runs in bf16 too.
     dt = jnp.float32 if fp32 else hidden.dtype
     g_logits = g_logits.astype(dt)
-    g_hidden = jnp.einsum("bcv,dv->bcd", g_logits, kernel.astype(dt),
-                          preferred_element_type=jnp.float32)
-    g_kernel = jnp.einsum("bcd,bcv->dv", hidden.astype(dt), g_logits,
-                          preferred_element_type=jnp.float32)
+    g_hidden = dense(g_logits, kernel.astype(dt).T, preferred_element_type=jnp.float32)
+    g_kernel = dense(hidden.astype(dt).reshape(-1, hidden.shape[-1]).T,
+                     g_logits.reshape(-1, g_logits.shape[-1]), preferred_element_type=jnp.float32)
     g_targets = np.zeros(targets.shape, jax.dtypes.float0)
     return g_kernel.astype(kernel.dtype), g_hidden.astype(hidden.dtype), g_targets
 
