@@ -30,6 +30,12 @@ def engine():
 
 
 @pytest.fixture(scope="module")
+def engine1(engine):
+    """The same engine with one decode step per call (the SamplerConfig default)."""
+    return Engine(CFG, engine.mesh, dataclasses.replace(SCFG, decode_steps_per_call=1))
+
+
+@pytest.fixture(scope="module")
 def params(engine):
     return random_params(engine, 1)
 
@@ -65,10 +71,14 @@ def collect(engine, params, ps, **kw):
     return out, driver
 
 
-def test_interruption_forces_the_phrase_at_the_budget_and_the_answer_follows(engine, params,
-                                                                             reference):
-    groups, _ = collect(engine, params, prompts(3), group_size=16, eos_ids=EOS,
-                        think_close_ids=CLOSE, phrase_ids=PHRASE, seed=3)
+@pytest.mark.parametrize("steps_per_call,ahead", [(4, True), (4, False), (1, True)])
+def test_interruption_forces_the_phrase_at_the_budget_and_the_answer_follows(
+        engine, engine1, params, reference, steps_per_call, ahead):
+    # The budget falls inside a 4-step call, or (dispatch ahead) after a call already in
+    # flight: either way the slot is rewound to the budget before the phrase.
+    eng = engine if steps_per_call == 4 else engine1
+    groups, _ = collect(eng, params, prompts(3), group_size=16, eos_ids=EOS,
+                        think_close_ids=CLOSE, phrase_ids=PHRASE, seed=3, dispatch_ahead=ahead)
     comps = [c for g in groups for c in g.completions]
     assert len(comps) == 48
     b, answer = SCFG.think_min, SCFG.answer_budget
@@ -91,10 +101,32 @@ def test_interruption_forces_the_phrase_at_the_budget_and_the_answer_follows(eng
             assert c.finish_reason == "truncated" and len(after) == answer
     reasons = {c.finish_reason for c in comps}
     assert reasons == {"eos", "interrupted", "truncated"}
-    # the KV cache saw exactly the recorded tokens (the budget falls inside a 4-step call, so the
-    # slot was rewound before the phrase): the answer's log-probs are the full forward's
+    # the KV cache saw exactly the recorded tokens (the slot was rewound before the phrase): the
+    # answer's log-probs are the full forward's
     for c, ref in zip(comps, reference(params, groups)):
         np.testing.assert_allclose(c.logprobs, ref, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("steps_per_call", [1, 4])
+def test_dispatch_ahead_records_what_lockstep_records(engine, engine1, params, steps_per_call):
+    # Without interruptions nothing is rewound, so queueing each call before the previous one is
+    # read changes no sample: the extra steps decoded for ended samples are dropped, freed slots
+    # are refilled a call later, every sample draws from its own keys.
+    eng = engine if steps_per_call == 4 else engine1
+    cfg = dataclasses.replace(eng.cfg, interruptions=False, max_new_tokens=24)
+    runs = {ahead: collect(eng, params, prompts(7), group_size=6, eos_ids=EOS, cfg=cfg, seed=1,
+                           dispatch_ahead=ahead) for ahead in (False, True)}
+    (lock, lock_driver), (ahead, ahead_driver) = runs[False], runs[True]
+    by_id = {g.prompt_id: g for g in ahead}
+    assert sorted(by_id) == sorted(g.prompt_id for g in lock)
+    for g in lock:
+        for c, d in zip(g.completions, by_id[g.prompt_id].completions):
+            np.testing.assert_array_equal(d.tokens, c.tokens)
+            np.testing.assert_allclose(d.logprobs, c.logprobs, atol=1e-6, rtol=0)
+            assert d.finish_reason == c.finish_reason
+    assert ahead_driver.stats["tokens"] == lock_driver.stats["tokens"]
+    lengths = {len(c.tokens) for g in lock for c in g.completions}
+    assert len(lengths) > 5 and ahead_driver.stats["prefills"] == 7
 
 
 def test_budgets_are_drawn_per_sample_within_range(engine, params):
@@ -144,9 +176,9 @@ def test_weight_update_between_steps_tags_versions_without_recompiling(engine, p
     out = []
     driver = Driver(engine, params, prompts(6, lengths=(10, 14)), group_size=3, eos_ids=EOS[:8],
                     cfg=cfg, on_group=out.append)
+    driver.precompile()  # every program compiled before the window, so any compile is the swap's
     for _ in range(3):
         driver.step()
-    engine.free_resource(engine.init_decode_state(), 0)  # every program compiled before the window
     with count_compilations() as compiles:
         driver.update_params(new, version=1)
         driver.run()

@@ -402,7 +402,7 @@ class Engine:
 
     def _generate_impl(self, params, state, window):
         # Two ways to attend over a window only. XLA materialises a window slice of the cache
-        # for the decode dots (the slice is strided in [B, KV, S, hd]), so reading it in place
+        # for the decode dots (a window is strided in both cache layouts), so reading it in place
         # copies the window once per step and layer, while cutting it out once per call and
         # writing it back costs two copies per call: cutting wins above two steps per call.
         if window < self.max_target_length and self.decode_steps_per_call > 2:
