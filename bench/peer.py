@@ -6,6 +6,7 @@
     .venv/bin/python bench/peer.py --no-train            # sampler only (tunix still runs 1 update)
     .venv/bin/python bench/peer.py --steps-per-call 4,1  # headline decode_steps_per_call 4
     .venv/bin/python bench/peer.py --only update         # the policy update only
+    .venv/bin/python bench/peer.py ours --dispatch-ab 4  # our sampler, dispatch ahead vs lockstep
 
 Shapes (issue 14): a Qwen2-shaped 8.0M-param model (hidden 256, 4 layers, 8 query / 2 KV heads,
 head_dim 32, MLP 1024, vocab 8192, untied, fp32, random init) on 1 CPU device.
@@ -50,6 +51,20 @@ def model_config():
                        qkv_bias=True, rope_theta=1e6, max_position_embeddings=PROMPT + GEN)
 
 
+def random_params(engine):
+    """N(0, 1/fan_in) weights like tunix_bench's re-drawn init, norm scales at 1."""
+    import jax
+    import numpy as np
+    rng = np.random.default_rng(0)
+
+    def init(path, a):
+        if "scale" in jax.tree_util.keystr(path):
+            return np.ones(a.shape, a.dtype)
+        fan_in = a.shape[0] if a.ndim >= 2 else 1
+        return (rng.normal(0, 1, a.shape) / np.sqrt(fan_in)).astype(a.dtype)
+    return engine.load_params(jax.tree.map_with_path(init, engine.abstract_params))
+
+
 def bench_sampler(args) -> dict:
     import jax
     import numpy as np
@@ -64,7 +79,6 @@ def bench_sampler(args) -> dict:
 
 
 def bench_sampler_k(args, mesh, steps_per_call: int, mixed: bool = True) -> dict:
-    import jax
     import numpy as np
 
     from scalerl_jax.config import SamplerConfig
@@ -75,14 +89,7 @@ def bench_sampler_k(args, mesh, steps_per_call: int, mixed: bool = True) -> dict
                         interruptions=False, temperature=1.0,
                         decode_steps_per_call=steps_per_call)
     engine = Engine(model_config(), mesh, cfg)
-    rng = np.random.default_rng(0)
-
-    def init(path, a):  # N(0, 1/fan_in) like tunix_bench's re-drawn init; norms at 1
-        if "scale" in jax.tree_util.keystr(path):
-            return np.ones(a.shape, a.dtype)
-        fan_in = a.shape[0] if a.ndim >= 2 else 1
-        return (rng.normal(0, 1, a.shape) / np.sqrt(fan_in)).astype(a.dtype)
-    params = engine.load_params(jax.tree.map_with_path(init, engine.abstract_params))
+    params = random_params(engine)
 
     def prompts(n, seed):
         r = np.random.default_rng(seed)
@@ -119,6 +126,41 @@ def bench_sampler_k(args, mesh, steps_per_call: int, mixed: bool = True) -> dict
     if args.mixed_steps and mixed:
         out["mixed"] = bench_mixed(args, engine, params)
     return out
+
+
+def bench_dispatch_ab(args) -> dict:
+    """Our sampler calls (32 prompts x 256 new tokens, one decode step per call) alternating
+    the driver's dispatch ahead and lockstep in one process, `--dispatch-ab` rounds each:
+    tokens/s per round and the median of the per-round ratios."""
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh
+
+    from scalerl_jax.config import SamplerConfig
+    from scalerl_jax.sampler import Driver, Engine, Prompt
+
+    mesh = Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("data", "tensor"))
+    cfg = SamplerConfig(max_concurrent_decodes=BATCH, max_prefill_length=PROMPT,
+                        max_target_length=PROMPT + GEN, max_new_tokens=GEN,
+                        interruptions=False, temperature=1.0, decode_steps_per_call=1)
+    engine = Engine(model_config(), mesh, cfg)
+    params = random_params(engine)
+
+    def call(seed, ahead):
+        r = np.random.default_rng(seed)
+        ps = [Prompt(f"p{i}", r.integers(1, SHAPE["vocab"], PROMPT).tolist())
+              for i in range(BATCH)]
+        driver = Driver(engine, params, ps, group_size=1, eos_ids=[], dispatch_ahead=ahead)
+        t0 = time.perf_counter()
+        driver.run()
+        return driver.stats["tokens"] / (time.perf_counter() - t0)
+
+    Driver(engine, params, [Prompt("w", [1] * PROMPT)], group_size=1, eos_ids=[]).precompile()
+    call(0, True)
+    rounds = [(call(i + 1, False), call(i + 1, True)) for i in range(args.dispatch_ab)]
+    return dict(lockstep_tok_s=[round(a) for a, _ in rounds],
+                ahead_tok_s=[round(b) for _, b in rounds],
+                ratio_median=round(statistics.median(b / a for a, b in rounds), 3))
 
 
 def bench_mixed(args, engine, params) -> dict:
@@ -171,6 +213,9 @@ def run_ours(args) -> dict:
     sys.path.insert(0, ROOT)
     import jax
     res = dict(devices=f"{jax.devices()[0].platform} x1")
+    if args.dispatch_ab:
+        res["dispatch_ab"] = bench_dispatch_ab(args)
+        return res
     if args.only != "update":
         res["sampler"] = bench_sampler(args)
     if not args.no_train:
@@ -278,6 +323,9 @@ def main():
     p.add_argument("--only", choices=("all", "update"), default="all",
                    help="update: the train update only (tunix's script still runs its sampler: "
                         "one warm-up and one timed call, not reported)")
+    p.add_argument("--dispatch-ab", type=int, default=0,
+                   help="with 'ours': only alternate this many sampler calls with the driver's "
+                        "dispatch ahead and in lockstep (one decode step per call)")
     p.add_argument("--tunix-python", default="/tmp/tunix-venv/bin/python")
     p.add_argument("--tunix-script", default=os.path.join(ROOT, "..", "shared", "bench",
                                                           "tunix_bench.py"))
