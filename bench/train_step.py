@@ -3,6 +3,7 @@
     python bench/train_step.py                      # both parts, CPU, one device
     python bench/train_step.py --part step --seq 2048 --layers 8
     python bench/train_step.py --part memory
+    python bench/train_step.py --part dense-ab      # 2-D matmuls vs [B, T, ...] einsums
 
 MFU is measured against the same run's matmul peak (a large fp32/bf16 `jnp.dot` timed right
 before and after each timed step; the median of `--steps` rounds), so the ratio holds on a shared,
@@ -113,6 +114,60 @@ def bench_step(args) -> dict:
             "loss": float(metrics["loss"]), "skipped": float(metrics["skipped_total"])}
 
 
+def bench_dense_ab(args) -> dict:
+    """The step with `layers.dense` (projections as 2-D matmuls) against the same step with
+    `dense` swapped for an einsum of the same contraction (what it replaced), both built in
+    this process and alternated for `--steps` rounds: step seconds per round and the ratio."""
+    import string
+
+    from scalerl_jax.models import layers, transformer
+    from scalerl_jax.train import logprobs
+
+    def dense_einsum(x, w, contract=1, preferred_element_type=None):
+        lead = string.ascii_lowercase[:x.ndim - contract]
+        k, out = string.ascii_uppercase[:contract], string.ascii_uppercase[contract:w.ndim]
+        return jnp.einsum(f"{lead}{k},{k}{out}->{lead}{out}", x, w,
+                          preferred_element_type=preferred_element_type)
+
+    cfg = ModelConfig(name="bench-mid", vocab_size=args.vocab, hidden_size=args.d,
+                      intermediate_size=args.ffn, num_layers=args.layers, num_heads=args.heads,
+                      num_kv_heads=args.kv_heads, compute_dtype=args.dtype,
+                      max_position_embeddings=max(args.seq, 2048), remat=args.remat)
+    mesh = mesh_lib.trainer_mesh(MeshConfig(fsdp=-1), jax.devices())
+    ocfg = OptimConfig(learning_rate=1e-6, warmup_steps=0, logprob_chunk=args.chunk)
+    num_prompts = max(args.rows // 2, 1)
+    batch = synthetic_batch(args.rows, args.seq, args.vocab, num_prompts)
+    runs, original = {}, layers.dense
+    try:
+        for name, fn in (("einsum", dense_einsum), ("dense", original)):
+            for module in (layers, transformer, logprobs):  # read when the step is traced
+                module.dense = fn
+            _, graphdef, state = state_lib.create_train_state(cfg, ocfg, mesh)
+            _, abstract = state_lib.abstract_train_state(cfg, ocfg, mesh)
+            step = make_train_step(graphdef, abstract, mesh, model_cfg=cfg,
+                                   loss_cfg=LossConfig(), optim_cfg=ocfg,
+                                   num_prompts=num_prompts)
+            state, metrics = step(state, batch)
+            jax.block_until_ready(metrics)
+            runs[name] = [step, state, []]
+    finally:
+        for module in (layers, transformer, logprobs):
+            module.dense = original
+    for _ in range(args.steps):
+        for run in runs.values():
+            t = time.perf_counter()
+            run[1], metrics = run[0](run[1], batch)
+            jax.block_until_ready(metrics)
+            run[2].append(time.perf_counter() - t)
+    ratios = [d / e for d, e in zip(runs["dense"][2], runs["einsum"][2])]
+    return {"part": "dense-ab", "dtype": args.dtype, "rows": args.rows, "seq": args.seq,
+            "einsum_step_s": [round(x, 3) for x in runs["einsum"][2]],
+            "dense_step_s": [round(x, 3) for x in runs["dense"][2]],
+            "dense_over_einsum": [round(r, 3) for r in ratios],
+            "median": round(float(np.median(ratios)), 3),
+            "load_average": round(os.getloadavg()[0], 1)}
+
+
 def logprob_temp_bytes(seq: int, chunk, d: int = 896, vocab: int = 151936, rows: int = 1):
     """XLA temp bytes of forward+backward of the log-prob computation (compiled, not run)."""
     def f(hidden, kernel, targets, weights):
@@ -139,7 +194,7 @@ def bench_memory(args) -> list[dict]:
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--part", choices=("step", "memory", "all"), default="all")
+    p.add_argument("--part", choices=("step", "memory", "all", "dense-ab"), default="all")
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--d", type=int, default=512)
     p.add_argument("--ffn", type=int, default=1536)
@@ -161,6 +216,8 @@ def main():
         results.append(bench_step(args))
     if args.part in ("memory", "all"):
         results.extend(bench_memory(args))
+    if args.part == "dense-ab":
+        results.append(bench_dense_ab(args))
     for r in results:
         print(json.dumps(r))
 
