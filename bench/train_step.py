@@ -69,7 +69,8 @@ def synthetic_batch(rows: int, seq: int, vocab: int, num_prompts: int, seed: int
                       prompt_index=np.minimum(pidx, num_prompts - 1), num_prompts=num_prompts)
 
 
-def bench_step(args) -> dict:
+def build_step(args):
+    """(cfg, jitted step, fresh state, batch) of the bench model at the command line's shape."""
     cfg = ModelConfig(name="bench-mid", vocab_size=args.vocab, hidden_size=args.d,
                       intermediate_size=args.ffn, num_layers=args.layers, num_heads=args.heads,
                       num_kv_heads=args.kv_heads, compute_dtype=args.dtype,
@@ -81,7 +82,11 @@ def bench_step(args) -> dict:
     _, abstract = state_lib.abstract_train_state(cfg, ocfg, mesh)
     step = make_train_step(graphdef, abstract, mesh, model_cfg=cfg, loss_cfg=LossConfig(),
                            optim_cfg=ocfg, num_prompts=num_prompts)
-    batch = synthetic_batch(args.rows, args.seq, args.vocab, num_prompts)
+    return cfg, step, state, synthetic_batch(args.rows, args.seq, args.vocab, num_prompts)
+
+
+def bench_step(args) -> dict:
+    cfg, step, state, batch = build_step(args)
     t = time.perf_counter()
     state, metrics = step(state, batch)
     jax.block_until_ready(metrics)
@@ -129,24 +134,12 @@ def bench_dense_ab(args) -> dict:
         return jnp.einsum(f"{lead}{k},{k}{out}->{lead}{out}", x, w,
                           preferred_element_type=preferred_element_type)
 
-    cfg = ModelConfig(name="bench-mid", vocab_size=args.vocab, hidden_size=args.d,
-                      intermediate_size=args.ffn, num_layers=args.layers, num_heads=args.heads,
-                      num_kv_heads=args.kv_heads, compute_dtype=args.dtype,
-                      max_position_embeddings=max(args.seq, 2048), remat=args.remat)
-    mesh = mesh_lib.trainer_mesh(MeshConfig(fsdp=-1), jax.devices())
-    ocfg = OptimConfig(learning_rate=1e-6, warmup_steps=0, logprob_chunk=args.chunk)
-    num_prompts = max(args.rows // 2, 1)
-    batch = synthetic_batch(args.rows, args.seq, args.vocab, num_prompts)
     runs, original = {}, layers.dense
     try:
         for name, fn in (("einsum", dense_einsum), ("dense", original)):
             for module in (layers, transformer, logprobs):  # read when the step is traced
                 module.dense = fn
-            _, graphdef, state = state_lib.create_train_state(cfg, ocfg, mesh)
-            _, abstract = state_lib.abstract_train_state(cfg, ocfg, mesh)
-            step = make_train_step(graphdef, abstract, mesh, model_cfg=cfg,
-                                   loss_cfg=LossConfig(), optim_cfg=ocfg,
-                                   num_prompts=num_prompts)
+            _, step, state, batch = build_step(args)
             state, metrics = step(state, batch)
             jax.block_until_ready(metrics)
             runs[name] = [step, state, []]
