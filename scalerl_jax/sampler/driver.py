@@ -13,7 +13,7 @@ One loop, run in a background thread (`start`) or in the caller's (`run` / `step
 
 Dispatch ahead (`dispatch_ahead`, on by default with one decode step per call). Step 3 queues
 call n+1 on the device before step 4 reads call n's tokens, so the device never waits for the
-host: jit dispatch and bookkeeping overlap the next call (x1.09 sampler tokens/s on the peer
+host: jit dispatch and bookkeeping overlap the next call (x1.08 sampler tokens/s on the peer
 benchmark's CPU shape at one step per call; nothing at four steps, where the host's share is
 already divided by four and the extra steps below cost more). The price is that what the host
 decides from call n (a sample ended, its budget was reached) takes effect one call later: call
