@@ -33,6 +33,9 @@ def param(rngs: nnx.Rngs, shape, axes, dtype, init: str = "normal", std: float =
     return nnx.Param(value.astype(dtype), logical_axes=tuple(axes))
 
 
+_AXES = "abcdefgh"  # einsum letters for dense's contracted and output weight axes
+
+
 def dense(x, w, contract: int = 1, preferred_element_type=None):
     """x [..., *in] times w [*in, *out] (the last `contract` axes of x against the first ones
     of w), with x's leading axes merged into one row axis. Kept as [B, T, ...] einsums, XLA:CPU
@@ -46,9 +49,6 @@ def dense(x, w, contract: int = 1, preferred_element_type=None):
     y = jnp.einsum(f"z{ins},{ins}{outs}->z{outs}", x.reshape(-1, *x.shape[x.ndim - contract:]),
                    w, preferred_element_type=preferred_element_type)
     return y.reshape(*x.shape[:x.ndim - contract], *w.shape[contract:])
-
-
-_AXES = "abcdefgh"  # einsum letters for dense's contracted and output weight axes
 
 
 class RMSNorm(nnx.Module):

@@ -97,8 +97,9 @@ def _chunk_stats_bwd(fp32, with_entropy, logits_sharding, keep_logits, res, cts)
     dt = jnp.float32 if fp32 else hidden.dtype
     g_logits = g_logits.astype(dt)
     g_hidden = dense(g_logits, kernel.astype(dt).T, preferred_element_type=jnp.float32)
-    g_kernel = dense(hidden.astype(dt).reshape(-1, hidden.shape[-1]).T,
-                     g_logits.reshape(-1, g_logits.shape[-1]), preferred_element_type=jnp.float32)
+    g_kernel = jnp.einsum("nd,nv->dv", hidden.astype(dt).reshape(-1, hidden.shape[-1]),
+                          g_logits.reshape(-1, g_logits.shape[-1]),
+                          preferred_element_type=jnp.float32)
     g_targets = np.zeros(targets.shape, jax.dtypes.float0)
     return g_kernel.astype(kernel.dtype), g_hidden.astype(hidden.dtype), g_targets
 
