@@ -7,6 +7,7 @@
     .venv/bin/python bench/peer.py --steps-per-call 4,1  # headline decode_steps_per_call 4
     .venv/bin/python bench/peer.py --only update         # the policy update only
     .venv/bin/python bench/peer.py ours --dispatch-ab 4  # our sampler, dispatch ahead vs lockstep
+    .venv/bin/python bench/peer.py ours --prefill-ab 4   # batched first-fill prefill vs one by one
 
 Shapes (issue 14): a Qwen2-shaped 8.0M-param model (hidden 256, 4 layers, 8 query / 2 KV heads,
 head_dim 32, MLP 1024, vocab 8192, untied, fp32, random init) on 1 CPU device.
@@ -128,10 +129,13 @@ def bench_sampler_k(args, mesh, steps_per_call: int, mixed: bool = True) -> dict
     return out
 
 
-def bench_dispatch_ab(args) -> dict:
+def bench_driver_ab(rounds: int, what: str) -> dict:
     """Our sampler calls (32 prompts x 256 new tokens, one decode step per call) alternating
-    the driver's dispatch ahead and lockstep in one process, `--dispatch-ab` rounds each:
-    tokens/s per round and the median of the per-round ratios."""
+    a driver feature off and on in one process, `rounds` calls each: tokens/s per round and the
+    median of the per-round ratios (on / off). what: "dispatch" (dispatch ahead vs lockstep) or
+    "prefill" (the first fill's batched prefill vs one prompt per pass)."""
+    import dataclasses
+
     import jax
     import numpy as np
     from jax.sharding import Mesh
@@ -145,22 +149,24 @@ def bench_dispatch_ab(args) -> dict:
                         interruptions=False, temperature=1.0, decode_steps_per_call=1)
     engine = Engine(model_config(), mesh, cfg)
     params = random_params(engine)
+    settings = {"dispatch": ({"dispatch_ahead": False}, {"dispatch_ahead": True}),
+                "prefill": ({"cfg": dataclasses.replace(cfg, prefill_batch_tokens=0)}, {})}[what]
 
-    def call(seed, ahead):
+    def call(seed, kwargs):
         r = np.random.default_rng(seed)
         ps = [Prompt(f"p{i}", r.integers(1, SHAPE["vocab"], PROMPT).tolist())
               for i in range(BATCH)]
-        driver = Driver(engine, params, ps, group_size=1, eos_ids=[], dispatch_ahead=ahead)
+        driver = Driver(engine, params, ps, group_size=1, eos_ids=[], **kwargs)
         t0 = time.perf_counter()
         driver.run()
         return driver.stats["tokens"] / (time.perf_counter() - t0)
 
     Driver(engine, params, [Prompt("w", [1] * PROMPT)], group_size=1, eos_ids=[]).precompile()
-    call(0, True)
-    rounds = [(call(i + 1, False), call(i + 1, True)) for i in range(args.dispatch_ab)]
-    return dict(lockstep_tok_s=[round(a) for a, _ in rounds],
-                ahead_tok_s=[round(b) for _, b in rounds],
-                ratio_median=round(statistics.median(b / a for a, b in rounds), 3))
+    call(0, settings[0])
+    call(0, settings[1])
+    res = [(call(i + 1, settings[0]), call(i + 1, settings[1])) for i in range(rounds)]
+    return dict(off_tok_s=[round(a) for a, _ in res], on_tok_s=[round(b) for _, b in res],
+                ratio_median=round(statistics.median(b / a for a, b in res), 3))
 
 
 def bench_mixed(args, engine, params) -> dict:
@@ -213,8 +219,10 @@ def run_ours(args) -> dict:
     sys.path.insert(0, ROOT)
     import jax
     res = dict(devices=f"{jax.devices()[0].platform} x1")
-    if args.dispatch_ab:
-        res["dispatch_ab"] = bench_dispatch_ab(args)
+    if args.dispatch_ab or args.prefill_ab:
+        for what, rounds in (("dispatch", args.dispatch_ab), ("prefill", args.prefill_ab)):
+            if rounds:
+                res[f"{what}_ab"] = bench_driver_ab(rounds, what)
         return res
     if args.only != "update":
         res["sampler"] = bench_sampler(args)
@@ -326,6 +334,9 @@ def main():
     p.add_argument("--dispatch-ab", type=int, default=0,
                    help="with 'ours': only alternate this many sampler calls with the driver's "
                         "dispatch ahead and in lockstep (one decode step per call)")
+    p.add_argument("--prefill-ab", type=int, default=0,
+                   help="with 'ours': only alternate this many sampler calls with the first "
+                        "fill's prompts prefilled in batched passes and one per pass")
     p.add_argument("--tunix-python", default="/tmp/tunix-venv/bin/python")
     p.add_argument("--tunix-script", default=os.path.join(ROOT, "..", "shared", "bench",
                                                           "tunix_bench.py"))

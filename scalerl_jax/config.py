@@ -273,6 +273,10 @@ class SamplerConfig:
     interruption_phrase: str = (
         "Okay, time is up. Let me stop thinking and formulate a final answer now. </think>")
     decode_steps_per_call: int = 1  # generate() steps fused per host round trip
+    # When many slots refill at once (a run's first fill, a synchronous round), the driver
+    # prefills prompts of one length bucket together, in passes of at most this many padded
+    # prompt tokens (bounds the pass's activation memory); 0: one prompt per pass.
+    prefill_batch_tokens: int = 8192
     # Sampler weights: "compute" stores each weight in the dtype the forward casts it to
     # (compute dtype; fp32 for norms, the router and an fp32 LM head): the same log-probs
     # bit for bit as "param" (the trainer's param_dtype), in half the HBM with fp32 masters.
@@ -289,6 +293,8 @@ class SamplerConfig:
                   decode_steps_per_call=self.decode_steps_per_call,
                   weight_sync_group_mib=self.weight_sync_group_mib)
         _choice(c, "weight_dtype", self.weight_dtype, ("compute", "param"))
+        _check(self.prefill_batch_tokens >= 0, c, "prefill_batch_tokens",
+               self.prefill_batch_tokens, "must be >= 0 (0: one prompt per prefill pass)")
         _check(self.max_prefill_length < self.max_target_length, c, "max_prefill_length",
                self.max_prefill_length, f"must be < max_target_length={self.max_target_length}")
         _check(self.temperature >= 0, c, "temperature", self.temperature,

@@ -8,7 +8,7 @@ import pytest
 from jax.sharding import Mesh
 
 from _sampler_params import random_params
-from scalerl_jax.config import SamplerConfig
+from scalerl_jax.config import ConfigError, SamplerConfig
 from scalerl_jax.models import presets, transformer
 from scalerl_jax.sampler import (Driver, DriverError, Engine, Prompt, PromptTooLongError,
                                  count_compilations)
@@ -129,6 +129,43 @@ def test_dispatch_ahead_records_what_lockstep_records(engine, engine1, params, s
     assert len(lengths) > 5 and ahead_driver.stats["prefills"] == 7
 
 
+def test_a_batched_first_fill_samples_what_one_prompt_at_a_time_samples(engine1, params,
+                                                                          reference):
+    # All 4 slots free: the prompts of one length bucket are prefilled in one batched pass. A
+    # stream that offers one prompt per step (None between them: "nothing now") prefills one
+    # at a time; each sample depends only on (seed, ticket, index) and the params, so both runs
+    # give the same completions, and the batched one equals the full forward.
+    cfg = dataclasses.replace(engine1.cfg, interruptions=False, max_new_tokens=20)
+    ps = prompts(9)
+
+    def trickle():
+        for p in ps:
+            yield p
+            yield None
+
+    off = dataclasses.replace(cfg, prefill_batch_tokens=0)  # batching off: one per pass
+    runs = [collect(engine1, params, stream, group_size=1, eos_ids=EOS, cfg=c, seed=3)
+            for stream, c in ((ps, cfg), (trickle(), cfg), (ps, off))]
+    (batched, bd), singles = runs[0], runs[1:]
+    assert bd.stats["prefills"] == 9 and bd.stats["prefill_calls"] < 9
+    for single, sd in singles:
+        assert sd.stats["prefills"] == sd.stats["prefill_calls"] == 9
+        by_id = {g.prompt_id: g for g in single}
+        assert sorted(by_id) == sorted(g.prompt_id for g in batched)
+        for g in batched:
+            for c, d in zip(g.completions, by_id[g.prompt_id].completions):
+                np.testing.assert_array_equal(c.tokens, d.tokens)
+                np.testing.assert_allclose(c.logprobs, d.logprobs, atol=1e-5, rtol=0)
+    for got, ref in zip((c.logprobs for g in batched for c in g.completions),
+                        reference(params, batched)):
+        np.testing.assert_allclose(got, ref, atol=1e-5, rtol=0)
+
+
+def test_prefill_batch_tokens_must_not_be_negative():
+    with pytest.raises(ConfigError, match=r"SamplerConfig.prefill_batch_tokens=-1: must be >= 0"):
+        SamplerConfig(prefill_batch_tokens=-1)
+
+
 def test_budgets_are_drawn_per_sample_within_range(engine, params):
     cfg = dataclasses.replace(SCFG, think_min=4, think_max=9, answer_budget=2)
     groups, _ = collect(engine, params, prompts(2), group_size=8, eos_ids=[],
@@ -194,7 +231,8 @@ def test_weight_update_between_steps_tags_versions_without_recompiling(engine, p
 
 def test_precompile_leaves_nothing_to_compile_in_the_run(engine, params):
     # A fresh engine (its own jitted functions): precompile builds one generate program per
-    # cache window and one prefill / insert per prompt bucket; the run after it compiles nothing.
+    # cache window and prefill / insert programs per prompt bucket; the run after it compiles
+    # nothing.
     fresh = Engine(CFG, engine.mesh, SCFG)
     cfg = dataclasses.replace(SCFG, interruptions=False, max_new_tokens=30)
     out = []
@@ -202,7 +240,8 @@ def test_precompile_leaves_nothing_to_compile_in_the_run(engine, params):
                     eos_ids=EOS[:4], cfg=cfg, on_group=out.append)
     compiled = driver.precompile()
     assert compiled.count("generate") == len(fresh.cache_windows) == 4
-    assert compiled.count("prefill") == compiled.count("bulk_insert") == 2  # buckets 16, 32
+    # buckets 16 and 32, each for one prompt and for a batched fill (4 slots / G=2: 2 rows)
+    assert compiled.count("prefill") == compiled.count("bulk_insert") == 4
     assert driver.precompile() == []
     with count_compilations() as compiles:
         driver.run()

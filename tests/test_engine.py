@@ -88,6 +88,35 @@ def test_greedy_equals_argmax_of_full_forward(mesh, params):
                                       logits[len(prompt) - 1:-1].argmax(-1))
 
 
+def test_batched_prefill_rows_go_to_their_slots(mesh, params):
+    # Three prompts of different lengths in one prefill_batch (plus a padding row), inserted out
+    # of order: each slot's cache equals its prompt's own prefill and its greedy continuation
+    # is the argmax of the full forward.
+    eng = Engine(CFG, mesh, sampler_cfg(temperature=0.0, decode_steps_per_call=3))
+    fwd = jax.jit(lambda p, t: transformer.forward_logits(eng.graphdef, p, t))
+    prompts = [[3, 1, 4, 1, 5, 9, 2, 6], [27, 18, 28], [7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7]]
+    padded = np.zeros((4, eng.max_prefill_length), np.int32)
+    for i, p in enumerate(prompts):
+        padded[i, :len(p)] = p
+    prefix = eng.prefill_batch(params, padded, [len(p) for p in prompts] + [1])
+    assert prefix.cache.k[0].shape[0] == 4 and prefix.length.shape == (4,)
+    for i, p in enumerate(prompts):
+        one, n = prefill(eng, params, p), len(p) - 1
+        assert int(prefix.length[i]) == n and int(prefix.last_token[i]) == p[-1]
+        np.testing.assert_allclose(np.asarray(prefix.cache.k[0][i, ..., :n]),
+                                   np.asarray(one.cache.k[0][0, ..., :n]), atol=1e-5, rtol=0)
+        np.testing.assert_allclose(np.asarray(prefix.cache.v[-1][i, :, :n]),
+                                   np.asarray(one.cache.v[-1][0, :, :n]), atol=1e-5, rtol=0)
+    slots, rows = [2, 0, 3], [1, 0, 2]
+    state = eng.bulk_insert(prefix, eng.init_decode_state(), slots, rows=rows)
+    seqs = {s: list(prompts[r]) for s, r in zip(slots, rows)}
+    run(eng, params, state, slots, 4, seqs, {s: [] for s in slots})
+    for s, r in zip(slots, rows):
+        n = len(prompts[r])
+        logits = np.asarray(fwd(params, jnp.asarray([seqs[s]])))[0]
+        np.testing.assert_array_equal(seqs[s][n:], logits[n - 1:-1].argmax(-1))
+
+
 def test_logprobs_equal_training_forward_and_slots_sample_independently(engine, params,
                                                                         ref_logprobs):
     prompt = [11, 12, 13, 14, 15]
@@ -168,6 +197,15 @@ def test_engine_rejects_bad_input(engine, params):
         engine.prefill(params, np.zeros(16, np.int32), 0)
     with pytest.raises(EngineError, match=r"slots=\[1, 1\]"):
         engine.bulk_insert(None, None, [1, 1])
+    with pytest.raises(EngineError, match=r"padded_tokens must be \[N, T\], got shape \(16,\)"):
+        engine.prefill_batch(params, np.zeros(16, np.int32), [3])
+    with pytest.raises(EngineError, match="prefill_batch: 1 true_lengths for 2 rows"):
+        engine.prefill_batch(params, np.zeros((2, 16), np.int32), [3])
+    with pytest.raises(EngineError, match=r"true_length=17 must be in \[1, 16\]"):
+        engine.prefill_batch(params, np.zeros((2, 16), np.int32), [3, 17])
+    prefix = engine.prefill_batch(params, np.ones((2, 16), np.int32), [3, 4])
+    with pytest.raises(EngineError, match=r"rows=\[0, 2\] must give one row in \[0, 2\)"):
+        engine.bulk_insert(prefix, engine.init_decode_state(), [0, 1], rows=[0, 2])
     with pytest.raises(EngineError, match="max_forced_tokens=64"):
         engine.force_tokens(None, 0, np.zeros(65, np.int32))
     bad = jax.tree.map(lambda x: x, params)

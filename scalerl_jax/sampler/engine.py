@@ -4,7 +4,8 @@ A decode state holds `max_concurrent_decodes` slots, each with its own KV cache 
 next input token, PRNG key and forced-token queue, sharded over the sampler mesh (slots over
 `data`, KV heads over `tensor`). Every function is jitted once per static shape: `generate` has
 one program per attention window (`cache_windows`: at most four, the whole cache when the caller
-gives no bound on the filled length), `prefill` and `bulk_insert` one per prompt-length bucket.
+gives no bound on the filled length), `prefill` and `bulk_insert` one per prompt-length bucket
+(and per row count of `prefill_batch`).
 
 Slot invariant: the cache holds the slot's first `lengths` tokens; `next_token` is the token after
 them, not yet in the cache. A generate step feeds `next_token` at position `lengths`, samples (or
@@ -15,6 +16,10 @@ Differences from JetStream, on purpose:
   token); the first generated token comes from the first `generate` step. This is what lets one
   prefill serve the G slots of a group: each slot samples its own first token with its own key,
   under the same params version and forced-token rules as every later token.
+* `prefill_batch` prefills several prompts of one padded length in one forward pass (one
+  prefix row each; `bulk_insert` says which row goes to which slot): a run's first fill, or a
+  synchronous round that refills every slot, costs one batched pass per length bucket instead of
+  one small pass per prompt.
 * `params` is an argument of `generate`, so a weight update is a reference swap between two calls:
   same shapes and shardings, no recompilation, KV caches kept (PipelineRL).
 * functions are pure: `insert`, `free_resource`, ... return the new decode state.
@@ -44,11 +49,12 @@ from scalerl_jax.sampler.weight_sync import sampler_dtypes, with_dtypes
 
 
 class Prefix(NamedTuple):
-    """A prefilled prompt, ready to be inserted into any number of slots."""
+    """N prefilled prompts (N = 1 from `prefill`), each ready to be inserted into any number
+    of slots."""
 
-    cache: KVCache  # per layer keys [1, KV, hd, T], values [1, KV, T, hd]; T = the bucket
-    length: jax.Array  # () int32: prompt tokens in the cache (true_length - 1)
-    last_token: jax.Array  # () int32: the prompt's last token, fed by the first generate step
+    cache: KVCache  # per layer keys [N, KV, hd, T], values [N, KV, T, hd]; T = the bucket
+    length: jax.Array  # [N] int32: prompt tokens in the cache (true_length - 1)
+    last_token: jax.Array  # [N] int32: the prompt's last token, fed by the first generate step
 
 
 class DecodeState(NamedTuple):
@@ -215,22 +221,37 @@ class Engine:
         if np.ndim(padded_tokens) != 1:
             raise EngineError(f"prefill: padded_tokens must be 1-D, got shape "
                               f"{np.shape(padded_tokens)}")
-        t = int(np.shape(padded_tokens)[0])
+        return self.prefill_batch(params, np.asarray(padded_tokens)[None], [true_length])
+
+    def prefill_batch(self, params, padded_tokens, true_lengths: Sequence[int]) -> Prefix:
+        """N prompts padded to one length in one forward pass -> a Prefix whose row n is
+        prompt n. padded_tokens: [N, T] int (one compile per (N, T): pad N and T to buckets);
+        true_lengths: [N] numbers of real tokens, each in [1, T]."""
+        if np.ndim(padded_tokens) != 2:
+            raise EngineError(f"prefill_batch: padded_tokens must be [N, T], got shape "
+                              f"{np.shape(padded_tokens)}")
+        n, t = (int(x) for x in np.shape(padded_tokens))
         if t > self.max_prefill_length:
             raise EngineError(f"prefill: padded length {t} > max_prefill_length="
                               f"{self.max_prefill_length}")
-        if not 1 <= int(true_length) <= t:
-            raise EngineError(f"prefill: true_length={int(true_length)} must be in [1, {t}]")
-        tokens = jnp.asarray(padded_tokens, jnp.int32)
-        return self._prefill(params, tokens, jnp.int32(true_length))
+        lengths = np.asarray(true_lengths, np.int64).reshape(-1)
+        if len(lengths) != n:
+            raise EngineError(f"prefill_batch: {len(lengths)} true_lengths for {n} rows")
+        bad = [int(x) for x in lengths if not 1 <= x <= t]
+        if bad:
+            raise EngineError(f"prefill: true_length={bad[0]} must be in [1, {t}]")
+        return self._prefill(params, jnp.asarray(padded_tokens, jnp.int32),
+                             jnp.asarray(lengths, jnp.int32))
 
     def insert(self, prefix: Prefix, decode_state: DecodeState, slot: int) -> DecodeState:
         return self.bulk_insert(prefix, decode_state, [slot])
 
     def bulk_insert(self, prefix: Prefix, decode_state: DecodeState,
-                    slots: Sequence[int], keys=None) -> DecodeState:
-        """Copy one prefix into several slots (the G samples of a group share one prefill). The
-        slots are written one after another in place; one compile per prefix length.
+                    slots: Sequence[int], keys=None, rows: Optional[Sequence[int]] = None
+                    ) -> DecodeState:
+        """Copy prefixes into slots (the G samples of a group share one prefill): slots[i] gets
+        prefix row rows[i] (default: row 0 for every slot). The slots are written one after
+        another in place; one compile per prefix shape.
 
         keys: optional [len(slots), 2] uint32 PRNG keys, one per slot. A sample seeded by its
         own key draws the same tokens whichever slot it lands in and whatever ran before it
@@ -241,8 +262,13 @@ class Engine:
         if not slots or len(set(slots)) != len(slots) or not all(0 <= s < b for s in slots):
             raise EngineError(f"bulk_insert: slots={slots} must be distinct, non-empty and in "
                               f"[0, {b})")
-        padded = np.zeros((b,), np.int32)  # fixed size: one compile per prefix length
-        padded[:len(slots)] = slots
+        n = int(prefix.length.shape[0])
+        rows = [0] * len(slots) if rows is None else [int(r) for r in rows]
+        if len(rows) != len(slots) or not all(0 <= r < n for r in rows):
+            raise EngineError(f"bulk_insert: rows={rows} must give one row in [0, {n}) per slot "
+                              f"({len(slots)} slots)")
+        padded = np.zeros((2, b), np.int32)  # fixed size: one compile per prefix shape
+        padded[:, :len(slots)] = slots, rows
         new_keys = np.zeros((b, 2), np.uint32)
         if keys is not None:
             keys = np.asarray(keys, np.uint32)
@@ -274,18 +300,22 @@ class Engine:
             window = next((w for w in self.cache_windows if w >= need), window)
         return self._generate(self._leaves(params), decode_state, window)
 
-    def precompile(self, params, prefill_lengths: Sequence[int]) -> list[str]:
+    def precompile(self, params, prefill_lengths: Sequence[int],
+                   batched: Sequence[tuple[int, int]] = ()) -> list[str]:
         """Compile every program a driver calls, by running each once on a scratch decode
         state: `generate` for every cache window, `prefill` and `bulk_insert` for every padded
-        prompt length in `prefill_lengths` (the driver's buckets), the slot update and the state
-        init. Otherwise each first use compiles in the middle of a run (seconds per program on a
-        CPU, minutes for a large model on an accelerator), stalling every slot. `params` must come
-        from `load_params` (the shardings the programs are compiled for). Returns the names of
-        the functions traced here, one entry per new program (empty when all were compiled)."""
+        prompt length in `prefill_lengths` (the driver's buckets), `prefill_batch` and
+        `bulk_insert` for every (rows, length) in `batched`, the slot update and the state
+        init. Otherwise each first
+        use compiles in the middle of a run (seconds per program on a CPU, minutes for a large
+        model on an accelerator), stalling every slot. `params` must come from `load_params`
+        (the shardings the programs are compiled for). Returns the names of the functions traced
+        here, one entry per new program (empty when all were compiled)."""
         before = dict(self.traces)
         state = self.init_decode_state()
-        for t in sorted({int(t) for t in prefill_lengths}):
-            prefix = self.prefill(params, np.zeros((t,), np.int32), 1)
+        shapes = {(1, int(t)) for t in prefill_lengths} | {(int(n), int(t)) for n, t in batched}
+        for n, t in sorted(shapes):
+            prefix = self.prefill_batch(params, np.zeros((n, t), np.int32), [1] * n)
             state = self.bulk_insert(prefix, state, [0], keys=np.zeros((1, 2), np.uint32))
         state = self.free_resource(state, 0)
         for w in self.cache_windows:
@@ -360,29 +390,32 @@ class Engine:
             rng=jax.random.split(jax.random.PRNGKey(self.seed), b),
             queue=jnp.zeros((b, q), jnp.int32), queue_len=zeros)
 
-    def _prefill_impl(self, params, tokens, true_length):
+    def _prefill_impl(self, params, tokens, true_lengths):
         model = nnx.merge(self.graphdef, params)
-        t = tokens.shape[0]
-        cache = init_cache(self.model_cfg, 1, t, self.cache_dtype)
+        n, t = tokens.shape
+        cache = init_cache(self.model_cfg, n, t, self.cache_dtype)
         # Padding past true_length - 1 writes garbage KV there; a slot never reads a cache entry
         # beyond its length before overwriting it, so no masking is needed.
-        _, cache = model.decode(tokens[None], jnp.arange(t, dtype=jnp.int32)[None], cache)
-        return Prefix(cache, true_length - 1, tokens[true_length - 1])
+        positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (n, t))
+        _, cache = model.decode(tokens, positions, cache)
+        last = true_lengths - 1
+        return Prefix(cache, last, jnp.take_along_axis(tokens, last[:, None], axis=1)[:, 0])
 
-    def _insert_impl(self, prefix, state, slots, count, keys, set_keys):
+    def _insert_impl(self, prefix, state, slots_rows, count, keys, set_keys):
         # One slot at a time, in place: a scatter of the prefix broadcast to all slots would
         # materialise [slots, T, KV, hd] per layer (gigabytes at 256 slots x 2k tokens).
         def put(i, st):
-            slot = slots[i]
+            slot, row = slots_rows[0, i], slots_rows[1, i]
 
             def rows(dst, src):
-                return jax.lax.dynamic_update_index_in_dim(dst, src[0].astype(dst.dtype), slot, 0)
+                src = jax.lax.dynamic_index_in_dim(src, row, 0, keepdims=False)
+                return jax.lax.dynamic_update_index_in_dim(dst, src.astype(dst.dtype), slot, 0)
 
             return st._replace(
                 cache=KVCache(tuple(map(rows, st.cache.k, prefix.cache.k)),
                               tuple(map(rows, st.cache.v, prefix.cache.v))),
-                lengths=st.lengths.at[slot].set(prefix.length),
-                next_token=st.next_token.at[slot].set(prefix.last_token),
+                lengths=st.lengths.at[slot].set(prefix.length[row]),
+                next_token=st.next_token.at[slot].set(prefix.last_token[row]),
                 active=st.active.at[slot].set(True), queue_len=st.queue_len.at[slot].set(0),
                 rng=st.rng.at[slot].set(jnp.where(set_keys, keys[i], st.rng[slot])))
         return jax.lax.fori_loop(0, count, put, state)
