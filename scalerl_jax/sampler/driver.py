@@ -4,9 +4,9 @@ in-flight weight updates, on top of `Engine`.
 One loop, run in a background thread (`start`) or in the caller's (`run` / `step`):
   1. apply a pending `update_params` (a reference swap: KV caches are kept, nothing recompiles);
   2. refill every free slot: the remaining samples of a partly inserted group first, else the next
-     prompts, each prefilled once (padded to a power-of-two length bucket, so prefill compiles at
-     most log2(max_prefill_length) times; when many slots refill at once, the prompts of one
-     bucket share batched passes: `_prefill`) and bulk-inserted into up to G slots;
+     prompts, each prefilled once (padded to a power-of-two length bucket; when many slots refill
+     at once, the prompts of one bucket share batched passes: `_prefill`; so prefill compiles at
+     most twice per bucket) and bulk-inserted into up to G slots;
   3. one `generate` call (`decode_steps_per_call` steps);
   4. one host copy of the PREVIOUS call's tokens, and per slot, per token: record token,
      log-prob, forced flag and params version; end the sample on eos or its hard cap; interrupt

@@ -306,11 +306,11 @@ class Engine:
         state: `generate` for every cache window, `prefill` and `bulk_insert` for every padded
         prompt length in `prefill_lengths` (the driver's buckets), `prefill_batch` and
         `bulk_insert` for every (rows, length) in `batched`, the slot update and the state
-        init. Otherwise each first
-        use compiles in the middle of a run (seconds per program on a CPU, minutes for a large
-        model on an accelerator), stalling every slot. `params` must come from `load_params`
-        (the shardings the programs are compiled for). Returns the names of the functions traced
-        here, one entry per new program (empty when all were compiled)."""
+        init. Otherwise each first use compiles in the middle of a run (seconds per program on
+        a CPU, minutes for a large model on an accelerator), stalling every slot. `params` must
+        come from `load_params` (the shardings the programs are compiled for). Returns the names
+        of the functions traced here, one entry per new program (empty when all were
+        compiled)."""
         before = dict(self.traces)
         state = self.init_decode_state()
         shapes = {(1, int(t)) for t in prefill_lengths} | {(int(n), int(t)) for n, t in batched}
