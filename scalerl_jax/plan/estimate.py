@@ -156,7 +156,7 @@ class SamplerMemory:
 
     params: int
     kv_cache: int
-    working: int  # prefill scores of one prompt, decode scores and fp32 logits of its slots
+    working: int  # scores of the largest prefill pass, decode scores and fp32 logits of slots
 
     @property
     def peak(self) -> int:
@@ -275,15 +275,29 @@ def kv_cache_bytes(cfg: RunConfig, data: int, tensor: int, slots: int) -> int:
             per_shard(m.num_kv_heads, tensor) * m.dim_per_head * _BYTES[m.compute_dtype])
 
 
+def prefill_score_entries(s, groups: int) -> int:
+    """Attention scores per head of the largest prefill pass: one prompt of P =
+    max_prefill_length tokens (P^2), or a batched pass of the driver when a replica's slots
+    hold `groups` >= 2 groups: rows x T^2 with 2 <= rows <= groups and rows x T <=
+    prefill_batch_tokens (so T <= prefill_batch_tokens / 2; bounded here by taking T there)."""
+    p, budget = s.max_prefill_length, s.prefill_batch_tokens
+    t = min(p, budget // 2)
+    return max(p * p, min(groups * t * t, budget * t) if groups >= 2 else 0)
+
+
 def sampler_memory(cfg: RunConfig, data: int, tensor: int, slots: int) -> SamplerMemory:
     """Per sampler chip: params in the sampler's dtypes (`sampler_param_bytes`; `embed` is not
     sharded, the sampler mesh has no fsdp axis), the KV cache, and a working set: fp32
-    scores of one prompt's prefill (heads x P^2, twice for softmax) plus each slot's fp32 decode
-    scores over the whole cache (the decode path attends to all S entries) and fp32 logits."""
+    scores of the largest prefill pass (heads x `prefill_score_entries`, twice for softmax)
+    plus each slot's fp32 decode scores over the whole cache (the decode path attends to all S
+    entries) and fp32 logits."""
     m, s = cfg.model, cfg.sampler
     params = sampler_param_bytes(m, {"data": data, "tensor": tensor}, s.weight_dtype)
     h, per_chip = per_shard(m.num_heads, tensor), per_shard(slots, data)
-    working = 4 * (2 * h * s.max_prefill_length ** 2 + per_chip * h * s.max_target_length +
+    # The driver groups slots by the pipeline's G, an evaluation by its k: the smaller gives
+    # more groups, so larger batched prefills.
+    groups = -(-slots // min(cfg.pipeline.generations_per_prompt, cfg.eval.k))
+    working = 4 * (2 * h * prefill_score_entries(s, groups) + per_chip * h * s.max_target_length +
                    per_chip * per_shard(m.vocab_size, tensor))
     return SamplerMemory(params, kv_cache_bytes(cfg, data, tensor, slots), working)
 
