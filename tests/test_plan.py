@@ -258,3 +258,22 @@ def test_hardware_check_accepts_the_slice_and_refuses_anything_else():
     text = str(err.value)
     assert "--tpu v5p-16 expects 8 TPU v5p chips on 2 host(s) (4 per host)" in text
     assert "found 1 cpu device(s)" in text and "tpu/pod.sh launch" in text and "--dry-run" in text
+
+
+def test_sampler_working_set_counts_batched_prefill_passes():
+    from scalerl_jax.config import SamplerConfig
+    from scalerl_jax.plan.estimate import prefill_score_entries
+    s = SamplerConfig(max_prefill_length=2048, prefill_batch_tokens=8192)
+    assert prefill_score_entries(s, groups=1) == 2048 ** 2  # one group: never batched
+    assert prefill_score_entries(s, groups=2) == 2 * 2048 ** 2  # 2 rows at T = 2048
+    assert prefill_score_entries(s, groups=64) == 8192 * 2048  # 4 rows at T = 2048
+    off = dataclasses.replace(s, prefill_batch_tokens=0)
+    assert prefill_score_entries(off, groups=64) == 2048 ** 2
+    small = dataclasses.replace(s, prefill_batch_tokens=1024)  # batched only at T <= 512
+    assert prefill_score_entries(small, groups=64) == 2048 ** 2
+    # The planner's sampler working set follows: more groups per replica, more memory.
+    cfg = recipes.get("scalerl")
+    unbatched = dataclasses.replace(
+        cfg, sampler=dataclasses.replace(cfg.sampler, prefill_batch_tokens=0))
+    assert (plan.estimate.sampler_memory(cfg, 1, 1, 64).working
+            > plan.estimate.sampler_memory(unbatched, 1, 1, 64).working)
