@@ -416,10 +416,10 @@ class Driver:
         inserts: dict[int, tuple] = {}  # one bulk_insert per prefix: (prefix, slots, rows, keys)
         for g, take in plan:
             seeds = [sample_seed(self._seed, g.ticket, g.inserted + i) for i in range(len(take))]
-            ins = inserts.setdefault(id(g.prefix), (g.prefix, [], [], []))
-            ins[1].extend(take)
-            ins[2].extend([g.row] * len(take))
-            ins[3].extend(seeds)
+            _, slots, rows, keys = inserts.setdefault(id(g.prefix), (g.prefix, [], [], []))
+            slots.extend(take)
+            rows.extend([g.row] * len(take))
+            keys.extend(seeds)
             cap = min(self.cfg.max_new_tokens, self.engine.max_target_length - len(g.tokens) + 1)
             for slot, words in zip(take, seeds):
                 budget = None
