@@ -117,6 +117,20 @@ def test_batched_prefill_rows_go_to_their_slots(mesh, params):
         np.testing.assert_array_equal(seqs[s][n:], logits[n - 1:-1].argmax(-1))
 
 
+def test_a_slot_reused_without_keys_draws_afresh(engine, params):
+    # Draws are per (key, position): a second sample in the same slot, inserted without keys,
+    # gets a new key (else it would repeat the first sample's draws position by position).
+    prompt = [11, 12, 13, 14, 15]
+    state, out = engine.init_decode_state(), []
+    for _ in range(2):
+        state = engine.insert(prefill(engine, params, prompt), state, 0)
+        seqs = {0: []}
+        state = run(engine, params, state, [0], 12, seqs, {0: []})
+        out.append(seqs[0])
+        state = engine.free_resource(state, 0)
+    assert out[0] != out[1]
+
+
 def test_logprobs_equal_training_forward_and_slots_sample_independently(engine, params,
                                                                         ref_logprobs):
     prompt = [11, 12, 13, 14, 15]

@@ -20,9 +20,11 @@ already divided by four and the extra steps below cost more). The price is that 
 decides from call n (a sample ended, its budget was reached) takes effect one call later: call
 n+1 has already decoded for that slot. Those extra tokens are never recorded (a sample records
 only the calls dispatched after it was inserted or last rewound), an ended sample's slot is
-simply freed, and an interrupted one is rewound to its budget before the phrase is forced. The
-extra step advances the slot's PRNG key once more, so an interrupted sample's answer is drawn
-from other (equally valid, equally reproducible) keys than in lockstep (`dispatch_ahead=False`).
+simply freed, and an interrupted one is rewound to its budget before the phrase is forced. A
+token's random draw depends only on the sample's key and the token's position (the engine folds
+the position into the key), so what a rewound slot draws again is what lockstep
+(`dispatch_ahead=False`) draws: both modes, and any `decode_steps_per_call`, give the same
+samples.
 
 Admission (backpressure). `admit(version)` is asked before each new prompt is taken; False means
 "not now" (the caller bounds how far ahead of the trainer the sampler may run: train/pipeline.py).
@@ -33,7 +35,7 @@ or the caller lets it go on.
 Reproducibility. Each prompt has a ticket (its `Prompt.ticket`, else its admission count) and
 sample j of ticket t draws its tokens from a PRNG key and its thinking budget from a generator
 both derived from (seed, t, j). What a sample generates therefore depends on the params it saw,
-not on which slot it got or on what else was running.
+not on which slot it got, on what else was running, or on how many steps each call decoded.
 
 Interruptions (DESIGN.md). Each sample draws a thinking budget in [think_min, think_max]
 (generated tokens, counted from the first one: thinking is taken to be open from the start of

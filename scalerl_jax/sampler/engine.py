@@ -62,7 +62,8 @@ class DecodeState(NamedTuple):
     lengths: jax.Array  # [B] int32: tokens in the cache = position of the next fed token
     next_token: jax.Array  # [B] int32
     active: jax.Array  # [B] bool: slot holds a live sequence with room in its cache
-    rng: jax.Array  # [B, 2] uint32: one PRNG key per slot
+    rng: jax.Array  # [B, 2] uint32: one PRNG key per slot (its token at position p draws
+    # from fold_in(key, p): a rewound slot redraws exactly what it drew there before)
     queue: jax.Array  # [B, Q] int32: forced tokens, head first
     queue_len: jax.Array  # [B] int32
 
@@ -417,7 +418,10 @@ class Engine:
                 lengths=st.lengths.at[slot].set(prefix.length[row]),
                 next_token=st.next_token.at[slot].set(prefix.last_token[row]),
                 active=st.active.at[slot].set(True), queue_len=st.queue_len.at[slot].set(0),
-                rng=st.rng.at[slot].set(jnp.where(set_keys, keys[i], st.rng[slot])))
+                # Without keys, a slot's next sample gets a fresh key from the slot's last
+                # (keys are per position, so keeping it would repeat its draws).
+                rng=st.rng.at[slot].set(jnp.where(set_keys, keys[i],
+                                                  jax.random.split(st.rng[slot])[0])))
         return jax.lax.fori_loop(0, count, put, state)
 
     def _set_slot_impl(self, state, slot, a):
@@ -456,17 +460,17 @@ class Engine:
             hidden, cache = model.decode(st.next_token[:, None], st.lengths[:, None], st.cache,
                                          window=window)
             logits = model.logits(hidden[:, 0])
-            keys = jax.vmap(jax.random.split)(st.rng)  # [B, 2, 2]
+            keys = jax.vmap(jax.random.fold_in)(st.rng, st.lengths)  # per slot and position
             valid = st.active
             forced = valid & (st.queue_len > 0)
-            out, lp = sampling.sample_or_force(logits, keys[:, 1], st.queue[:, 0], forced,
+            out, lp = sampling.sample_or_force(logits, keys, st.queue[:, 0], forced,
                                                temperature=cfg.temperature, top_p=cfg.top_p,
                                                top_k=cfg.top_k)
             lengths = st.lengths + valid.astype(jnp.int32)
             shifted = jnp.concatenate([st.queue[:, 1:], jnp.zeros_like(st.queue[:, :1])], axis=1)
             new = DecodeState(
                 cache=cache, lengths=lengths, next_token=jnp.where(valid, out, st.next_token),
-                active=valid & (lengths < s), rng=keys[:, 0],
+                active=valid & (lengths < s), rng=st.rng,
                 queue=jnp.where(forced[:, None], shifted, st.queue),
                 queue_len=st.queue_len - forced.astype(jnp.int32))
             return new, ResultTokens(out, lp, forced, valid)
