@@ -38,6 +38,7 @@ class KVCache(NamedTuple):
 
 KEY_AXES = ("cache_batch", "kv_heads", "head_dim", "cache_seq")
 VALUE_AXES = ("cache_batch", "kv_heads", "cache_seq", "head_dim")
+KEY_SEQ_AXIS, VALUE_SEQ_AXIS = KEY_AXES.index("cache_seq"), VALUE_AXES.index("cache_seq")
 
 
 def cache_shapes(cfg: ModelConfig, batch: int, length: int) -> tuple[tuple, tuple]:
@@ -177,7 +178,8 @@ class Transformer(nnx.Module):
         beyond a row's length are never read (prefill padding is overwritten by later steps).
         window: attend over only the first `window` cache entries (the caller promises every row's
         positions are below it): the cost of a step then follows the filled length, not S."""
-        s = cache.v[0].shape[2] if window is None else min(int(window), cache.v[0].shape[2])
+        length = cache.v[0].shape[VALUE_SEQ_AXIS]
+        s = length if window is None else min(int(window), length)
         slots = jnp.arange(s, dtype=positions.dtype)[None]  # cache slot j holds position j
         mask = slots[:, None, :] <= positions[:, :, None]
         local = _local_mask(self.cfg, mask, positions, slots)

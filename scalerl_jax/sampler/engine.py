@@ -42,8 +42,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from scalerl_jax import mesh as mesh_lib
 from scalerl_jax.config import ModelConfig, SamplerConfig
-from scalerl_jax.models.transformer import (KEY_AXES, VALUE_AXES, KVCache, Transformer,
-                                            cache_shapes, init_cache)
+from scalerl_jax.models.transformer import (KEY_AXES, KEY_SEQ_AXIS, VALUE_AXES, VALUE_SEQ_AXIS,
+                                            KVCache, Transformer, cache_shapes, init_cache)
 from scalerl_jax.sampler import sampling
 from scalerl_jax.sampler.weight_sync import sampler_dtypes, with_dtypes
 
@@ -443,16 +443,19 @@ class Engine:
         # copies the window once per step and layer, while cutting it out once per call and
         # writing it back costs two copies per call: cutting wins above two steps per call.
         if window < self.max_target_length and self.decode_steps_per_call > 2:
-            full = state.cache  # the sequence axis is 3 in keys, 2 in values (KVCache)
-            cut = KVCache(tuple(k[..., :window] for k in full.k),
-                          tuple(v[:, :, :window] for v in full.v))
-            state, res = self._generate_impl(params, state._replace(cache=cut),
-                                             self.max_target_length)
+            full = state.cache
+
+            def cut(axis):
+                return lambda c: jax.lax.slice_in_dim(c, 0, window, axis=axis)
+            state, res = self._generate_impl(params, state._replace(cache=KVCache(
+                tuple(map(cut(KEY_SEQ_AXIS), full.k)), tuple(map(cut(VALUE_SEQ_AXIS), full.v)))),
+                self.max_target_length)
 
             def back(axis):
                 return lambda dst, src: jax.lax.dynamic_update_slice_in_dim(dst, src, 0, axis)
-            return state._replace(cache=KVCache(tuple(map(back(3), full.k, state.cache.k)),
-                                                tuple(map(back(2), full.v, state.cache.v)))), res
+            return state._replace(cache=KVCache(
+                tuple(map(back(KEY_SEQ_AXIS), full.k, state.cache.k)),
+                tuple(map(back(VALUE_SEQ_AXIS), full.v, state.cache.v)))), res
         model = nnx.merge(self.graphdef, params)
         cfg, s = self.cfg, self.max_target_length
 
