@@ -66,56 +66,60 @@ def random_params(engine):
     return engine.load_params(jax.tree.map_with_path(init, engine.abstract_params))
 
 
-def bench_sampler(args) -> dict:
+def sampler_setup(steps_per_call: int):
+    """(SamplerConfig, Engine, params) at the peer shape on one CPU device, with every engine
+    program compiled (as a run does before its first step)."""
     import jax
     import numpy as np
     from jax.sharding import Mesh
 
-    mesh = Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("data", "tensor"))
-    ks = [int(k) for k in str(args.steps_per_call).split(",")]
-    out = bench_sampler_k(args, mesh, ks[0])
-    for k in ks[1:]:  # further settings of decode_steps_per_call, same process and load
-        out[f"steps_per_call_{k}"] = bench_sampler_k(args, mesh, k, mixed=False)
-    return out
-
-
-def bench_sampler_k(args, mesh, steps_per_call: int, mixed: bool = True) -> dict:
-    import numpy as np
-
     from scalerl_jax.config import SamplerConfig
     from scalerl_jax.sampler import Driver, Engine, Prompt
 
+    mesh = Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("data", "tensor"))
     cfg = SamplerConfig(max_concurrent_decodes=BATCH, max_prefill_length=PROMPT,
                         max_target_length=PROMPT + GEN, max_new_tokens=GEN,
                         interruptions=False, temperature=1.0,
                         decode_steps_per_call=steps_per_call)
     engine = Engine(model_config(), mesh, cfg)
     params = random_params(engine)
+    Driver(engine, params, [Prompt("w", [1] * PROMPT)], group_size=1, eos_ids=[]).precompile()
+    return cfg, engine, params
 
-    def prompts(n, seed):
-        r = np.random.default_rng(seed)
-        return [Prompt(f"p{seed}-{i}", r.integers(1, SHAPE["vocab"], PROMPT).tolist())
-                for i in range(n)]
 
-    def call(n_prompts, seed, eos):
-        lengths = []
-        driver = Driver(engine, params, prompts(n_prompts, seed), group_size=1, eos_ids=eos,
-                        seed=seed,
-                        on_group=lambda g: lengths.extend(len(c.tokens) for c in g.completions))
-        t0 = time.perf_counter()
-        driver.run()
-        wall = time.perf_counter() - t0
-        return wall, lengths, driver.stats
+def sampler_call(engine, params, seed: int, **driver_kwargs):
+    """One call: a fresh Driver over BATCH random prompts run to completion, no EOS ->
+    (wall seconds, driver)."""
+    import numpy as np
 
-    # Every program compiled before anything is timed (as a run does before its first step),
-    # then one untimed call.
-    Driver(engine, params, prompts(1, 0), group_size=1, eos_ids=[]).precompile()
-    call(BATCH, 0, [])
+    from scalerl_jax.sampler import Driver, Prompt
+
+    r = np.random.default_rng(seed)
+    ps = [Prompt(f"p{seed}-{i}", r.integers(1, SHAPE["vocab"], PROMPT).tolist())
+          for i in range(BATCH)]
+    driver = Driver(engine, params, ps, group_size=1, eos_ids=[], seed=seed, **driver_kwargs)
+    t0 = time.perf_counter()
+    driver.run()
+    return time.perf_counter() - t0, driver
+
+
+def bench_sampler(args) -> dict:
+    ks = [int(k) for k in str(args.steps_per_call).split(",")]
+    out = bench_sampler_k(args, ks[0])
+    for k in ks[1:]:  # further settings of decode_steps_per_call, same process and load
+        out[f"steps_per_call_{k}"] = bench_sampler_k(args, k, mixed=False)
+    return out
+
+
+def bench_sampler_k(args, steps_per_call: int, mixed: bool = True) -> dict:
+    _, engine, params = sampler_setup(steps_per_call)
+    sampler_call(engine, params, 0)  # untimed
     full = []
     for i in range(args.sample_iters):
-        wall, lengths, stats = call(BATCH, i + 1, [])
-        full.append(dict(wall_s=wall, tokens=int(sum(lengths)),
-                         host_s=stats["time_host"], prefill_s=stats["time_prefill"]))
+        wall, driver = sampler_call(engine, params, i + 1)
+        full.append(dict(wall_s=wall, tokens=int(driver.stats["tokens"]),
+                         host_s=driver.stats["time_host"],
+                         prefill_s=driver.stats["time_prefill"]))
     tokens = sum(r["tokens"] for r in full)
     wall = sum(r["wall_s"] for r in full)
     out = dict(steps_per_call=steps_per_call, decode_tok_s=round(tokens / wall, 1),
@@ -136,35 +140,17 @@ def bench_driver_ab(rounds: int, what: str) -> dict:
     "prefill" (the first fill's batched prefill vs one prompt per pass)."""
     import dataclasses
 
-    import jax
-    import numpy as np
-    from jax.sharding import Mesh
+    cfg, engine, params = sampler_setup(1)
+    off, on = {"dispatch": ({"dispatch_ahead": False}, {"dispatch_ahead": True}),
+               "prefill": ({"cfg": dataclasses.replace(cfg, prefill_batch_tokens=0)}, {})}[what]
 
-    from scalerl_jax.config import SamplerConfig
-    from scalerl_jax.sampler import Driver, Engine, Prompt
+    def tok_s(seed, kwargs):
+        wall, driver = sampler_call(engine, params, seed, **kwargs)
+        return driver.stats["tokens"] / wall
 
-    mesh = Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("data", "tensor"))
-    cfg = SamplerConfig(max_concurrent_decodes=BATCH, max_prefill_length=PROMPT,
-                        max_target_length=PROMPT + GEN, max_new_tokens=GEN,
-                        interruptions=False, temperature=1.0, decode_steps_per_call=1)
-    engine = Engine(model_config(), mesh, cfg)
-    params = random_params(engine)
-    settings = {"dispatch": ({"dispatch_ahead": False}, {"dispatch_ahead": True}),
-                "prefill": ({"cfg": dataclasses.replace(cfg, prefill_batch_tokens=0)}, {})}[what]
-
-    def call(seed, kwargs):
-        r = np.random.default_rng(seed)
-        ps = [Prompt(f"p{i}", r.integers(1, SHAPE["vocab"], PROMPT).tolist())
-              for i in range(BATCH)]
-        driver = Driver(engine, params, ps, group_size=1, eos_ids=[], **kwargs)
-        t0 = time.perf_counter()
-        driver.run()
-        return driver.stats["tokens"] / (time.perf_counter() - t0)
-
-    Driver(engine, params, [Prompt("w", [1] * PROMPT)], group_size=1, eos_ids=[]).precompile()
-    call(0, settings[0])
-    call(0, settings[1])
-    res = [(call(i + 1, settings[0]), call(i + 1, settings[1])) for i in range(rounds)]
+    tok_s(0, off)
+    tok_s(0, on)
+    res = [(tok_s(i + 1, off), tok_s(i + 1, on)) for i in range(rounds)]
     return dict(off_tok_s=[round(a) for a, _ in res], on_tok_s=[round(b) for _, b in res],
                 ratio_median=round(statistics.median(b / a for a, b in res), 3))
 
