@@ -229,7 +229,8 @@ def test_tis_cap_in_the_step_updates_as_the_tis_objective():
     _, m_p = step_p(fresh(), batch)
     assert 0 < float(m_c["tis_frac"]) < 1 and float(m_c["tis_frac"]) == float(m_t["tis_frac"])
     np.testing.assert_allclose(m_c["ratio_max"], 1.0, rtol=1e-6)  # against pi_old = pi_theta
-    np.testing.assert_allclose(m_c["loss"], m_t["loss"], rtol=1e-6)
+    # Same terms summed in a different order: 1.0e-6 apart on an AVX-512 CPU.
+    np.testing.assert_allclose(m_c["loss"], m_t["loss"], rtol=1e-5)
     assert abs(float(m_c["loss"]) - float(m_p["loss"])) > 1e-3 * abs(float(m_p["loss"]))
     assert_trees_close(adam_mu(s_c), adam_mu(s_t), rtol=1e-5, atol=1e-10)
     assert_trees_close(s_c.params, s_t.params, rtol=0, atol=1e-7)
