@@ -9,7 +9,7 @@ from flax import nnx
 
 from scalerl_jax import mesh as mesh_lib
 from scalerl_jax.config import ConfigError, MeshConfig, ModelConfig
-from scalerl_jax.models import presets, transformer
+from scalerl_jax.models import layers, presets, transformer
 
 TINY = ["tiny-llama", "tiny-qwen2", "tiny-qwen3"]
 # Jitted throughout: eager mode compiles every primitive separately, which is slower here.
@@ -128,6 +128,55 @@ def test_bf16_compute_is_close_to_fp32_and_head_stays_fp32():
         assert out.dtype == (jnp.float32 if bcfg.fp32_head else jnp.bfloat16)
         err = float(jnp.abs(out.astype(jnp.float32) - ref).max() / jnp.abs(ref).max())
         assert 0 < err < 0.05, (overrides, err)
+
+
+@pytest.mark.parametrize("contract", [1, 2])
+def test_bf16_dense_on_cpu_is_one_rounding_of_exact_products_with_row_major_dots(contract):
+    """bf16 `layers.dense` on CPU (its `_dense_rows` path): the output and both gradients
+    are the exact products rounded once to bf16, and every dot of the backward contracts the
+    last axis of a row-major left operand with the first of the right one into fp32, never a
+    transpose fed straight to a dot (XLA would fold it back into a slow kind of dot)."""
+    assert jax.default_backend() == "cpu"
+    rng = np.random.default_rng(contract)
+    ins = (6, 4) if contract == 2 else (24,)
+    x = jnp.asarray(rng.normal(size=(2, 5, *ins)), jnp.bfloat16)
+    w = jnp.asarray(rng.normal(size=(*ins, 7)), jnp.bfloat16)
+    g = jnp.asarray(rng.normal(size=(2, 5, 7)), jnp.bfloat16)
+
+    def vjp(x, w, g):
+        y, pullback = jax.vjp(lambda a, b: layers.dense(a, b, contract), x, w)
+        return (y, *pullback(g))
+
+    got = jax.jit(vjp)(x, w, g)
+    x2, w2, g2 = (np.asarray(a, np.float64) for a in (x, w, g))
+    x2, w2, g2 = x2.reshape(10, 24), w2.reshape(24, 7), g2.reshape(10, 7)
+    for name, a, ref in zip(("out", "dx", "dw"), got, (x2 @ w2, g2 @ w2.T, x2.T @ g2)):
+        assert a.dtype == jnp.bfloat16, name
+        np.testing.assert_allclose(np.asarray(a, np.float64).reshape(ref.shape), ref,
+                                   rtol=2.0 ** -8, atol=1e-5, err_msg=name)
+
+    dots, fed_by_transpose = [], []
+
+    def walk(jaxpr):
+        made_by = {}
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "dot_general":
+                dots.append((eqn.params["dimension_numbers"], eqn.params["preferred_element_type"],
+                             eqn.invars[0].aval.ndim))
+                fed_by_transpose.extend(made_by.get(v) == "transpose" for v in eqn.invars)
+            for v in eqn.outvars:
+                made_by[v] = eqn.primitive.name
+            for p in eqn.params.values():
+                for sub in (p if isinstance(p, (tuple, list)) else (p,)):
+                    if hasattr(sub, "eqns") or hasattr(sub, "jaxpr"):
+                        walk(getattr(sub, "jaxpr", sub))
+
+    walk(jax.make_jaxpr(vjp)(x, w, g).jaxpr)
+    assert len(dots) == 3, dots
+    for (contracting, batch), out_dtype, lhs_ndim in dots:
+        assert contracting == ((lhs_ndim - 1,), (0,)) and batch == ((), ()), contracting
+        assert out_dtype == jnp.float32
+    assert not any(fed_by_transpose)
 
 
 def test_remat_gives_the_same_gradients():
