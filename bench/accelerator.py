@@ -40,13 +40,12 @@ import numpy as np  # noqa: E402
 from jax.sharding import Mesh  # noqa: E402
 
 from scalerl_jax import mesh as mesh_lib  # noqa: E402
-from scalerl_jax.config import LossConfig, MeshConfig, OptimConfig, SamplerConfig  # noqa: E402
+from scalerl_jax.config import MeshConfig, SamplerConfig  # noqa: E402
 from scalerl_jax.models import presets  # noqa: E402
 from scalerl_jax.models.transformer import num_flops_per_token  # noqa: E402
 from scalerl_jax.sampler import Engine, WeightSync  # noqa: E402
-from scalerl_jax.train import state as state_lib  # noqa: E402
-from scalerl_jax.train.step import make_train_step, put_batch  # noqa: E402
-from train_step import synthetic_batch  # noqa: E402
+from scalerl_jax.train.step import put_batch  # noqa: E402
+from train_step import cispo_step  # noqa: E402
 
 GIB = 1 << 30
 
@@ -82,13 +81,8 @@ def model_config(args):
 def bench_train(args, cfg, device, peak_flops: float):
     """-> (JSON dict, trainer mesh, trainer params)."""
     mesh = mesh_lib.trainer_mesh(MeshConfig(fsdp=-1), [device])
-    ocfg = OptimConfig(learning_rate=1e-6, warmup_steps=0, logprob_chunk=args.chunk)
-    num_prompts = max(args.rows // 2, 1)
-    _, graphdef, state = state_lib.create_train_state(cfg, ocfg, mesh)
-    _, abstract = state_lib.abstract_train_state(cfg, ocfg, mesh)
-    step = make_train_step(graphdef, abstract, mesh, model_cfg=cfg, loss_cfg=LossConfig(),
-                           optim_cfg=ocfg, num_prompts=num_prompts)
-    batch = put_batch(synthetic_batch(args.rows, args.seq, cfg.vocab_size, num_prompts), mesh)
+    step, state, batch = cispo_step(cfg, mesh, args.rows, args.seq, args.chunk)
+    batch = put_batch(batch, mesh)
     t = time.perf_counter()
     compiled = step.jitted.lower(state, batch).compile()  # run as it is: one compile
     compile_s = time.perf_counter() - t

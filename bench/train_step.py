@@ -76,13 +76,19 @@ def build_step(args):
                       num_kv_heads=args.kv_heads, compute_dtype=args.dtype,
                       max_position_embeddings=max(args.seq, 2048), remat=args.remat)
     mesh = mesh_lib.trainer_mesh(MeshConfig(fsdp=-1), jax.devices())
-    ocfg = OptimConfig(learning_rate=1e-6, warmup_steps=0, logprob_chunk=args.chunk)
-    num_prompts = max(args.rows // 2, 1)
+    return (cfg, *cispo_step(cfg, mesh, args.rows, args.seq, args.chunk))
+
+
+def cispo_step(cfg, mesh, rows: int, seq: int, chunk):
+    """(jitted step, fresh state, host batch) of the CISPO train step of `cfg` on `mesh`, with
+    a synthetic batch of `rows` x `seq` tokens and log-prob chunks of `chunk` positions."""
+    ocfg = OptimConfig(learning_rate=1e-6, warmup_steps=0, logprob_chunk=chunk)
+    num_prompts = max(rows // 2, 1)
     _, graphdef, state = state_lib.create_train_state(cfg, ocfg, mesh)
     _, abstract = state_lib.abstract_train_state(cfg, ocfg, mesh)
     step = make_train_step(graphdef, abstract, mesh, model_cfg=cfg, loss_cfg=LossConfig(),
                            optim_cfg=ocfg, num_prompts=num_prompts)
-    return cfg, step, state, synthetic_batch(args.rows, args.seq, args.vocab, num_prompts)
+    return step, state, synthetic_batch(rows, seq, cfg.vocab_size, num_prompts)
 
 
 def bench_step(args) -> dict:
