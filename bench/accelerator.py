@@ -138,7 +138,7 @@ def bench_decode(args, cfg, device, slots: int, bandwidth: float):
     for i in range(calls):
         t = time.perf_counter()
         state, res = engine.generate(params, state, args.prompt - 1 + i * k)
-        jax.device_get(res.tokens)
+        jax.device_get(res)  # what a driver reads back after every call
         times.append(time.perf_counter() - t)
     step_s = float(np.median(times)) / k
     weight_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
