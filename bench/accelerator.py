@@ -9,8 +9,9 @@ sampler decode tokens/s against the HBM roofline, and the trainer -> sampler wei
 Written so that a session lent a GPU (minutes of device time) gets every figure from one
 prepared command. One device (the default backend's first) holds trainer and sampler, as on
 the one-GPU machines. Each part prints one JSON line:
-* peak: the best of 5 n^3 bf16 `jnp.dot`s with fp32 accumulation (TFLOP/s), and of 5 passes
-  `x * 2` over a large fp32 array (HBM GB/s: bytes read + written per second).
+* peak: the best of 5 n^3 bf16 `jnp.dot`s with fp32 accumulation (TFLOP/s; bench/train_step.py's
+  `matmul_peak`), and of 5 passes `x * 2` over a large fp32 array (HBM GB/s: bytes read +
+  written per second).
 * train: the real CISPO step (`make_train_step`) of the preset in the recipe's precision (bf16
   compute, fp32 LM head, fp32 master weights and AdamW) and `--attention` (default auto: cuDNN on
   GPUs, splash on TPUs, the XLA path elsewhere), `--rows` x `--seq` tokens: the median of
@@ -45,7 +46,7 @@ from scalerl_jax.models import presets  # noqa: E402
 from scalerl_jax.models.transformer import num_flops_per_token  # noqa: E402
 from scalerl_jax.sampler import Engine, WeightSync  # noqa: E402
 from scalerl_jax.train.step import put_batch  # noqa: E402
-from train_step import cispo_step  # noqa: E402
+from train_step import cispo_step, matmul_peak  # noqa: E402
 
 GIB = 1 << 30
 
@@ -61,9 +62,7 @@ def best_seconds(fn, repeats: int = 5) -> float:
 
 
 def bench_peak(args, device) -> dict:
-    a = jax.device_put(jnp.ones((args.peak_n, args.peak_n), jnp.bfloat16), device)
-    dot = jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32))
-    flops = 2.0 * args.peak_n ** 3 / best_seconds(lambda: dot(a, a))
+    flops = matmul_peak(args.peak_n, jnp.bfloat16)[0]  # on the default device
     x = jax.device_put(jnp.ones(((args.copy_mib << 20) // 4,), jnp.float32), device)
     double = jax.jit(lambda v: v * 2)
     bandwidth = 2.0 * x.nbytes / best_seconds(lambda: double(x))

@@ -46,14 +46,14 @@ def dense(x, w, contract: int = 1, preferred_element_type=None):
     the major one; the weight keeps its own shape, so no layout change of a weight is asked for
     (on TPU merging tiled weight axes would copy the weight). bf16 operands on CPU take
     `_dense_rows`, whose backward XLA:CPU runs at its bf16 rate."""
-    rows = x.reshape(-1, *x.shape[x.ndim - contract:])
+    ins_shape = x.shape[x.ndim - contract:]
     if (preferred_element_type is None and x.dtype == w.dtype == jnp.bfloat16
             and _platform() == "cpu"):
-        y = _dense_rows(rows.reshape(rows.shape[0], -1),
-                        w.reshape(math.prod(w.shape[:contract]), -1))
+        k = math.prod(ins_shape)
+        y = _dense_rows(x.reshape(-1, k), w.reshape(k, -1))
     else:
         ins, outs = _AXES[:contract], _AXES[contract:w.ndim]
-        y = jnp.einsum(f"z{ins},{ins}{outs}->z{outs}", rows, w,
+        y = jnp.einsum(f"z{ins},{ins}{outs}->z{outs}", x.reshape(-1, *ins_shape), w,
                        preferred_element_type=preferred_element_type)
     return y.reshape(*x.shape[:x.ndim - contract], *w.shape[contract:])
 
