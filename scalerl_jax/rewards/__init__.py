@@ -1,5 +1,7 @@
 """Rewards: answer verifiers (math, synthetic testbed tasks) and the host scoring pool."""
+import functools
 import importlib
+import logging
 from typing import Callable, Optional
 
 from scalerl_jax.config import ConfigError, DataConfig
@@ -10,6 +12,7 @@ from scalerl_jax.rewards.code import (CodeResult, SandboxLimits, TestOutcome, ch
 from scalerl_jax.rewards.pool import RewardPool, ScoreResult, Verifier
 from scalerl_jax.rewards.synthetic import extract_final, verify_exact
 
+log = logging.getLogger(__name__)
 
 # Verifiers a data domain names (DomainConfig.verifier), as importable paths: `code` is
 # imported only when used (it needs nothing at import, but keeps math-only runs lean).
@@ -75,10 +78,20 @@ def _field(domain: str) -> str:
     return f"DomainConfig[{domain!r}].verifier" if domain else "RewardConfig.verifier"
 
 
-def domain_verifiers(data: DataConfig, custom: Optional[str] = None) -> dict[str, Verifier]:
-    """{domain: verifier} for `train.evaluate.score_groups` (keys as `verifier_names`)."""
-    return {domain: verifier_by_name(name, _field(domain))
-            for domain, name in verifier_names(data, custom).items()}
+def domain_verifiers(data: DataConfig, custom: Optional[str] = None,
+                     code_isolation: str = "strong") -> dict[str, Verifier]:
+    """{domain: verifier} for `train.evaluate.score_groups` (keys as `verifier_names`). The code
+    verifier runs under `code_isolation` (RewardConfig.code_isolation): it is checked here,
+    before any program runs, and the mode is logged (SandboxUnavailable when "strong" cannot be
+    met)."""
+    verifiers = {}
+    for domain, name in verifier_names(data, custom).items():
+        verifiers[domain] = verifier_by_name(name, _field(domain))
+        if name == "code":
+            from scalerl_jax.rewards.sandbox import describe
+            log.info(describe(code_isolation))
+            verifiers[domain] = functools.partial(verifiers[domain], isolation=code_isolation)
+    return verifiers
 
 
 def answer_checks(data: DataConfig, custom: Optional[str] = None) -> dict[str, Callable]:

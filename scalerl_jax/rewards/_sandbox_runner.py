@@ -1,29 +1,28 @@
-"""Sandbox runner: `python -I -S _sandbox_runner.py`, started by `rewards/code.py`; never imported.
+"""The candidate's side of the code sandbox: `python -I -S _sandbox_runner.py`, started by
+`rewards/sandbox.py` inside the isolation layer; never imported.
 
-It reads one job (JSON on stdin: the program, the test inputs, the limits), isolates itself,
-runs every test in a fresh forked child, and writes one JSON line per test to stdout. Expected
-outputs never enter this process: stdin/stdout and call-based verdicts are decided by the caller,
-so a program cannot read them from memory. Only the standard library is used, because this file
-runs under `-I -S` (no project on sys.path) and must start fast.
+It reads the job (the program, the limits) as the first line of stdin, then serves one request
+per line and answers each with one line on stdout:
 
-Layers, outermost first (the docstring of `rewards/code.py` says what each does not cover):
-1. namespaces: unshare(2) of a network namespace (no interfaces but a loopback that is down) and
-   a PID namespace whose init runs the tests, so killing the runner's process group ends every
-   descendant, even one that called setsid(); a user namespace too when not root.
-2. privileges: a runner started as root drops to nobody (65534) after the namespaces are made,
-   so file permissions deny writes outside the sandbox directory (chowned to nobody).
-3. per test child: its own process group (killed as a group on timeout), rlimits on CPU time,
-   address space, file size, open files, processes (RLIMIT_NPROC also counts threads), no core
-   files; stdin from a memfd, stdout into a pipe read up to the output cap, stderr discarded.
-4. an audit hook (PEP 578) installed in the child before the program runs: it refuses socket
-   creation and name lookups, process creation (fork, exec, spawn, system, Popen), killing other
-   processes, ctypes foreign calls and symbol lookups, file writes and metadata changes outside
-   the sandbox directory, and reads outside the sandbox, Python's own installation and system
-   library directories.
+* `{"op": "stdio", "stdin": text}`: run the program as `__main__` in a fresh child with that
+  input; answer its stdout (capped) and how it ended.
+* `{"op": "load"}`: start a fresh child that runs the program as module `solution` and stays,
+  then `{"op": "call", "fn": name, "args": [...], "kwargs": {...}}` calls a function of it
+  (arguments and result in `_inside`'s wire format) and `{"op": "unload"}` ends it. One test's
+  calls go to one child; the next test gets a new one. The wall-clock limit `timeout_s` counts
+  from `load` over all the calls of the test.
+
+Nothing here decides a verdict: the trusted side compares what comes out with the expected
+outputs, which never enter this process. A program that takes over this process can only choose
+what it answers — which it could do anyway — so this process need not be protected from it.
+
+Per child: its own process group (killed on timeout), rlimits on CPU time, address space, file
+size, open files, processes (RLIMIT_NPROC also counts threads), no core files. In the weak mode
+(no bubblewrap; see `rewards/sandbox.py`) this process also tries network/PID namespaces, drops
+root where the installation allows, becomes a child subreaper (so the trusted side can find and
+kill every descendant), and installs an audit hook in each child.
 """
 import builtins
-import contextlib
-import json
 import math
 import os
 import resource
@@ -32,27 +31,45 @@ import signal
 import sys
 import time
 
+
+
+def _load_inside():
+    """`_inside.py` beside this file, loaded by path: putting this directory on sys.path would
+    let its modules (math.py, code.py) shadow the standard library's for the program too."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_inside.py")
+    module = type(sys)("_inside")  # importlib.util would cost more start-up than this file
+    with open(path, encoding="utf-8") as f:
+        exec(compile(f.read(), path, "exec"), module.__dict__)
+    return module
+
+
+_inside = _load_inside()
+
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
 CLONE_NEWPID = 0x20000000
 NOBODY = 65534
-RESULT_FD = 3  # the child's verdict channel to the runner
+STATUS_FD = 3  # the child's report to this process
+REQUEST_FD = 4  # requests of a loaded program's calls
 EXIT_NO_RESULT = 70
 PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
 
 
-def _emit(record):
-    """One line to the caller. Flushed at once: the runner forks, and buffered text would be
-    written twice."""
-    sys.stdout.write(json.dumps(record) + "\n")
-    sys.stdout.flush()
+def _emit(msg):
+    """One answer line. Written at once, with nothing buffered that a fork would copy."""
+    _inside.write_all(1, _inside.dumps(msg))
 
 
-# ---------------------------------------------------------------------------------- isolation
+def _prctl(option, value):
+    import ctypes  # the runner's own use; a candidate program never runs in this process
+    return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
+
+
+# ----------------------------------------------------------------------- weak-mode isolation
 def _unshare():
-    """Enter new network + PID namespaces (+ a user namespace when not root). Returns None, or
-    why not (e.g. EPERM in a container whose seccomp profile forbids unshare)."""
-    import ctypes  # the runner's own use; candidate code never runs in this process
+    """Network + PID namespaces (+ a user namespace when not root): None, or why not."""
+    import ctypes
     libc = ctypes.CDLL(None, use_errno=True)
     uid, gid = os.geteuid(), os.getegid()
     attempts = ([CLONE_NEWNET | CLONE_NEWPID] if uid == 0 else []) + [
@@ -61,22 +78,19 @@ def _unshare():
     for flags in attempts:
         if libc.unshare(flags) == 0:
             if flags & CLONE_NEWUSER:
-                # Keep our own ids inside (setgroups must be denied before gid_map). If this
-                # fails, unmapped ids still work: the process runs as the overflow id.
-                with contextlib.suppress(OSError):
-                    with open("/proc/self/setgroups", "w") as f:
-                        f.write("deny")
-                    with open("/proc/self/uid_map", "w") as f:
-                        f.write(f"{uid} {uid} 1")
-                    with open("/proc/self/gid_map", "w") as f:
-                        f.write(f"{gid} {gid} 1")
+                try:
+                    for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"),
+                                       ("gid_map", f"{gid} {gid} 1")):
+                        with open(f"/proc/self/{name}", "w") as f:
+                            f.write(text)
+                except OSError:
+                    pass  # unmapped ids still work: the process runs as the overflow id
             return None
         error = f"unshare(0x{flags:x}): {os.strerror(ctypes.get_errno())}"
     return error
 
 
 def _world_readable(path):
-    """Whether `path` and all its ancestors let anyone in (so nobody can still import)."""
     path = os.path.realpath(path)
     while True:
         try:
@@ -91,38 +105,24 @@ def _world_readable(path):
         path = parent
 
 
-def _die_with_parent(parent):
-    """SIGKILL this process when its parent dies (e.g. a reward-pool worker killed on timeout),
-    so no sandbox outlives its caller. Set after any credential change, which clears it.
-    `parent`: the parent's pid as seen here, to catch a parent that died before the call (None
-    for a PID namespace's init, whose parent is invisible)."""
-    import ctypes
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if parent is not None and os.getppid() != parent:
-        os._exit(EXIT_NO_RESULT)
-
-
-def _drop_root(sandbox):
-    """As root, become nobody so file permissions guard everything outside the sandbox; not when
-    the Python installation is private to root (e.g. under /root), as imports would then fail."""
+def _weak_drop_root(workdir):
+    """As root, become nobody when the installation stays importable for nobody."""
     if os.geteuid() != 0 or not all(_world_readable(p) for p in sys.path if p):
         return False
     try:
-        os.chown(sandbox, NOBODY, NOBODY)
-        os.setgroups([])
-        os.setgid(NOBODY)
-        os.setuid(NOBODY)
+        os.chown(workdir, NOBODY, NOBODY)
+        _inside.drop_privileges(NOBODY)
     except OSError:
         return False
     return True
 
 
-# ----------------------------------------------------------------------------------- the child
-def _audit_hook(sandbox, violations):
-    """PEP 578 hook refusing what a test program never needs. Refusals are recorded so that a
-    failing test is reported as `blocked` rather than `crash`."""
-    sandbox = os.path.realpath(sandbox)
-    read_roots = {sandbox, "/usr", "/lib", "/lib64", "/etc", "/dev/null", "/dev/zero",
+def _audit_hook(workdir, violations):
+    """PEP 578 hook of the weak mode: refuses what a test program never needs. It binds only
+    Python-level calls, and a program aimed at it can undo it; the strong mode does not rely
+    on it."""
+    workdir = os.path.realpath(workdir)
+    read_roots = {workdir, "/usr", "/lib", "/lib64", "/etc", "/dev/null", "/dev/zero",
                   "/dev/urandom", "/dev/random", os.path.realpath("/proc/self")}
     for p in [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, *sys.path]:
         if p:
@@ -134,16 +134,16 @@ def _audit_hook(sandbox, violations):
         "socket.getaddrinfo", "socket.gethostbyname", "socket.gethostbyname_ex",
         "socket.gethostbyaddr", "socket.getnameinfo", "ctypes.dlsym", "ctypes.dlsym/handle",
         "ctypes.call_function", "ctypes.cdata", "ctypes.cdata/buffer", "ctypes.string_at",
-        "ctypes.wstring_at", "os.setxattr", "os.removexattr"}
+        "ctypes.wstring_at", "os.setxattr", "os.removexattr", "sqlite3.connect"}
     path_events = {"os.remove": (0,), "os.rmdir": (0,), "os.mkdir": (0,), "os.rename": (0, 1),
                    "os.link": (0, 1), "os.symlink": (1,), "os.truncate": (0,), "os.chmod": (0,),
                    "os.chown": (0,), "os.utime": (0,), "os.chflags": (0,), "os.lchflags": (0,),
-                   "shutil.rmtree": (0,), "shutil.chown": (0,), "sqlite3.connect": (0,)}
+                   "shutil.rmtree": (0,), "shutil.chown": (0,)}
     write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
     realpath, fspath, sep = os.path.realpath, os.fspath, os.sep
 
     def inside(path, roots):
-        if isinstance(path, int):  # an already open descriptor
+        if isinstance(path, int):
             return True
         try:
             p = realpath(fspath(path).decode() if isinstance(path, bytes) else fspath(path))
@@ -164,27 +164,316 @@ def _audit_hook(sandbox, violations):
             path, mode, flags = (tuple(args) + (None, None, None))[:3]
             writing = (mode is not None and any(c in str(mode) for c in "wax+")) or (
                 mode is None and flags is not None and flags & write_flags)
-            if not inside(path, (sandbox,) if writing else read_roots):
+            if not inside(path, (workdir,) if writing else read_roots):
                 deny(f"{'writing' if writing else 'reading'} {path!r}")
         elif event in path_events:
             for i in path_events[event]:
-                if i < len(args) and args[i] is not None and not inside(args[i], (sandbox,)):
-                    if event == "sqlite3.connect" and args[i] == ":memory:":
-                        continue
+                if i < len(args) and args[i] is not None and not inside(args[i], (workdir,)):
                     deny(f"{event}({args[i]!r})")
 
     sys.addaudithook(hook)
 
 
+# ----------------------------------------------------------------------------- the children
 def _set_limits(lim):
     cpu = max(1, math.ceil(lim["cpu_s"]))
     mem = lim["memory_mb"] << 20
     for res, value in ((resource.RLIMIT_CPU, (cpu, cpu + 1)), (resource.RLIMIT_AS, (mem, mem)),
                        (resource.RLIMIT_FSIZE, (lim["max_file_bytes"],) * 2),
                        (resource.RLIMIT_NOFILE, (lim["max_open_files"],) * 2),
-                       (resource.RLIMIT_CORE, (0, 0))):
+                       (resource.RLIMIT_CORE, (0, 0)),
+                       (resource.RLIMIT_NPROC, (lim["nproc"],) * 2)):
         resource.setrlimit(res, value)
-    resource.setrlimit(resource.RLIMIT_NPROC, (lim["nproc"], lim["nproc"]))
+
+
+def _prepare_child(job, violations):
+    _set_limits(job["limits"])
+    sys.stdin = open(0, "r", encoding="utf-8", errors="replace", closefd=False)
+    sys.stdout = open(1, "w", encoding="utf-8", closefd=False)
+    sys.stderr = open(2, "w", encoding="utf-8", closefd=False)
+    sys.dont_write_bytecode = True
+    builtins.exit = builtins.quit = sys.exit  # what `site` would have added (-S)
+    if job["weak"]:
+        _audit_hook(job["workdir"], violations)
+
+
+def _failure(e, violations):
+    """(status, detail) of an exception out of the program."""
+    if isinstance(e, MemoryError):
+        return "memory", "MemoryError"
+    try:
+        detail = f"{type(e).__name__}: {e}"
+    except BaseException:  # noqa: BLE001 - a program's exception whose str() raises
+        detail = type(e).__name__
+    return ("blocked", violations[0]) if violations else ("crash", detail)
+
+
+def _report(msg):
+    _inside.write_all(STATUS_FD, _inside.dumps(msg))
+
+
+def _stdio_child(job, compiled):
+    violations = []
+    status, detail = "ok", ""
+    try:
+        _prepare_child(job, violations)
+        try:
+            exec(compiled, {"__name__": "__main__", "__builtins__": builtins})
+        except SystemExit as e:
+            if e.code not in (None, 0):
+                status, detail = "crash", f"SystemExit({e.code!r})"
+        except BaseException as e:  # noqa: BLE001 - the program's own failure, whatever it is
+            status, detail = _failure(e, violations)
+        try:
+            sys.stdout.flush()
+        except BaseException:  # noqa: BLE001 - e.g. a closed or replaced stdout
+            pass
+        _report({"status": status, "detail": detail[:300]})
+        os._exit(0)
+    except MemoryError:
+        os._exit(EXIT_NO_RESULT + 1)
+    finally:
+        os._exit(EXIT_NO_RESULT)
+
+
+def _call(env, req):
+    """One call of a loaded program: {"status": "ok", "value"} or how it failed."""
+    name = req.get("fn")
+    fn = env.get(name) if type(name) is str else None
+    if fn is None and isinstance(env.get("Solution"), type):  # LeetCode-style classes
+        fn = getattr(env["Solution"](), name, None)
+    if not callable(fn):
+        return {"status": "raised", "type": "NameError", "message": f"no function {name!r}"}
+    args = _inside.decode(req.get("args", []))
+    kwargs = _inside.decode(req.get("kwargs", {"$d": []}))
+    result = fn(*args, **kwargs)
+    try:
+        return {"status": "ok", "value": _inside.encode(result)}
+    except (_inside.WireError, RecursionError) as e:  # not data a test could equal
+        return {"status": "wrong", "detail": f"return value: {e}"}
+
+
+def _session_child(job, compiled):
+    violations = []
+    try:
+        _prepare_child(job, violations)
+        env = {"__name__": "solution", "__builtins__": builtins}
+        try:
+            exec(compiled, env)
+            _report({"status": "ok"})
+        except BaseException as e:  # noqa: BLE001
+            status, detail = _failure(e, violations)
+            _report({"status": status, "detail": detail[:300]})
+            os._exit(0)
+        requests = open(REQUEST_FD, "rb", closefd=False)
+        for line in requests:
+            try:
+                answer = _call(env, _inside.loads(line))
+            except (SystemExit, KeyboardInterrupt, GeneratorExit) as e:
+                answer = {"status": "crash", "detail": f"{type(e).__name__} in the call"}
+            except BaseException as e:  # noqa: BLE001 - raised by the program: the test sees it
+                status, detail = _failure(e, violations)
+                answer = ({"status": status, "detail": detail[:300]} if status != "crash" else
+                          {"status": "raised", "type": type(e).__name__,
+                           "message": detail[:300]})
+            _report(answer)
+        os._exit(0)
+    except MemoryError:
+        os._exit(EXIT_NO_RESULT + 1)
+    finally:
+        os._exit(EXIT_NO_RESULT)
+
+
+class Child:
+    """A forked child running the program, in its own process group."""
+
+    def __init__(self, job, target, compiled, stdin_text=None):
+        self.job, self.cap = job, job["limits"]["max_output_bytes"]
+        if stdin_text is not None:
+            in_fd = os.memfd_create("stdin")
+            _inside.write_all(in_fd, stdin_text.encode())
+            os.lseek(in_fd, 0, os.SEEK_SET)
+        else:
+            in_fd = os.open(os.devnull, os.O_RDONLY)
+        self.out_r, out_w = os.pipe()
+        self.status_r, status_w = os.pipe()
+        req_r, self.req_w = os.pipe()
+        runner = os.getpid()
+        self.pid = os.fork()
+        if self.pid == 0:
+            try:
+                os.setpgid(0, 0)
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                # a loaded program's prints are not part of any verdict: discarded
+                stdout = out_w if stdin_text is not None else devnull
+                for src, dst in ((in_fd, 0), (stdout, 1), (devnull, 2), (status_w, STATUS_FD),
+                                 (req_r, REQUEST_FD)):
+                    os.dup2(src, dst)
+                os.closerange(REQUEST_FD + 1, 1 << 16)
+                _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+                if os.getppid() != runner:
+                    os._exit(EXIT_NO_RESULT)
+                target(job, compiled)
+            finally:
+                os._exit(EXIT_NO_RESULT)
+        try:
+            os.setpgid(self.pid, self.pid)  # from this side too: no window for a missed kill
+        except OSError:
+            pass
+        for fd in (in_fd, out_w, status_w, req_r):
+            os.close(fd)
+        try:
+            self.pidfd = os.pidfd_open(self.pid)
+        except (AttributeError, OSError):  # kernels before 5.3: wait for the pipes to close
+            self.pidfd = None
+        self.deadline = time.monotonic() + job["limits"]["timeout_s"]
+        self.stdout = bytearray()
+        self.status_buf = bytearray()
+        self.alive = True
+
+    def _read(self, fd, buf):
+        """Whatever `fd` has now into `buf`: False at end of file."""
+        data = os.read(fd, 1 << 16)
+        buf += data
+        return bool(data)
+
+    def read_status(self, until_exit=False):
+        """The next status line of the child (None when it ended without one) and why not:
+        'timeout', 'output' or None. With `until_exit`, read until the child itself exits (a
+        process it left behind may hold the pipes open: it dies with the test's group)."""
+        open_fds = [self.out_r, self.status_r]
+        bufs = {self.out_r: self.stdout, self.status_r: self.status_buf}
+        while True:
+            line, sep, rest = self.status_buf.partition(b"\n")
+            if sep and not until_exit:
+                self.status_buf = bytearray(rest)
+                return bytes(line), None
+            if any(len(b) > self.cap + 4096 for b in bufs.values()):
+                return None, "output"
+            remaining = self.deadline - time.monotonic()
+            if remaining <= 0:
+                return None, "timeout"
+            waits = open_fds + ([self.pidfd] if until_exit and self.pidfd is not None else [])
+            ready = select.select(waits, [], [], remaining)[0]
+            if self.pidfd in ready or not open_fds:  # exited: take what is in the pipes
+                for fd in open_fds:
+                    os.set_blocking(fd, False)
+                    try:
+                        while len(bufs[fd]) <= self.cap + 4096 and self._read(fd, bufs[fd]):
+                            pass
+                    except BlockingIOError:
+                        pass
+                if any(len(b) > self.cap + 4096 for b in bufs.values()):
+                    return None, "output"
+                return (bytes(self.status_buf.partition(b"\n")[0]) or None), None
+            for fd in ready:
+                if not self._read(fd, bufs[fd]):
+                    open_fds.remove(fd)
+            if self.status_r not in open_fds and not until_exit:
+                return (bytes(self.status_buf.partition(b"\n")[0]) or None), None
+
+    def send(self, line):
+        try:
+            _inside.write_all(self.req_w, line)
+            return True
+        except OSError:
+            return False
+
+    def kill(self):
+        """SIGKILL the group and reap: the group id cannot have been reused before the reap."""
+        if not self.alive:
+            return
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        self.wstatus = os.waitpid(self.pid, 0)[1]
+        self.alive = False
+        for fd in (self.out_r, self.status_r, self.req_w, self.pidfd):
+            if fd is not None:
+                os.close(fd)
+
+    def ended(self, reason):
+        """The answer for a child that reported nothing more: how it ended."""
+        self.kill()
+        lim = self.job["limits"]
+        if reason == "timeout":
+            return {"status": "timeout", "detail": f"wall time over {lim['timeout_s']} s"}
+        if reason == "output":
+            return {"status": "output", "detail": f"output over {self.cap} bytes"}
+        w = self.wstatus
+        if os.WIFSIGNALED(w):
+            sig = os.WTERMSIG(w)
+            cpu = sig in (signal.SIGXCPU, signal.SIGKILL)
+            return {"status": "timeout" if cpu else "crash",
+                    "detail": f"killed by {signal.Signals(sig).name}"
+                    + (f" (cpu limit {lim['cpu_s']} s)" if cpu else "")}
+        code = os.WEXITSTATUS(w) if os.WIFEXITED(w) else -1
+        return {"status": "memory" if code == EXIT_NO_RESULT + 1 else "crash",
+                "detail": f"exited with code {code} before reporting a result"}
+
+
+def _answer(child, line, reason):
+    """The answer line for `line` read from a child (raw; the trusted side parses it)."""
+    if line is None:
+        return _inside.dumps(child.ended(reason))
+    return line + b"\n"
+
+
+def _run_stdio(job, compiled, text):
+    child = Child(job, _stdio_child, compiled, stdin_text=text)
+    line, reason = child.read_status(until_exit=True)
+    if line is not None and reason is None:
+        try:
+            status = _inside.loads(line)
+        except _inside.WireError:
+            status = {"status": "crash", "detail": "unreadable report"}
+    else:
+        status = child.ended(reason)
+    child.kill()
+    out = bytes(child.stdout[:child.cap]).decode("utf-8", "replace")
+    status["stdout"] = out
+    return _inside.dumps(status)
+
+
+def serve(job, compiled_or_error):
+    session = None
+    requests = sys.stdin.buffer
+    for line in requests:
+        try:
+            req = _inside.loads(line)
+        except _inside.WireError:
+            return
+        op = req.get("op")
+        if isinstance(compiled_or_error, str):  # the program does not compile
+            if op == "unload":
+                answer = _inside.dumps({"status": "ok"})
+            else:
+                answer = _inside.dumps({"status": "crash", "detail": compiled_or_error})
+        elif op == "stdio":
+            answer = _run_stdio(job, compiled_or_error, str(req.get("stdin", "")))
+        elif op == "load":
+            if session is not None:
+                session.kill()
+            session = Child(job, _session_child, compiled_or_error)
+            status, reason = session.read_status()
+            answer = _answer(session, status, reason)
+        elif op == "call":
+            if session is None or not session.alive:
+                answer = _inside.dumps({"status": "crash", "detail": "the program has ended"})
+            elif not session.send(line if line.endswith(b"\n") else line + b"\n"):
+                answer = _inside.dumps(session.ended(None))
+            else:
+                status, reason = session.read_status()
+                answer = _answer(session, status, reason)
+        elif op == "unload":
+            if session is not None:
+                session.kill()
+                session = None
+            answer = _inside.dumps({"status": "ok"})
+        else:
+            answer = _inside.dumps({"status": "crash", "detail": f"unknown op {op!r}"})
+        _inside.write_all(1, answer)
 
 
 def _tasks_of_uid(uid):
@@ -201,257 +490,41 @@ def _tasks_of_uid(uid):
     return count
 
 
-def _plain(value, depth=0):
-    """JSON-ready copy of a return value made of plain types; tuples become lists (the datasets
-    store JSON). Anything else (e.g. an object overriding __eq__) is refused."""
-    if depth > 100:
-        raise TypeError("nesting deeper than 100")
-    t = type(value)
-    if value is None or t in (bool, str):
-        return value
-    if t is int:
-        return value
-    if t is float:
-        return value if math.isfinite(value) else repr(value)
-    if t in (list, tuple):
-        return [_plain(v, depth + 1) for v in value]
-    if t.__module__ == "numpy" and hasattr(value, "tolist"):  # numpy scalars and arrays
-        return _plain(value.tolist(), depth + 1)
-    if t is dict and all(type(k) is str for k in value):
-        return {k: _plain(v, depth + 1) for k, v in value.items()}
-    raise TypeError(f"return value of type {t.__name__} is not plain data")
-
-
-def _child(job, compiled, test):
-    """Runs in the forked child; descriptors 0-3 are already in place. Never returns."""
-    lim, mode = job["limits"], job["mode"]
-    status, detail, value = "ok", "", None
-    violations = []
-    try:
-        _set_limits(lim)
-        sys.stdin = open(0, "r", encoding="utf-8", errors="replace", closefd=False)
-        sys.stdout = open(1, "w", encoding="utf-8", closefd=False)
-        sys.stderr = open(2, "w", encoding="utf-8", closefd=False)
-        sys.dont_write_bytecode = True  # no __pycache__ writes into the installation
-        builtins.exit = builtins.quit = sys.exit  # what `site` would have added (-S)
-        if job["audit_hook"]:
-            _audit_hook(job["sandbox"], violations)
-        env = {"__name__": "__main__" if mode == "stdio" else "solution",
-               "__builtins__": builtins}
+def main():
+    job = _inside.loads(sys.stdin.buffer.readline())
+    sys.path.extend(job["site_packages"])
+    info = {"mode": "weak" if job["weak"] else "bwrap"}
+    if job["drop_to"] is not None:  # bubblewrap started as root: the program never is
         try:
-            exec(compiled, env)
-            if mode == "call":
-                fn = env.get(job["fn_name"])
-                if fn is None and isinstance(env.get("Solution"), type):
-                    fn = getattr(env["Solution"](), job["fn_name"], None)
-                if not callable(fn):
-                    raise NameError(f"no function {job['fn_name']!r} defined")
-                result = fn(*test)
-                try:
-                    value = json.dumps(_plain(result))
-                except (TypeError, ValueError, RecursionError) as e:
-                    status, detail = "wrong", str(e)  # not data the test could equal
-            elif mode == "assert":
-                exec(compile(job["setup"] + "\n" + test, "<test>", "exec"), env)
-        except SystemExit as e:
-            if mode != "stdio" or e.code not in (None, 0):
-                status, detail = "crash", f"SystemExit({e.code!r})"
-        except MemoryError:
-            status, detail = "memory", "MemoryError"
-        except AssertionError as e:
-            status, detail = ("wrong" if mode == "assert" else "crash"), f"AssertionError {e}"
-        except BaseException as e:  # the program's own failure, whatever it is
-            try:
-                detail = f"{type(e).__name__}: {e}"
-            except BaseException:
-                detail = type(e).__name__
-            status = "crash"
-        try:
-            sys.stdout.flush()
-        except BaseException:
-            pass
-        if violations and status != "ok":
-            status, detail = "blocked", violations[0]
-        record = json.dumps({"status": status, "detail": detail[:300], "value": value})
-        os.write(RESULT_FD, record.encode())
-        os._exit(0)
-    except MemoryError:
-        os._exit(EXIT_NO_RESULT + 1)
-    finally:
-        os._exit(EXIT_NO_RESULT)
-
-
-# ---------------------------------------------------------------------------------- the runner
-def _collect(pid, out_r, res_r, deadline, cap):
-    """Read the child's stdout and verdict until it exits, its output passes `cap` bytes, or the
-    deadline. Returns (reason or None, the pid still to reap or -1, stdout, verdict bytes)."""
-    bufs = {out_r: bytearray(), res_r: bytearray()}
-    open_fds = {out_r, res_r}
-    try:
-        pidfd = os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        pidfd = None  # kernels before 5.3: poll
-    exited, reason = False, None
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            reason = "timeout"
-            break
-        waits = list(open_fds) + ([pidfd] if pidfd is not None and not exited else [])
-        timeout = remaining if pidfd is not None else min(remaining, 0.005)
-        if waits:
-            ready = select.select(waits, [], [], timeout)[0]
-        else:
-            ready = []
-            time.sleep(timeout)
-        if pidfd is None and not exited:
-            exited = os.waitpid(pid, os.WNOHANG)[0] != 0 if ready == [] else False
-            if exited:
-                pid = -1  # reaped; the caller must not wait again
-        for fd in ready:
-            if fd == pidfd:
-                exited = True
-                continue
-            data = os.read(fd, 1 << 16)
-            if not data:
-                open_fds.discard(fd)
-            bufs[fd] += data
-            if len(bufs[fd]) > cap:
-                reason = "output"
-        if reason:
-            break
-        if exited:
-            for fd in list(open_fds):  # what the child wrote is in the pipe; descendants may
-                os.set_blocking(fd, False)  # keep it open, so read without waiting for EOF
-                try:
-                    while len(bufs[fd]) <= cap:
-                        data = os.read(fd, 1 << 16)
-                        if not data:
-                            break
-                        bufs[fd] += data
-                except BlockingIOError:
-                    pass
-            if len(bufs[out_r]) > cap or len(bufs[res_r]) > cap:
-                reason = "output"
-            break
-    if pidfd is not None:
-        os.close(pidfd)
-    return reason, pid, bytes(bufs[out_r][:cap]), bytes(bufs[res_r])
-
-
-def _run_one(job, compiled, i, test, deadline):
-    lim = job["limits"]
-    cap = lim["max_output_bytes"]
-    if job["mode"] == "stdio":
-        in_fd = os.memfd_create("stdin")
-        data = test.encode()
-        view = memoryview(data)
-        while view:
-            view = view[os.write(in_fd, view):]
-        os.lseek(in_fd, 0, os.SEEK_SET)
-    else:
-        in_fd = os.open(os.devnull, os.O_RDONLY)
-    out_r, out_w = os.pipe()
-    res_r, res_w = os.pipe()
-    runner = os.getpid()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.setpgid(0, 0)
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            for src, dst in ((in_fd, 0), (out_w, 1), (devnull, 2), (res_w, RESULT_FD)):
-                os.dup2(src, dst)
-            os.closerange(RESULT_FD + 1, 1 << 16)
-            _die_with_parent(runner)
-            _child(job, compiled, test)
-        finally:
-            os._exit(EXIT_NO_RESULT)
-    try:
-        os.setpgid(pid, pid)  # also from this side: no window where a kill misses the group
-    except OSError:
-        pass
-    for fd in (in_fd, out_w, res_w):
-        os.close(fd)
-    test_deadline = time.monotonic() + lim["timeout_s"]
-    reason, wait_pid, out, res = _collect(pid, out_r, res_r, min(test_deadline, deadline), cap)
-    for fd in (out_r, res_r):
-        os.close(fd)
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except OSError:
-        pass
-    wstatus = os.waitpid(pid, 0)[1] if wait_pid > 0 else 0
-    record = {"i": i, "status": "crash", "detail": "", "output": out.decode("utf-8", "replace")}
-    if reason == "timeout":
-        record.update(status="timeout", detail=f"wall time over {lim['timeout_s']} s"
-                      if test_deadline <= deadline else "program over total_timeout_s")
-    elif reason == "output":
-        record.update(status="wrong", detail=f"output over {cap} bytes")
-    else:
-        try:
-            verdict = json.loads(res)
-            status, detail, value = verdict["status"], str(verdict["detail"]), verdict["value"]
-        except (ValueError, KeyError, TypeError):
-            verdict = None
-        if verdict is not None and status in ("ok", "wrong", "crash", "memory", "blocked"):
-            record.update(status=status, detail=detail,
-                          output=value if job["mode"] == "call" and isinstance(value, str)
-                          else out.decode("utf-8", "replace"))
-        elif os.WIFSIGNALED(wstatus):
-            sig = os.WTERMSIG(wstatus)
-            cpu = sig in (signal.SIGXCPU, signal.SIGKILL)
-            record.update(status="timeout" if cpu else "crash",
-                          detail=f"killed by {signal.Signals(sig).name}"
-                          + (f" (cpu limit {lim['cpu_s']} s)" if cpu else ""))
-        else:
-            code = os.WEXITSTATUS(wstatus) if os.WIFEXITED(wstatus) else -1
-            record.update(status="memory" if code == EXIT_NO_RESULT + 1 else "crash",
-                          detail=f"exited with code {code} before reporting a result")
-    return record
-
-
-def _run_all(job, deadline):
-    # RLIMIT_NPROC counts every task (thread) of the uid, in older kernels across namespaces too,
-    # and concurrent sandboxes share the uid: allow `max_processes` beyond the current count.
-    # Root is exempt from the limit, so skip the scan of /proc.
+            _inside.drop_privileges(job["drop_to"])
+        except OSError as e:
+            _emit({"fatal": f"cannot drop root to uid {job['drop_to']}: {e}"})
+            return
+    namespaces = False
+    if job["weak"]:
+        info["namespace_error"] = _unshare()
+        namespaces = info["namespace_error"] is None
+        info["dropped_root"] = _weak_drop_root(job["workdir"])
+        _prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans stay in our tree, for the final kill
+        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    info.update(namespaces=namespaces or not job["weak"], uid=os.getuid())
+    # RLIMIT_NPROC counts every task of the uid (concurrent sandboxes share it): allow
+    # `max_processes` beyond the current count. It does not bind root (weak mode as root).
     lim = job["limits"]
     lim["nproc"] = lim["max_processes"] + (0 if os.geteuid() == 0 else _tasks_of_uid(os.getuid()))
     try:
         compiled = compile(job["code"], "<solution>", "exec")
     except (SyntaxError, ValueError, MemoryError, RecursionError) as e:
-        for i in range(len(job["tests"])):
-            _emit({"i": i, "status": "crash", "detail": f"{type(e).__name__}: {e}"[:300],
-                   "output": ""})
-        return
-    for i, test in enumerate(job["tests"]):
-        if time.monotonic() >= deadline:
-            return  # the caller counts the tests not reported as timeouts
-        _emit(_run_one(job, compiled, i, test, deadline))
-
-
-def main():
-    job = json.loads(sys.stdin.buffer.read())
-    sys.stdin.close()
-    # Started with -S for speed: installed packages are importable, .pth files are not run.
-    sys.path.extend(job["site_packages"])
-    deadline = time.monotonic() + job["total_timeout_s"]
-    error = None if job["namespaces"] == "off" else _unshare()
-    namespaces = job["namespaces"] != "off" and error is None
-    if job["namespaces"] == "require" and not namespaces:
-        _emit({"isolation": {"namespaces": False, "error": error}, "fatal": error})
-        return
-    dropped = _drop_root(job["sandbox"])
-    _die_with_parent(job["parent"])
-    _emit({"isolation": {"namespaces": namespaces, "namespace_error": error,
-                         "dropped_root": dropped, "audit_hook": job["audit_hook"]}})
+        compiled = f"{type(e).__name__}: {e}"[:300]
+    _emit({"isolation": info})
     if not namespaces:
-        _run_all(job, deadline)
+        serve(job, compiled)
         return
     pid = os.fork()  # PID 1 of the new namespace: when it dies, every process in it dies
     if pid == 0:
         try:
-            _die_with_parent(None)
-            _run_all(job, deadline)
+            _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+            serve(job, compiled)
         finally:
             os._exit(0)
     os.waitpid(pid, 0)

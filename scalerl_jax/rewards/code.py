@@ -5,78 +5,51 @@ Test formats (`parse_tests`): stdin/stdout pairs (APPS / TACO / CodeContests,
 "outputs": [...]}`), assert-based (MBPP `{"test_list": [...], "test_setup_code": ...}` or a plain
 list of asserts; HumanEval `{"test": "def check(candidate): ...", "entry_point": "f"}`).
 
-The program never runs in the trainer's process. `run_tests` starts `_sandbox_runner.py` in a
-fresh interpreter (`python -I -S`, own session, minimal environment, a new temporary directory as
-cwd and HOME, removed afterwards); the runner forks one child per test. What each layer covers,
-and what it does not:
+Who decides a verdict. The program runs in its own sandboxed process (`_sandbox_runner.py`,
+isolation modes in `rewards/sandbox.py`) and only plain data comes out of it: its stdout text, or
+a call's return value in `_inside`'s wire format. This module compares that data with the
+expected outputs, which never enter the sandbox. Assert-based tests run in a separate harness
+process (`_harness.py`, sandboxed too) whose calls of the program's functions are relayed here to
+the program's process and answered with decoded plain data. So no object, exit code, patched
+module, written pipe or forged report of the program can make a test pass: a pass is a comparison
+made by code the program cannot reach.
 
-* rlimits per test child: CPU seconds, address space (`memory_mb`), file size, open files,
-  processes/threads, no core files; plus a wall-clock timeout per test and per program enforced
-  by SIGKILL of the process group, and a parent-death signal so nothing outlives its caller
-  (e.g. a reward-pool worker killed on timeout). RLIMIT_NPROC does not bind root: a root runner
-  that cannot drop privileges relies on the audit hook and the kills. Without a PID namespace, a
-  descendant that leaves its process group (setsid) escapes the kill.
-* namespaces (`namespaces="auto"`: where unshare(2) is allowed — as root, or where
-  unprivileged user namespaces are enabled; Docker's default seccomp profile and Ubuntu's
-  AppArmor restriction forbid it, and then this layer is off): a network
-  namespace whose loopback is down, so no connection can be made by any code, native or not;
-  a PID namespace, so killing the runner's group kills every descendant. There is no mount
-  namespace: the filesystem is the host's.
-* privilege drop: a runner started as root becomes nobody, so file permissions refuse writes
-  outside the sandbox directory — only when the Python installation is world-readable (a
-  pyenv under /root is not; then it stays root). Unprivileged runners keep the trainer's uid.
-* audit hook (PEP 578, `audit_hook=True`): refuses sockets and name lookups, process creation
-  (fork/exec/spawn/system/Popen), signalling other processes, ctypes calls, writes outside the
-  sandbox and reads outside the sandbox, the Python installation and system directories. It
-  works where namespaces do not, but only against Python-level calls: native code of an
-  installed extension bypasses it, and a program that targets this harness can tamper with the
-  hook's state in its own memory.
-
-Verdicts: stdin/stdout output and call-based return values are compared here, outside the
-sandbox, and the expected outputs are never sent into it. Assert-based tests must run inside the
-candidate's process (as in the original MBPP/HumanEval harnesses); there a program written to
-forge the harness's success report could fake a pass.
-
-Comparison (`outputs_match`): whitespace-insensitive token comparison, numbers within 1e-6
-(absolute or relative) when either is written with a decimal point or exponent, integers exact.
-
-Hand-written because the available sandboxes either need a service (judge servers, containers)
-or a compiled helper (bubblewrap, nsjail, libseccomp); this uses the standard library only.
+Comparison (`outputs_match`, `values_match`): whitespace-insensitive tokens; integers compare
+exactly, also when the program writes a float for an integer answer (`12.0` = 12, `1000.5` is
+not 1000); a number written with a decimal point or exponent in the expected output is matched
+within 1e-6 (relative, or absolute below 1), in exact decimal arithmetic (no digit limit, no
+overflow to inf).
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import math
-import os
 import re
-import selectors
-import shutil
-import signal
-import site
-import subprocess
-import sys
-import tempfile
 import time
 from collections import Counter
+from decimal import Decimal, InvalidOperation
 from typing import Any, Optional, Union
 
 from scalerl_jax.config import ConfigError
+from scalerl_jax.rewards import _inside
 from scalerl_jax.rewards.math import strip_thinking
+from scalerl_jax.rewards.sandbox import ISOLATIONS, HARNESS, RUNNER, Process, resolve_mode
 
-RUNNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sandbox_runner.py")
 STATUSES = ("ok", "wrong", "timeout", "crash", "memory", "blocked", "skipped")
-FLOAT_TOL = 1e-6
+FLOAT_TOL = Decimal("1e-6")
+MAX_CODE_CHARS = 100_000  # a longer program is not run (completions have no length cap)
 
 
 @dataclasses.dataclass(frozen=True)
 class SandboxLimits:
     """Resource limits of one sandboxed program. Per test: `timeout_s` wall clock, `cpu_s` CPU
     (rounded up to whole seconds), `memory_mb` address space, `max_output_bytes` of stdout (or of
-    the serialized return value), `max_processes` extra processes/threads, `max_file_bytes` per
-    written file, `max_open_files`. Per program: `total_timeout_s` for all its tests.
-    `namespaces`: "auto" (use network/PID namespaces where the host allows), "require" (refuse
-    to run without them), "off". `audit_hook`: the Python-level fallback layer."""
+    the encoded return value), `max_processes` extra processes/threads, `max_file_bytes` per
+    written file, `max_open_files`. Per program: `total_timeout_s` for all its tests, `tmpfs_mb`
+    for all its files (bubblewrap mode). `isolation`: "strong" (bubblewrap; refuse to run code
+    without it), "best" (bubblewrap where the host has it, else the weak mode: an explicit
+    acceptance of the weaker layers), "weak" (always the weak mode); see rewards/sandbox.py."""
 
     timeout_s: float = 4.0
     cpu_s: float = 4.0
@@ -86,8 +59,8 @@ class SandboxLimits:
     max_file_bytes: int = 16 << 20
     max_open_files: int = 64
     total_timeout_s: float = 8.0  # below RewardConfig.timeout_s (10 s)
-    namespaces: str = "auto"
-    audit_hook: bool = True
+    tmpfs_mb: int = 64
+    isolation: str = "strong"
 
     def __post_init__(self):
         for name in ("timeout_s", "cpu_s", "total_timeout_s"):
@@ -96,16 +69,14 @@ class SandboxLimits:
                     value > 0 and math.isfinite(value)):
                 raise ConfigError(f"SandboxLimits.{name}={value!r}: must be a finite number > 0")
         minimum = {"memory_mb": 32, "max_output_bytes": 1, "max_processes": 1,
-                   "max_file_bytes": 1, "max_open_files": 16}
+                   "max_file_bytes": 1, "max_open_files": 16, "tmpfs_mb": 1}
         for name, low in minimum.items():
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ConfigError(f"SandboxLimits.{name}={value!r}: must be an integer >= {low}")
-        if self.namespaces not in ("auto", "require", "off"):
-            raise ConfigError(f"SandboxLimits.namespaces={self.namespaces!r}: must be one of "
-                              "'auto', 'require', 'off'")
-        if not isinstance(self.audit_hook, bool):
-            raise ConfigError(f"SandboxLimits.audit_hook={self.audit_hook!r}: must be a bool")
+        if self.isolation not in ISOLATIONS:
+            raise ConfigError(f"SandboxLimits.isolation={self.isolation!r}: must be one of "
+                              f"{ISOLATIONS}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,7 +93,7 @@ class CodeResult:
     passed: int
     total: int
     outcomes: tuple  # TestOutcome per test, in order
-    isolation: dict  # layers that were active: namespaces, dropped_root, audit_hook
+    isolation: dict  # the mode and layers the program's process reported (see sandbox.py)
     seconds: float
 
     @property
@@ -232,35 +203,48 @@ def check_tests(reference: str) -> None:
 
 # ----------------------------------------------------------------------------- comparison
 _NUMBER_RE = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+_INTEGER_RE = re.compile(r"[-+]?\d+")
+
+
+def _numbers_close(got: Decimal, expected: Decimal) -> bool:
+    """Within FLOAT_TOL relative, or absolute for |expected| < 1; exact decimal arithmetic."""
+    return abs(got - expected) <= FLOAT_TOL * max(abs(expected), Decimal(1))
 
 
 def _tokens_equal(a: str, b: str) -> bool:
+    """`a` written by the program, `b` expected."""
     if a == b:
         return True
     if not (_NUMBER_RE.fullmatch(a) and _NUMBER_RE.fullmatch(b)):
         return False
-    if not any(c in s for s in (a, b) for c in ".eE"):
-        return int(a) == int(b)  # "007" == "7"; integers never get a tolerance
-    x, y = float(a), float(b)
-    return math.isclose(x, y, rel_tol=FLOAT_TOL, abs_tol=FLOAT_TOL)
+    try:
+        x, y = Decimal(a), Decimal(b)
+    except InvalidOperation:  # an exponent beyond Decimal's range
+        return False
+    if _INTEGER_RE.fullmatch(b):  # "007" == "7", "12.0" == "12", but never a tolerance
+        return x == y
+    return _numbers_close(x, y)
 
 
 def outputs_match(got: str, expected: str) -> bool:
-    """Whitespace-insensitive token comparison; numbers with a decimal point or exponent within
-    1e-6 absolute or relative."""
+    """Whitespace-insensitive token comparison (number rules in the module docstring)."""
     a, b = got.split(), expected.split()
     return len(a) == len(b) and all(_tokens_equal(x, y) for x, y in zip(a, b))
 
 
 def values_match(got: Any, expected: Any) -> bool:
-    """Return values as JSON data: lists element-wise, floats within 1e-6, bools not numbers."""
+    """A decoded return value against the expected JSON value: lists and tuples element-wise,
+    an integer expected exactly (a float equal to it is accepted), a float within the
+    tolerance, bools never numbers."""
     if isinstance(got, bool) or isinstance(expected, bool):
         return got is expected
     if isinstance(got, (int, float)) and isinstance(expected, (int, float)):
-        if isinstance(got, int) and isinstance(expected, int):
+        if not (math.isfinite(got) and math.isfinite(expected)):
             return got == expected
-        return math.isclose(got, expected, rel_tol=FLOAT_TOL, abs_tol=FLOAT_TOL)
-    if isinstance(got, list) and isinstance(expected, list):
+        if isinstance(expected, int):
+            return got == expected  # int vs float in Python compares exactly
+        return _numbers_close(Decimal(got), Decimal(expected))
+    if isinstance(got, (list, tuple)) and isinstance(expected, list):
         return len(got) == len(expected) and all(map(values_match, got, expected))
     if isinstance(got, dict) and isinstance(expected, dict):
         return got.keys() == expected.keys() and all(values_match(got[k], expected[k])
@@ -275,158 +259,203 @@ def _call_match(got: Any, expected: Any) -> bool:
 
 
 # ----------------------------------------------------------------------------- extraction
-_FENCE_RE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
-_OPEN_FENCE_RE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n", re.IGNORECASE)
+_FENCE_LANGS = ("python3", "python", "py", "")
+_FENCE_TAG_CHARS = 32  # what may follow an opening ``` on its line: a language tag, spaces
 
 
 def extract_code(completion: str) -> Optional[str]:
     """The program in a completion: the last ```python (or bare ```) fenced block after any
     `</think>`; an unclosed final fence (truncated output) counts up to the end; without a fence,
-    the text after `</think>`. None when the thought never closes or nothing is left."""
+    the text after `</think>`. None when the thought never closes, nothing is left, or the
+    program is over MAX_CODE_CHARS. One forward scan (a backtracking regex here was quadratic
+    in a run of spaces after a fence)."""
     text = strip_thinking(completion)
     if text is None:
         return None
-    blocks = list(_FENCE_RE.finditer(text))
-    tail = text[blocks[-1].end():] if blocks else text
-    opened = _OPEN_FENCE_RE.search(tail)
-    if opened:
-        code = tail[opened.end():]
-    elif blocks:
-        code = blocks[-1].group(1)
-    else:
+    code, start, pos = None, None, 0
+    while (j := text.find("```", pos)) >= 0:
+        if start is not None:  # inside a block: this closes it
+            code, start, pos = text[start:j], None, j + 3
+            continue
+        newline = text.find("\n", j + 3, j + 3 + _FENCE_TAG_CHARS + 1)
+        if newline >= 0 and text[j + 3:newline].strip(" \t").lower() in _FENCE_LANGS:
+            start = pos = newline + 1
+        else:
+            pos = j + 3
+    if start is not None:
+        code = text[start:]
+    elif code is None:
         code = text
-    return code if code.strip() else None
+    if not code.strip() or len(code) > MAX_CODE_CHARS:
+        return None
+    return code
 
 
 # ----------------------------------------------------------------------------- running
-# The runner starts with -S (no `site`: its .pth processing is a third of the start-up time) and
-# puts these on sys.path itself, so programs can still import installed packages such as numpy.
-_SITE_PACKAGES = [p for p in site.getsitepackages() if os.path.isdir(p)]
-
-
-def _minimal_env(sandbox: str) -> dict:
-    return {"PATH": "/usr/bin:/bin", "HOME": sandbox, "TMPDIR": sandbox, "LANG": "C.UTF-8",
-            "LC_ALL": "C.UTF-8"}
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    """SIGKILL the runner's process group, before the runner is reaped (so its id, the group id,
-    cannot have been reused)."""
+def _decode_value(answer: dict) -> tuple[bool, Any]:
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+        return True, _inside.decode(answer.get("value"))
+    except (_inside.WireError, RecursionError):
+        return False, None
+
+
+def _outcome(answer: Optional[dict], what: str = "") -> TestOutcome:
+    """A TestOutcome for a failed answer of the program's process (None: it did not answer)."""
+    if answer is None:
+        return TestOutcome("timeout" if what == "timeout" else "crash",
+                           what or "the sandbox stopped answering")
+    status = str(answer.get("status"))
+    detail = str(answer.get("detail", answer.get("message", "")))[:300]
+    if status == "raised":
+        return TestOutcome("crash", f"{answer.get('type')}: {detail}"[:300])
+    output = str(answer.get("stdout", ""))
+    if status == "output":
+        return TestOutcome("wrong", detail, output)
+    return TestOutcome(status if status in STATUSES else "crash", detail, output)
+
+
+class _Run:
+    """One program's sandboxed process (and harness process, for assert tests) while its tests
+    run; the deadlines are enforced here, whatever the processes do."""
+
+    def __init__(self, code: str, spec: TestSpec, limits: SandboxLimits, start: float):
+        self.spec, self.limits = spec, limits
+        self.deadline = start + limits.total_timeout_s
+        mode = resolve_mode(limits.isolation)
+        lim = {k: getattr(limits, k) for k in ("timeout_s", "cpu_s", "memory_mb",
+                                               "max_output_bytes", "max_processes",
+                                               "max_file_bytes", "max_open_files")}
+        max_line = 6 * limits.max_output_bytes + 4096  # JSON escaping of the capped output
+        tmpfs = limits.tmpfs_mb << 20
+        self.harness = None
+        self.program = Process(RUNNER, mode, {"code": code, "limits": lim}, tmpfs, max_line)
+        if spec.mode == "assert":
+            self.harness = Process(HARNESS, mode, {"setup": spec.setup,
+                                                   "tests": list(spec.inputs)}, tmpfs, max_line)
+        hello = self.program.read(self.deadline)
+        if hello is not None and "fatal" in hello:
+            raise RuntimeError(f"the code sandbox could not start: {hello['fatal']}")
+        self.isolation = (hello or {}).get("isolation", {})
+        if not isinstance(self.isolation, dict):
+            self.isolation = {}
+
+    def _test_deadline(self) -> float:
+        # the program's process enforces timeout_s itself; this bound holds if it does not
+        return min(self.deadline, time.monotonic() + self.limits.timeout_s + 1.0)
+
+    def run(self, i: int) -> TestOutcome:
+        spec, deadline = self.spec, self._test_deadline()
+        if spec.mode == "stdio":
+            answer = self.program.request({"op": "stdio", "stdin": spec.inputs[i]}, deadline)
+            if answer is None or answer.get("status") != "ok":
+                return self._failed(answer, deadline)
+            out = str(answer.get("stdout", ""))
+            if not outputs_match(out, spec.expected[i]):
+                return TestOutcome("wrong", f"expected {spec.expected[i][:60]!r}, got "
+                                            f"{out[:60]!r}", out)
+            return TestOutcome("ok", "", out)
+        loaded = self.program.request({"op": "load"}, deadline)
+        if loaded is None or loaded.get("status") != "ok":
+            return self._failed(loaded, deadline)
+        if spec.mode == "call":
+            outcome = self._call(i, deadline)
+        else:
+            outcome = self._assert(i, deadline)
+        self.program.request({"op": "unload"}, deadline)
+        return outcome
+
+    def _failed(self, answer: Optional[dict], deadline: float) -> TestOutcome:
+        return _outcome(answer, "timeout" if answer is None and time.monotonic() >= deadline
+                        else "")
+
+    def _call(self, i: int, deadline: float) -> TestOutcome:
+        try:
+            args = _inside.encode(list(self.spec.inputs[i]))
+        except _inside.WireError as e:
+            return TestOutcome("crash", f"tests.inputs[{i}]: {e}")
+        answer = self.program.request({"op": "call", "fn": self.spec.fn_name, "args": args},
+                                      deadline)
+        if answer is None or answer.get("status") != "ok":
+            return self._failed(answer, deadline)
+        ok, got = _decode_value(answer)
+        shown = json.dumps(answer.get("value"))[:200]
+        if not ok:
+            return TestOutcome("wrong", "unreadable return value", shown)
+        try:
+            match = _call_match(got, self.spec.expected[i])
+        except RecursionError:
+            match = False
+        if not match:
+            return TestOutcome("wrong", f"expected {self.spec.expected[i]!r:.60}, got "
+                                        f"{shown[:60]}", shown)
+        return TestOutcome("ok", "", shown)
+
+    def _assert(self, i: int, deadline: float) -> TestOutcome:
+        """Relay the harness's calls to the program until the harness gives its verdict."""
+        msg = self.harness.request({"run": i}, deadline)
+        while msg is not None and "verdict" not in msg:
+            if msg.get("op") != "call":
+                return TestOutcome("crash", "the test harness sent an unknown message")
+            answer = self.program.request(msg, deadline)
+            if answer is None:
+                return self._failed(answer, deadline)
+            msg = self.harness.request(answer, deadline)
+        if msg is None:
+            return self._failed(None, deadline)
+        status = str(msg["verdict"])
+        return TestOutcome(status if status in STATUSES else "crash", str(msg.get("detail", "")))
+
+    def close(self) -> None:
+        for process in (self.program, self.harness):
+            if process is not None:
+                process.close()
 
 
 def run_tests(code: str, tests: Union[dict, list, TestSpec],
               limits: SandboxLimits = SandboxLimits(), *, fail_fast: bool = False) -> CodeResult:
     """Run `code` against `tests` in the sandbox. Every test gets a status (STATUSES); with
     `fail_fast` the run stops at the first failure and the rest are `skipped`. Raises ValueError
-    for a malformed spec and RuntimeError only when the sandbox itself cannot start (or
-    `namespaces="require"` cannot be met)."""
+    for a malformed spec, SandboxUnavailable when `limits.isolation="strong"` cannot be met, and
+    RuntimeError when the sandbox itself cannot start."""
     spec = tests if isinstance(tests, TestSpec) else parse_tests(tests)
     if not isinstance(code, str):
         raise ValueError(f"code: expected a string, got {type(code).__name__}")
     start = time.monotonic()
     n = len(spec.inputs)
     outcomes: list = [None] * n
-    isolation: dict = {}
-    sandbox = tempfile.mkdtemp(prefix="scalerl-sandbox-")
-    job = {"code": code, "mode": spec.mode, "tests": list(spec.inputs), "fn_name": spec.fn_name,
-           "setup": spec.setup, "sandbox": sandbox, "namespaces": limits.namespaces,
-           "audit_hook": limits.audit_hook, "total_timeout_s": limits.total_timeout_s,
-           "parent": os.getpid(), "site_packages": _SITE_PACKAGES,
-           "limits": {k: getattr(limits, k) for k in (
-               "timeout_s", "cpu_s", "memory_mb", "max_output_bytes", "max_processes",
-               "max_file_bytes", "max_open_files")}}
-    payload = json.dumps(job).encode()
-    # Bound on what the runner may send: each record carries at most one capped output (JSON
-    # escaping at most doubles UTF-8 text of printable characters; control characters more).
-    max_bytes = (n + 1) * (6 * limits.max_output_bytes + 4096)
-    proc = None
+    run = None
     try:
-        proc = subprocess.Popen([sys.executable, "-I", "-S", RUNNER], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=sandbox,
-                                env=_minimal_env(sandbox), start_new_session=True,
-                                close_fds=True)
-        try:
-            proc.stdin.write(payload)  # the runner reads all of it before writing anything
-            proc.stdin.close()
-        except BrokenPipeError:
-            pass
-        deadline = start + limits.total_timeout_s
-        buf, received, stop, broken = b"", 0, False, False
-        with selectors.DefaultSelector() as sel:
-            sel.register(proc.stdout, selectors.EVENT_READ)
-            while not (stop or broken):
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or not sel.select(remaining):
-                    break
-                chunk = os.read(proc.stdout.fileno(), 1 << 16)
-                if not chunk:
-                    break
-                received += len(chunk)
-                if received > max_bytes:
-                    break
-                buf += chunk
-                *lines, buf = buf.split(b"\n")
-                for line in lines:
-                    try:
-                        record = json.loads(line)
-                    except ValueError:  # only the runner writes here; a broken line ends it
-                        broken = True
-                        break
-                    if "isolation" in record:
-                        isolation = record["isolation"]
-                        if record.get("fatal"):
-                            raise RuntimeError(f"SandboxLimits.namespaces='require' but the "
-                                               f"sandbox could not unshare: {record['fatal']}")
-                        continue
-                    i = record["i"]
-                    outcomes[i] = _judge(spec, i, record)
-                    if fail_fast and outcomes[i].status != "ok":
-                        stop = True
-                        break  # later records of the same read are ignored, as if not run
-    finally:
-        if proc is not None:
-            _kill_group(proc)
-            proc.wait()
-            proc.stdout.close()
-        shutil.rmtree(sandbox, ignore_errors=True)
-    out_of_time = time.monotonic() - start >= limits.total_timeout_s
-    for i in range(n):
-        if outcomes[i] is None:
-            if stop:
-                outcomes[i] = TestOutcome("skipped", "an earlier test failed")
-            elif out_of_time:
+        run = _Run(code, spec, limits, start)
+        for i in range(n):
+            if time.monotonic() >= run.deadline:
+                break
+            outcomes[i] = run.run(i)
+            if outcomes[i].status == "timeout" and time.monotonic() >= run.deadline:
                 outcomes[i] = TestOutcome("timeout", f"program over total_timeout_s="
                                                      f"{limits.total_timeout_s}")
-            else:
-                outcomes[i] = TestOutcome("crash", "the sandbox ended before this test")
+            if outcomes[i].status != "ok" and (fail_fast or outcomes[i].detail.startswith(
+                    "the sandbox stopped")):
+                break
+    finally:
+        if run is not None:
+            run.close()
+    for i in range(n):
+        if outcomes[i] is None:
+            outcomes[i] = (TestOutcome("skipped", "an earlier test failed") if fail_fast else
+                           TestOutcome("timeout", f"program over total_timeout_s="
+                                                  f"{limits.total_timeout_s}"))
     passed = sum(o.status == "ok" for o in outcomes)
-    return CodeResult(passed, n, tuple(outcomes), isolation, time.monotonic() - start)
+    return CodeResult(passed, n, tuple(outcomes), run.isolation if run else {},
+                      time.monotonic() - start)
 
 
-def _judge(spec: TestSpec, i: int, record: dict) -> TestOutcome:
-    status, detail, output = record["status"], record["detail"], record["output"]
-    if status == "ok" and spec.mode == "stdio" and not outputs_match(output, spec.expected[i]):
-        status, detail = "wrong", f"expected {spec.expected[i][:60]!r}, got {output[:60]!r}"
-    elif status == "ok" and spec.mode == "call":
-        try:
-            got = json.loads(output)
-        except (TypeError, ValueError):  # a verdict forged by the program itself
-            return TestOutcome("wrong", "unreadable return value", str(output)[:200])
-        if not _call_match(got, spec.expected[i]):
-            status, detail = "wrong", f"expected {spec.expected[i]!r:.60}, got {output[:60]!r}"
-    return TestOutcome(status, detail, output)
-
-
-def verify_code(completion: str, reference: str) -> bool:
+def verify_code(completion: str, reference: str, isolation: str = "strong") -> bool:
     """Reward verifier: True iff the program in `completion` (`extract_code`) passes every test
-    of `reference` (a JSON test specification, see `parse_tests`) under the default limits.
-    Module-level, so it can run in RewardPool thread or process workers."""
+    of `reference` (a JSON test specification, see `parse_tests`) under the default limits and
+    `isolation` (SandboxLimits.isolation). Module-level, so it (or a partial of it) can run in
+    RewardPool thread or process workers."""
     spec = parse_tests(json.loads(reference))
     code = extract_code(completion)
     if code is None:
         return False
-    return run_tests(code, spec, SandboxLimits(), fail_fast=True).all_passed
+    return run_tests(code, spec, SandboxLimits(isolation=isolation), fail_fast=True).all_passed

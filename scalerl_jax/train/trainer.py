@@ -109,7 +109,7 @@ def _run(cfg: RunConfig, tokenizer, cleanup: contextlib.ExitStack, allow_config_
     # drawn by weight); the validation set, split over hosts. Each domain's verifier.
     curriculum = NoPositiveResampling(threshold=cfg.pipeline.retire_pass_rate)
     retire = cfg.pipeline.no_positive_resampling
-    verifiers = domain_verifiers(cfg.data, cfg.reward.verifier)  # {domain: verifier}
+    verifiers = domain_verifiers(cfg.data, cfg.reward.verifier, cfg.reward.code_isolation)
     source = open_source(cfg.data, tokenizer, process_index=host, process_count=hosts,
                          skip=lambda pid: curriculum.is_retired(pid) if retire else False,
                          check_answers=answer_checks(cfg.data, cfg.reward.verifier))

@@ -1,0 +1,267 @@
+"""Starting and ending the processes of the code sandbox, in one of two isolation modes.
+
+**bwrap** (the strong mode; bubblewrap, Debian/Ubuntu package `bubblewrap`): each process gets
+new mount, PID, network, IPC and UTS namespaces. Its filesystem is an empty root with read-only
+binds of /usr (and the /bin, /lib... links or directories beside it), the Python installation and
+site-packages, this directory's scripts and `/etc/ld.so.cache`; a fresh /proc of its own PID
+namespace (no other process, so no `/proc/<pid>/mem` or `/ns/net` of the caller); a minimal /dev;
+a size-limited tmpfs as /tmp, cwd and HOME; the root remounted read-only. No network interface
+but a loopback that is down, and no filesystem socket of the host is visible. Started as root,
+bubblewrap keeps CAP_SETUID/CAP_SETGID only, and the process drops to uid/gid 65534 with no
+groups before it reads the program (`_inside.drop_privileges`): the candidate never has root's
+uid or any capability, and cannot regain them (no-new-privileges). Started as another user, the
+sandbox runs in a new user namespace (which needs unprivileged user namespaces) with that user's
+uid and no capabilities outside, and cannot create further user namespaces. `--die-with-parent`
+plus the PID namespace: killing bubblewrap ends every process of the sandbox; the tmpfs goes with
+them, so nothing is left on disk.
+
+**weak** (only where the caller accepts it: `SandboxLimits.isolation="best"` without bubblewrap,
+or `"weak"`): a plain `python -I -S` process in a fresh temporary directory, which tries network
+and PID namespaces (unshare(2), where allowed), drops root to nobody only when the Python
+installation is world-readable, installs a PEP 578 audit hook in each child, and is a child
+subreaper so that `close` finds and kills every descendant, setsid or not. The audit hook binds
+only Python-level calls: a program aimed at it can read and write what the trainer's uid can.
+
+In both modes the verdict is decided outside (rewards/code.py), from plain data.
+
+Hand-written around bubblewrap because nothing on PyPI drives it; nsjail is an alternative with
+the same layers but needs a config language of its own.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import os
+import selectors
+import shutil
+import signal
+import site
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Optional
+
+from scalerl_jax.rewards import _inside
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RUNNER = os.path.join(HERE, "_sandbox_runner.py")
+HARNESS = os.path.join(HERE, "_harness.py")
+ISOLATIONS = ("strong", "best", "weak")
+NOBODY = 65534
+_SITE_PACKAGES = tuple(os.path.realpath(p) for p in site.getsitepackages() if os.path.isdir(p))
+_PYTHON = os.path.realpath(sys.executable)
+_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
+
+
+class SandboxUnavailable(RuntimeError):
+    """The strong mode was asked for and this host cannot provide it."""
+
+
+def _read_only_paths() -> list[str]:
+    """What the sandbox sees of the host: the Python installation, its packages, these scripts.
+    Paths inside another listed path are dropped (bubblewrap binds each once)."""
+    paths = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix,
+                                           sys.base_exec_prefix, os.path.dirname(_PYTHON), HERE,
+                                           *_SITE_PACKAGES)}
+    paths = {p for p in paths if os.path.isdir(p) and not p.startswith("/usr/")}
+    return sorted(p for p in paths
+                  if not any(p != q and p.startswith(q + os.sep) for q in paths))
+
+
+def _bwrap_args(tmpfs_bytes: int) -> list[str]:
+    args = ["bwrap", "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
+            "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--clearenv"]
+    if os.geteuid() == 0:
+        args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+    else:
+        args += ["--unshare-user", "--disable-userns"]
+    args += ["--ro-bind", "/usr", "/usr"]
+    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        if os.path.islink(top):
+            args += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            args += ["--ro-bind", top, top]
+    if os.path.exists("/etc/ld.so.cache"):
+        args += ["--ro-bind", "/etc/ld.so.cache", "/etc/ld.so.cache"]
+    made = set()
+    for path in _read_only_paths():
+        parents = []
+        parent = os.path.dirname(path)
+        while parent not in ("/", "") and parent not in made:
+            parents.append(parent)
+            parent = os.path.dirname(parent)
+        for p in reversed(parents):  # searchable by the sandbox's uid, whatever the host's mode
+            args += ["--perms", "0755", "--dir", p]
+            made.add(p)
+        args += ["--ro-bind", path, path]
+    args += ["--proc", "/proc", "--dev", "/dev",
+             "--size", str(tmpfs_bytes), "--perms", "1777", "--tmpfs", "/tmp",
+             "--remount-ro", "/", "--chdir", "/tmp"]
+    for key, value in {**_ENV, "HOME": "/tmp", "TMPDIR": "/tmp"}.items():
+        args += ["--setenv", key, value]
+    return args
+
+
+@functools.lru_cache(maxsize=None)
+def bwrap_status() -> tuple[bool, str]:
+    """(usable, why not): whether bubblewrap is installed and can start a sandbox here (user
+    namespaces may be forbidden, e.g. by a container's seccomp profile). Checked once per
+    process with a real start."""
+    if shutil.which("bwrap") is None:
+        return False, "bubblewrap (bwrap) is not installed: apt-get install bubblewrap"
+    cmd = _bwrap_args(1 << 20) + [_PYTHON, "-I", "-S", "-c", "pass"]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, timeout=30, cwd="/")
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return False, f"bwrap did not start: {e}"
+    if proc.returncode != 0:
+        return False, f"bwrap failed here: {proc.stderr.decode(errors='replace').strip()[:300]}"
+    return True, ""
+
+
+def resolve_mode(isolation: str) -> str:
+    """'bwrap' or 'weak' for `SandboxLimits.isolation`; SandboxUnavailable when 'strong' cannot
+    be met, saying why and what to do."""
+    if isolation == "weak":
+        return "weak"
+    usable, why = bwrap_status()
+    if usable:
+        return "bwrap"
+    if isolation == "best":
+        return "weak"
+    raise SandboxUnavailable(
+        f"code rewards need the strong sandbox and this host cannot give it ({why}). Install "
+        "bubblewrap, or accept the weaker isolation explicitly with "
+        "SandboxLimits(isolation='best') / rewards.code_isolation=best")
+
+
+def describe(isolation: str) -> str:
+    """One line for a run's log: which mode code rewards use here and what it holds."""
+    mode = resolve_mode(isolation)
+    if mode == "bwrap":
+        who = "uid 65534, no capabilities" if os.geteuid() == 0 else (
+            f"uid {os.geteuid()} in a user namespace, no capabilities")
+        return (f"code sandbox: bubblewrap (mount, PID, network, IPC, UTS namespaces; read-only "
+                f"system; tmpfs /tmp; {who})")
+    return ("code sandbox: WEAK mode (rlimits, audit hook, network/PID namespaces where allowed; "
+            "a program aimed at the audit hook can read and write as the trainer's uid)")
+
+
+# ---------------------------------------------------------------------------------- processes
+def _descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat", "rb") as f:
+                    ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(name))
+    out, todo = [], [root]
+    while todo:
+        for pid in children.get(todo.pop(), ()):
+            out.append(pid)
+            todo.append(pid)
+    return out
+
+
+FS_IOC_GETFLAGS, FS_IOC_SETFLAGS = 0x80086601, 0x40086602
+
+
+def _remove_tree(path: str) -> None:
+    """rmtree that first clears inode flags (immutable, append-only) a program may have set."""
+    for root, dirs, files in os.walk(path):
+        for name in dirs + files:
+            p = os.path.join(root, name)
+            if os.path.islink(p):
+                continue
+            try:
+                fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+            except OSError:
+                continue
+            with contextlib.suppress(OSError):
+                flags = struct.unpack("i", fcntl.ioctl(fd, FS_IOC_GETFLAGS, b"\0" * 4))[0]
+                if flags & 0x30:  # FS_IMMUTABLE_FL | FS_APPEND_FL
+                    fcntl.ioctl(fd, FS_IOC_SETFLAGS, struct.pack("i", flags & ~0x30))
+            os.close(fd)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+class Process:
+    """One sandboxed script (the runner or the harness) and its line protocol. `request` and
+    `read` return None when the process does not answer by the deadline or answers garbage; the
+    caller treats that as the test's failure and closes the process."""
+
+    def __init__(self, script: str, mode: str, job: dict, tmpfs_bytes: int, max_line: int):
+        self.mode, self.max_line = mode, max_line
+        self.workdir = None
+        if mode == "bwrap":
+            cmd = _bwrap_args(tmpfs_bytes) + [_PYTHON, "-I", "-S", script]
+            cwd, env = "/", {}
+            job = {**job, "weak": False, "workdir": "/tmp",
+                   "drop_to": NOBODY if os.geteuid() == 0 else None}
+        else:
+            self.workdir = tempfile.mkdtemp(prefix="scalerl-sandbox-")
+            cmd = [_PYTHON, "-I", "-S", script]
+            cwd, env = self.workdir, {**_ENV, "HOME": self.workdir, "TMPDIR": self.workdir}
+            job = {**job, "weak": True, "workdir": self.workdir, "drop_to": None}
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, cwd=cwd, env=env,
+                                     start_new_session=True, close_fds=True)
+        self.buf = b""
+        self.sel = selectors.DefaultSelector()
+        self.sel.register(self.proc.stdout, selectors.EVENT_READ)
+        self.send({**job, "site_packages": list(_SITE_PACKAGES)})
+
+    def send(self, msg: dict) -> bool:
+        try:
+            _inside.write_all(self.proc.stdin.fileno(), _inside.dumps(msg))
+            return True
+        except OSError:
+            return False
+
+    def read(self, deadline: float) -> Optional[dict]:
+        while b"\n" not in self.buf:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or len(self.buf) > self.max_line or not self.sel.select(remaining):
+                return None
+            chunk = os.read(self.proc.stdout.fileno(), 1 << 16)
+            if not chunk:
+                return None
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\n", 1)
+        try:
+            return _inside.loads(line, self.max_line)
+        except _inside.WireError:
+            return None
+
+    def request(self, msg: dict, deadline: float) -> Optional[dict]:
+        return self.read(deadline) if self.send(msg) else None
+
+    def close(self) -> None:
+        """Kill the process and everything it started; remove its directory. In the bwrap mode
+        killing bubblewrap ends its PID namespace; in the weak mode the runner is a subreaper,
+        so every descendant is in its tree, and the tree is killed from the leaves' side until
+        it is empty."""
+        if self.mode == "weak":
+            for _ in range(100):
+                pids = _descendants(self.proc.pid)
+                if not pids:
+                    break
+                for pid in pids:
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, signal.SIGKILL)
+                time.sleep(0.001)
+        with contextlib.suppress(OSError):
+            os.killpg(self.proc.pid, signal.SIGKILL)  # before the reap: the id is still ours
+        self.proc.wait()
+        self.sel.close()
+        for stream in (self.proc.stdin, self.proc.stdout):
+            with contextlib.suppress(OSError):
+                stream.close()
+        if self.workdir is not None:
+            _remove_tree(self.workdir)
