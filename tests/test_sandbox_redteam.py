@@ -302,7 +302,9 @@ RESOURCE_ATTACKS = {
     "thread_bomb": ("import threading, time\nfor _ in range(10000):\n    try:\n"
                     "        threading.Thread(target=time.sleep, args=(30,)).start()\n"
                     "    except RuntimeError:\n        break\ntime.sleep(30)\n", {"timeout"}),
-    "disk_fill": ("open('f', 'wb').write(b'x' * (1 << 30))\n", {"crash", "memory"}),
+    "disk_fill": ("import itertools\nfor i in itertools.count():\n"
+                  "    with open(f'f{i}', 'wb') as f:\n        f.write(b'x' * (8 << 20))\n",
+                  {"crash"}),
     "deep_recursion": ("import sys\nsys.setrecursionlimit(10 ** 6)\n"
                        "def r(n):\n    return r(n + 1)\nr(0)\n", {"crash", "memory", "timeout"}),
 }
