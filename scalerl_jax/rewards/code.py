@@ -395,6 +395,7 @@ class _Run:
         msg = self.harness.request({"run": i}, deadline)
         while msg is not None and "verdict" not in msg:
             if msg.get("op") != "call":
+                self.harness.broken = True
                 return TestOutcome("crash", "the test harness sent an unknown message")
             answer = self.program.request(msg, deadline)
             if answer is None:
@@ -404,6 +405,10 @@ class _Run:
             return self._failed(None, deadline)
         status = str(msg["verdict"])
         return TestOutcome(status if status in STATUSES else "crash", str(msg.get("detail", "")))
+
+    @property
+    def broken(self) -> bool:
+        return any(p is not None and p.broken for p in (self.program, self.harness))
 
     def close(self) -> None:
         for process in (self.program, self.harness):
@@ -427,14 +432,13 @@ def run_tests(code: str, tests: Union[dict, list, TestSpec],
     try:
         run = _Run(code, spec, limits, start)
         for i in range(n):
-            if time.monotonic() >= run.deadline:
+            if time.monotonic() >= run.deadline or run.broken:
                 break
             outcomes[i] = run.run(i)
             if outcomes[i].status == "timeout" and time.monotonic() >= run.deadline:
                 outcomes[i] = TestOutcome("timeout", f"program over total_timeout_s="
                                                      f"{limits.total_timeout_s}")
-            if outcomes[i].status != "ok" and (fail_fast or outcomes[i].detail.startswith(
-                    "the sandbox stopped")):
+            if outcomes[i].status != "ok" and fail_fast:
                 break
     finally:
         if run is not None:
@@ -442,8 +446,10 @@ def run_tests(code: str, tests: Union[dict, list, TestSpec],
     for i in range(n):
         if outcomes[i] is None:
             outcomes[i] = (TestOutcome("skipped", "an earlier test failed") if fail_fast else
-                           TestOutcome("timeout", f"program over total_timeout_s="
-                                                  f"{limits.total_timeout_s}"))
+                           TestOutcome("crash", "the sandbox stopped answering")
+                           if run is not None and run.broken and time.monotonic() < run.deadline
+                           else TestOutcome("timeout", f"program over total_timeout_s="
+                                                       f"{limits.total_timeout_s}"))
     passed = sum(o.status == "ok" for o in outcomes)
     return CodeResult(passed, n, tuple(outcomes), run.isolation if run else {},
                       time.monotonic() - start)

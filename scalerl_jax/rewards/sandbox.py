@@ -212,7 +212,7 @@ class Process:
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.DEVNULL, cwd=cwd, env=env,
                                      start_new_session=True, close_fds=True)
-        self.buf = b""
+        self.buf, self.broken = b"", False
         self.sel = selectors.DefaultSelector()
         self.sel.register(self.proc.stdout, selectors.EVENT_READ)
         self.send({**job, "site_packages": list(_SITE_PACKAGES)})
@@ -225,22 +225,32 @@ class Process:
             return False
 
     def read(self, deadline: float) -> Optional[dict]:
-        while b"\n" not in self.buf:
+        """The next message, or None (and `broken` from then on: a late answer must never be
+        taken for the answer to a later request)."""
+        while not self.broken and b"\n" not in self.buf:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or len(self.buf) > self.max_line or not self.sel.select(remaining):
-                return None
+                self.broken = True
+                break
             chunk = os.read(self.proc.stdout.fileno(), 1 << 16)
             if not chunk:
-                return None
+                self.broken = True
+                break
             self.buf += chunk
+        if self.broken:
+            return None
         line, self.buf = self.buf.split(b"\n", 1)
         try:
             return _inside.loads(line, self.max_line)
         except _inside.WireError:
+            self.broken = True
             return None
 
     def request(self, msg: dict, deadline: float) -> Optional[dict]:
-        return self.read(deadline) if self.send(msg) else None
+        if self.broken or not self.send(msg):
+            self.broken = True
+            return None
+        return self.read(deadline)
 
     def close(self) -> None:
         """Kill the process and everything it started; remove its directory. In the bwrap mode
