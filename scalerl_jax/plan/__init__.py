@@ -7,9 +7,13 @@
                 cache) and step time (FLOPs, MFU, decode bandwidth)
   planner.py    resolution: roles, trainer / sampler meshes, micro-batches, remat, slots; the
                 printout and the one-line reason a plan cannot run
+  local.py      the same estimate for the config on this machine's devices (host RAM on CPU,
+                device memory elsewhere), checked before a run allocates (`plan.local`)
 
-Pure functions of the config and the table: importing or calling them touches no device.
+Pure functions of the config and the table: importing or calling them touches no device
+(except `local.detect`, which asks jax for this host's devices).
 """
+from scalerl_jax.plan import local
 from scalerl_jax.plan.estimate import (GIB, Assumptions, Layout, SamplerMemory, StepTime,
                                        TrainerMemory, activation_bytes, kv_cache_bytes,
                                        param_bytes, param_inventory, rows_per_chip,
@@ -24,6 +28,6 @@ from scalerl_jax.plan.topology import (CHIPS, Chip, PlanError, Topology, check_h
 __all__ = ["CHIPS", "GIB", "PLANNED", "Assumptions", "Chip", "Layout", "Plan", "PlanError",
            "SamplerMemory", "StepTime", "Topology", "TrainerMemory", "activation_bytes",
            "check_hardware", "explain", "format_plan", "known_topologies", "kv_cache_bytes",
-           "param_bytes", "param_inventory", "resolve", "rows_per_chip", "sampler_memory",
+           "local", "param_bytes", "param_inventory", "resolve", "rows_per_chip", "sampler_memory",
            "sampler_param_bytes", "seq_len", "shard_elements", "slices", "smallest_fitting",
            "step_time", "sync_group_bytes", "topology", "trainer_memory"]
