@@ -4,8 +4,6 @@ import json
 import os
 import pickle
 import socket
-import subprocess
-import sys
 import textwrap
 import time
 

@@ -295,7 +295,7 @@ def test_sandbox_files_are_always_removed(tmp_path):
 RESOURCE_ATTACKS = {
     "busy_loop": ("while True:\n    pass\n", {"timeout"}),
     "sleep": ("import time\ntime.sleep(60)\n", {"timeout"}),
-    "memory": ("x = []\nwhile True:\n    x.append(bytearray(10 ** 7))\n", {"memory"}),
+    "memory": ("x = []\nwhile True:\n    x.append(bytearray(10 ** 7))\n", {"memory", "timeout"}),
     "output_flood": ("while True:\n    print('y' * 999)\n", {"wrong"}),
     "fork_bomb": ("import os\nfor _ in range(12):\n    try:\n        os.fork()\n"
                   "    except OSError:\n        pass\nimport time\ntime.sleep(30)\n", {"timeout"}),

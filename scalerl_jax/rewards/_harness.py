@@ -18,19 +18,11 @@ import builtins
 import os
 import sys
 
-
-
-def _load_inside():
-    """`_inside.py` beside this file, loaded by path: putting this directory on sys.path would
-    let its modules (math.py, code.py) shadow the standard library's for the program too."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_inside.py")
-    module = type(sys)("_inside")  # importlib.util would cost more start-up than this file
-    with open(path, encoding="utf-8") as f:
-        exec(compile(f.read(), path, "exec"), module.__dict__)
-    return module
-
-
-_inside = _load_inside()
+# `_inside.py` beside this file, loaded by path (why: `_sandbox_runner._load`)
+_inside = type(sys)("_inside")
+_path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_inside.py")
+with open(_path, encoding="utf-8") as _f:
+    exec(compile(_f.read(), _path, "exec"), _inside.__dict__)
 
 _stdin = sys.stdin.buffer
 
