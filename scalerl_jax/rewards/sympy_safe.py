@@ -3,13 +3,16 @@
 Model text is never executed: `sympify` and `parse_expr` go through Python `eval`, so they are
 not used. Accepted: numbers, single-letter symbols (e -> E, i -> I), a few Greek letters, + - * /
 ^, brackets, implicit multiplication, \\frac, \\sqrt[n], pi, \\infty and sqrt/ln/log/exp/sin/
-cos/tan. Sizes are bounded (characters, tokens, nesting, powers), only rational arithmetic is
-evaluated while parsing, and values are computed by `evaluate_complex` (double precision, O(1)
-per node), so one answer cannot make SymPy compute for long; the pool's timeout is the backstop.
+cos/tan. Implicit multiplication needs a non-number on its right (`2x`, `2\\pi`, `2(3)`): two
+numbers side by side (`2 3`, from `2 \\quad 3`) are refused, not read as 6. Sizes are bounded
+(characters, tokens, nesting, powers), only rational arithmetic is evaluated while parsing, and
+values are computed by `evaluate_complex` (double precision, O(1) per node), so one answer
+cannot make SymPy compute for long; the pool's timeout is the backstop.
 """
 from __future__ import annotations
 
 import cmath
+import functools
 import math
 import re
 from fractions import Fraction
@@ -115,6 +118,8 @@ class _Parser:
                 rhs = self.unary()
                 node = _mul(node, rhs if value == "*" else _pow(rhs, sympy.S.NegativeOne))
             elif self._starts_atom():
+                if self.peek()[0] == "num":
+                    raise _Reject("two numbers side by side")  # "2 3" is no product
                 node = _mul(node, self.power())
             else:
                 return node
@@ -205,7 +210,10 @@ def _pow(base, exponent):
             e = evaluate_complex(exponent)
         except (ArithmeticError, ValueError, TypeError):
             raise _Reject("exponent has no finite value") from None
-        size = max(abs(base.p).bit_length(), base.q.bit_length(), 1) if base.is_Rational else 64
+        # A base with variables is never raised exactly (values are taken in double precision at
+        # points), so only numeric bases count.
+        size = max(abs(base.p).bit_length(), base.q.bit_length(), 1) if base.is_Rational else \
+            0 if base.free_symbols else 64
         if abs(e) * size > MAX_POWER_BITS:
             raise _Reject("power too large")
     return sympy.Pow(base, exponent, evaluate=_exact(base) and exponent.is_Integer)
@@ -220,7 +228,8 @@ def evaluate_complex(expr, env: Optional[dict] = None) -> complex:
     """The value of a parsed expression in double-precision complex arithmetic, symbols taken
     from `env`. Every step costs O(1), unlike SymPy's evalf, which needs precision proportional to
     the size of exp's argument (exp(exp(10^11)) would run for hours). Raises ArithmeticError
-    (overflow, division by zero) or ValueError (undefined, unknown node)."""
+    (overflow, underflow of a power to 0, division by zero) or ValueError (undefined, unknown
+    node)."""
     if expr.is_Symbol:
         if env is None or expr not in env:
             raise ValueError(f"no value for {expr}")
@@ -238,8 +247,12 @@ def evaluate_complex(expr, env: Optional[dict] = None) -> complex:
         value = math.prod(args)
     elif expr.is_Pow:
         value = args[0] ** args[1]
+        if value == 0 and args[0] != 0:  # 0.6^9999: underflow, no digit of the value is left
+            raise ArithmeticError("underflow")
     elif expr.func in _CMATH:
         value = _CMATH[expr.func](args[0])
+        if value == 0 and expr.func is sympy.exp:
+            raise ArithmeticError("underflow")
     else:
         raise ValueError(f"cannot evaluate {expr.func}")
     if not (math.isfinite(value.real) and math.isfinite(value.imag)):
@@ -247,8 +260,11 @@ def evaluate_complex(expr, env: Optional[dict] = None) -> complex:
     return value
 
 
+@functools.lru_cache(maxsize=4096)
 def parse_math(s: str):
-    """A SymPy expression for a whitelisted math string, or None when it is not accepted."""
+    """A SymPy expression for a whitelisted math string, or None when it is not accepted.
+    Cached: list comparisons parse each element against every element of the other side, and
+    SymPy expressions are immutable."""
     if not s or len(s) > MAX_ANSWER_CHARS:
         return None
     try:
