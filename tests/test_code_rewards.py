@@ -13,7 +13,7 @@ from scalerl_jax.config import ConfigError
 from scalerl_jax.rewards import RewardPool
 from scalerl_jax.rewards.code import (SandboxLimits, check_tests, extract_code, outputs_match,
                                       parse_tests, run_tests, values_match, verify_code)
-from scalerl_jax.rewards.sandbox import RUNNER, SandboxUnavailable, bwrap_status
+from scalerl_jax.rewards.sandbox import SandboxUnavailable, bwrap_status, owner_tag
 
 FAST = SandboxLimits(timeout_s=2.0, cpu_s=2.0, memory_mb=512, total_timeout_s=10.0)
 WEAK = SandboxLimits(isolation="weak")
@@ -26,8 +26,8 @@ def _strong_sandbox():
 
 
 def _sandbox_processes():
-    """Host pids of processes still running the sandbox runner (every sandboxed process is a
-    fork of it, so its command line names the runner)."""
+    """Host pids of processes still running a sandbox of this process (every sandboxed process
+    is a fork of the runner or the harness, whose command line carries `owner_tag`)."""
     found = []
     for name in os.listdir("/proc"):
         if name.isdigit():
@@ -38,7 +38,7 @@ def _sandbox_processes():
                     state = f.read().rsplit(")", 1)[1].split()[0]
             except OSError:
                 continue
-            if RUNNER.encode() in cmdline and state != "Z":
+            if owner_tag().encode() in cmdline and state != "Z":
                 found.append(int(name))
     return found
 

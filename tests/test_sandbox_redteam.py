@@ -19,7 +19,7 @@ import pytest
 
 from scalerl_jax.rewards import SandboxLimits, extract_code, run_tests, verify_code
 from scalerl_jax.rewards.code import outputs_match
-from scalerl_jax.rewards.sandbox import RUNNER, bwrap_status
+from scalerl_jax.rewards.sandbox import bwrap_status, owner_tag
 
 STRONG = SandboxLimits(timeout_s=3.0, cpu_s=3.0, total_timeout_s=8.0)
 WEAK = SandboxLimits(timeout_s=3.0, cpu_s=3.0, total_timeout_s=8.0, isolation="weak")
@@ -320,7 +320,7 @@ def test_resource_attacks_return_within_the_limit(attack, record_property):
     record_property("seconds", round(seconds, 2))
     assert result.passed == 0 and set(result.counts) <= statuses, result
     assert seconds < limits.total_timeout_s + 1.0
-    assert _gone(RUNNER.encode())
+    assert _gone(owner_tag().encode())
 
 
 def test_pathological_completions_are_cheap():

@@ -56,6 +56,13 @@ _PYTHON = os.path.realpath(sys.executable)
 _ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
 
 
+def owner_tag() -> str:
+    """An argument (ignored) on every sandboxed process's command line naming the process that
+    started it, so that leftovers of one caller can be told from another's (e.g. tests running
+    in parallel)."""
+    return f"--scalerl-sandbox-of={os.getpid()}"
+
+
 class SandboxUnavailable(RuntimeError):
     """The strong mode was asked for and this host cannot provide it."""
 
@@ -86,7 +93,10 @@ def _bwrap_args(tmpfs_bytes: int) -> list[str]:
             args += ["--ro-bind", top, top]
     if os.path.exists("/etc/ld.so.cache"):
         args += ["--ro-bind", "/etc/ld.so.cache", "/etc/ld.so.cache"]
-    made = set()
+    # The tmpfs first: a checkout or an installation under /tmp is then bound on top of it
+    # instead of being hidden by it.
+    args += ["--size", str(tmpfs_bytes), "--perms", "1777", "--tmpfs", "/tmp"]
+    made = {"/tmp"}
     for path in _read_only_paths():
         parents = []
         parent = os.path.dirname(path)
@@ -97,9 +107,7 @@ def _bwrap_args(tmpfs_bytes: int) -> list[str]:
             args += ["--perms", "0755", "--dir", p]
             made.add(p)
         args += ["--ro-bind", path, path]
-    args += ["--proc", "/proc", "--dev", "/dev",
-             "--size", str(tmpfs_bytes), "--perms", "1777", "--tmpfs", "/tmp",
-             "--remount-ro", "/", "--chdir", "/tmp"]
+    args += ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/", "--chdir", "/tmp"]
     for key, value in {**_ENV, "HOME": "/tmp", "TMPDIR": "/tmp"}.items():
         args += ["--setenv", key, value]
     return args
@@ -200,13 +208,13 @@ class Process:
         self.mode, self.max_line = mode, max_line
         self.workdir = None
         if mode == "bwrap":
-            cmd = _bwrap_args(tmpfs_bytes) + [_PYTHON, "-I", "-S", script]
+            cmd = _bwrap_args(tmpfs_bytes) + [_PYTHON, "-I", "-S", script, owner_tag()]
             cwd, env = "/", {}
             job = {**job, "weak": False, "workdir": "/tmp",
                    "drop_to": NOBODY if os.geteuid() == 0 else None}
         else:
             self.workdir = tempfile.mkdtemp(prefix="scalerl-sandbox-")
-            cmd = [_PYTHON, "-I", "-S", script]
+            cmd = [_PYTHON, "-I", "-S", script, owner_tag()]
             cwd, env = self.workdir, {**_ENV, "HOME": self.workdir, "TMPDIR": self.workdir}
             job = {**job, "weak": True, "workdir": self.workdir, "drop_to": None}
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
