@@ -14,6 +14,7 @@ from scalerl_jax.rewards import RewardPool
 from scalerl_jax.rewards.code import (SandboxLimits, check_tests, extract_code, outputs_match,
                                       parse_tests, run_tests, values_match, verify_code)
 from scalerl_jax.rewards.sandbox import SandboxUnavailable, bwrap_status, owner_tag
+from test_sandbox_redteam import _gone  # tests/ is on sys.path (rootdir conftest)
 
 FAST = SandboxLimits(timeout_s=2.0, cpu_s=2.0, memory_mb=512, total_timeout_s=10.0)
 WEAK = SandboxLimits(isolation="weak")
@@ -25,29 +26,9 @@ def _strong_sandbox():
         pytest.skip(f"no strong sandbox here ({bwrap_status()[1]}); .ci/run installs it")
 
 
-def _sandbox_processes():
-    """Host pids of processes still running a sandbox of this process (every sandboxed process
-    is a fork of the runner or the harness, whose command line carries `owner_tag`)."""
-    found = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/cmdline", "rb") as f:
-                    cmdline = f.read()
-                with open(f"/proc/{name}/stat") as f:
-                    state = f.read().rsplit(")", 1)[1].split()[0]
-            except OSError:
-                continue
-            if owner_tag().encode() in cmdline and state != "Z":
-                found.append(int(name))
-    return found
-
-
 def _no_leftovers():
-    deadline = time.monotonic() + 2.0  # SIGKILL is asynchronous: give the kernel a moment
-    while _sandbox_processes() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return _sandbox_processes() == []
+    """No process of a sandbox of this test process is still running."""
+    return _gone(owner_tag().encode(), wait_s=2.0)
 
 
 def _fence(code):
