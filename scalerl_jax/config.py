@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import re
 import typing
 from typing import Any, Optional, Sequence
@@ -451,6 +452,31 @@ class PipelineConfig:
 
 VERIFIER_NAMES = ("math", "code", "exact")  # or "package.module:function"
 MIXTURE = "mixture"  # DataConfig.source of a multi-domain run
+# How a row's reference answer is read from its answer field (data/answers.py).
+ANSWER_FORMATS = ("raw", "gsm8k", "boxed")
+# How an SFT demonstration's completion field becomes its target text (data/answers.py).
+COMPLETION_FORMATS = ("raw", "gsm8k")
+# Placeholders of a source that follows the RL data (DataConfig.validation_source,
+# SFTConfig.source): data.source itself, and the directory holding it.
+SOURCE_PLACEHOLDERS = ("{data_source}", "{data_dir}")
+
+
+def _check_placeholders(cls: str, field: str, value: str) -> None:
+    unknown = sorted(set(re.findall(r"\{[A-Za-z_]+\}", value)) - set(SOURCE_PLACEHOLDERS))
+    _check(not unknown, cls, field, value, f"unknown placeholder(s) {unknown}; known: "
+           f"{list(SOURCE_PLACEHOLDERS)}")
+
+
+def resolve_source(value: str, data_source: str, field: str) -> str:
+    """`value` with {data_source} (the RL data's DataConfig.source) and {data_dir} (the
+    directory holding it; the directory itself when it is one) filled in."""
+    if "{data_dir}" in value:
+        if data_source == MIXTURE or data_source.startswith(("hf:", "tfds:", "synthetic:")):
+            raise ConfigError(f"{field}={value!r}: {{data_dir}} needs a local data.source (a "
+                              f"file or directory), not {data_source!r}; give the path itself")
+        folder = data_source if os.path.isdir(data_source) else os.path.dirname(data_source)
+        value = value.replace("{data_dir}", folder or ".")
+    return value.replace("{data_source}", data_source)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -458,7 +484,8 @@ class DomainConfig:
     """One domain of a data mixture (DataConfig.domains): its own source, field mapping, share
     of the training prompts (`weight`, relative to the other domains'), verifier and number of
     held-out validation prompts. `num_validation` / `template` / `system_prompt` of None use
-    DataConfig's.
+    DataConfig's; `answer_format` and `validation_source` mean what DataConfig's do (there they
+    stay at their defaults in a mixture), {data_dir} being this domain's source's directory.
     `verifier`: "math", "code", "exact" or "package.module:function"; None picks one by source
     (synthetic tasks: their own, else math)."""
 
@@ -473,6 +500,8 @@ class DomainConfig:
     num_validation: Optional[int] = None
     template: Optional[str] = None
     system_prompt: Optional[str] = None
+    answer_format: str = "raw"
+    validation_source: Optional[str] = None
 
     def __post_init__(self):
         c = f"DomainConfig[{self.name!r}]"
@@ -492,6 +521,11 @@ class DomainConfig:
         if self.template is not None:
             _check(self.template == "chat" or "{prompt}" in self.template, c, "template",
                    self.template, "must be 'chat' or contain '{prompt}'")
+        _choice(c, "answer_format", self.answer_format, ANSWER_FORMATS)
+        if self.validation_source is not None:
+            _check(bool(self.validation_source), c, "validation_source",
+                   self.validation_source, "must be a source or none")
+            _check_placeholders(c, "validation_source", self.validation_source)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -499,9 +533,15 @@ class DataConfig:
     """Prompt source. `source` is a local .jsonl/.parquet path, `hf:NAME_OR_DIR`, `tfds:NAME`,
     or `synthetic:TASK` for the CPU testbed; or "mixture" with `domains` set: several sources
     drawn by weight (data/mixture.py). In a mixture each domain has its own source and field
-    mapping, so the single-source fields (split, prompt_field, answer_field, id_field) must
-    keep their defaults; num_validation (each domain's default), template, system_prompt,
-    max_bad_fraction and seed are shared."""
+    mapping, so the single-source fields (split, prompt_field, answer_field, id_field,
+    answer_format, validation_source) must keep their defaults; num_validation (each domain's
+    default), template, system_prompt, max_bad_fraction, validation_split and seed are shared.
+
+    Validation: `num_validation` rows of `source` are held out (ranked by a hash of their id),
+    or, with `validation_source` set (e.g. "{data_dir}/test.jsonl": GSM8K's test file beside
+    its train.jsonl), the held-out prompts come from that source instead (the first
+    `num_validation` of its rows in the same hash order; all of them when it has fewer) and
+    every row of `source` trains, except rows whose problem is also a validation prompt."""
 
     source: str = "synthetic:arithmetic"
     split: str = "train"
@@ -514,10 +554,27 @@ class DataConfig:
     max_bad_fraction: float = 0.01
     seed: int = 0
     domains: tuple[DomainConfig, ...] = ()  # a mixture (source="mixture"); () for one source
+    # How the reference answer is read from `answer_field` (data/answers.py): "raw" the text as
+    # it is; "gsm8k" the number after the last "####" (GSM8K's worked solutions), thousands
+    # separators removed; "boxed" the content of the last \boxed{} (MATH-style solutions). A
+    # row whose answer cannot be read so is skipped and counted like any malformed row.
+    answer_format: str = "raw"
+    # Held-out prompts from their own source (see the docstring); "{data_dir}" / "{data_source}"
+    # stand for the directory of `source` / `source` itself. Read as its `validation_split`
+    # (the split of an hf: / tfds: source, or the files of a directory whose names hold it).
+    validation_source: Optional[str] = None
+    validation_split: str = "test"
 
     def __post_init__(self):
         c = "DataConfig"
         _check(bool(self.source), c, "source", self.source, "must be non-empty")
+        _choice(c, "answer_format", self.answer_format, ANSWER_FORMATS)
+        if self.validation_source is not None:
+            _check(bool(self.validation_source), c, "validation_source", self.validation_source,
+                   "must be a source or none (hold num_validation rows out of `source`)")
+            _check_placeholders(c, "validation_source", self.validation_source)
+        _check(bool(self.validation_split), c, "validation_split", self.validation_split,
+               "must be non-empty")
         _check(self.num_validation >= 0, c, "num_validation", self.num_validation, "must be >= 0")
         _check(0 <= self.max_bad_fraction < 1, c, "max_bad_fraction", self.max_bad_fraction,
                "must be in [0, 1)")
@@ -552,6 +609,12 @@ class DataConfig:
         """Every source the run reads: the domains' in a mixture, else (source,)."""
         return tuple(d.source for d in self.domains) if self.domains else (self.source,)
 
+    def validation_path(self) -> Optional[str]:
+        """`validation_source` with its placeholders filled in; None when unset."""
+        if self.validation_source is None:
+            return None
+        return resolve_source(self.validation_source, self.source, "DataConfig.validation_source")
+
     def domain_data(self, name: str) -> "DataConfig":
         """Domain `name` as a single-source DataConfig (its fields, the shared ones from here)."""
         d = next((d for d in self.domains if d.name == name), None)
@@ -565,10 +628,12 @@ class DataConfig:
             system_prompt=self.system_prompt if d.system_prompt is None else d.system_prompt,
             num_validation=self.num_validation if d.num_validation is None else
             d.num_validation, max_bad_fraction=self.max_bad_fraction,
-            seed=self.seed)
+            seed=self.seed, answer_format=d.answer_format,
+            validation_source=d.validation_source, validation_split=self.validation_split)
 
 
-_PER_DOMAIN = ("split", "prompt_field", "answer_field", "id_field")
+_PER_DOMAIN = ("split", "prompt_field", "answer_field", "id_field", "answer_format",
+               "validation_source")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -651,9 +716,14 @@ class SFTConfig:
     `source`: demonstrations, `synthetic:TASK[?knobs]` (each problem with its worked thought) or
     a local .jsonl/.parquet file whose rows hold `prompt_field` (the problem, formatted with the
     RL data's template so the policy sees the same prompts in both stages) and
-    `completion_field` (the full target text, e.g. "<think>...</think>answer"). The RL
-    validation prompts are removed from the demonstrations. The loss is the mean token
-    cross-entropy of the completions (eos appended); demonstrations are packed into rows.
+    `completion_field` (the full target text, e.g. "<think>...</think>answer"); "{data_source}"
+    is the RL data's source (DataConfig.source), "{data_dir}" its directory.
+    `completion_format`: "raw" takes the completion as it is; "gsm8k" rewrites a GSM8K worked
+    solution into the reasoning lines without their <<...>> calculator annotations, ending in
+    "The final answer is \\boxed{N}." (data/answers.py); a row that cannot be rewritten is
+    skipped and counted. The RL validation prompts are removed from the demonstrations. The
+    loss is the mean token cross-entropy of the completions (eos appended); demonstrations are
+    packed into rows.
     """
 
     source: str = "synthetic:chain"
@@ -665,12 +735,19 @@ class SFTConfig:
     optim: OptimConfig = OptimConfig(learning_rate=1e-3, warmup_steps=10, eps=1e-8,
                                      weight_decay=0.0)
     log_every: int = 10
+    completion_format: str = "raw"
 
     def __post_init__(self):
         c = "SFTConfig"
         _check(bool(self.source), c, "source", self.source, "must be non-empty")
+        _check_placeholders(c, "source", self.source)
         _positive(c, steps=self.steps, batch_size=self.batch_size, max_length=self.max_length,
                   log_every=self.log_every)
+        _choice(c, "completion_format", self.completion_format, COMPLETION_FORMATS)
+
+    def source_for(self, data: "DataConfig") -> str:
+        """`source` with its placeholders filled in from the RL data config."""
+        return resolve_source(self.source, data.source, "SFTConfig.source")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,6 +5,7 @@ anything slow starts, so a user error is one line naming the flag, the value and
 """
 from __future__ import annotations
 
+import dataclasses
 import glob
 import importlib
 import importlib.util
@@ -14,7 +15,7 @@ import os
 from typing import Optional
 
 from scalerl_jax import plan
-from scalerl_jax.config import ConfigError, ModelConfig, field_defaults
+from scalerl_jax.config import ConfigError, ModelConfig, apply_overrides, field_defaults
 from scalerl_jax.data.prompts import DataError
 
 log = logging.getLogger(__name__)
@@ -62,10 +63,11 @@ def hf_model(path: str, like: ModelConfig, *, given: Optional[str] = None,
             and not glob.glob(os.path.join(path, "*.model")):
         raise UsageError(f"{flag}: no tokenizer.json or SentencePiece *.model there")
     from scalerl_jax.models import hf
-    try:  # the recipe's dtypes and head precision, the checkpoint's shapes
-        return hf.config_from_hf(path).replace(param_dtype=like.param_dtype,
-                                               compute_dtype=like.compute_dtype,
-                                               fp32_head=like.fp32_head)
+    try:  # the recipe's dtypes, head precision and execution choices; the checkpoint's shapes
+        return hf.config_from_hf(path).replace(
+            param_dtype=like.param_dtype, compute_dtype=like.compute_dtype,
+            fp32_head=like.fp32_head, remat=like.remat, remat_policy=like.remat_policy,
+            attention_chunk=like.attention_chunk, attention_impl=like.attention_impl)
     except (hf.HFError, ConfigError, ValueError) as err:
         raise UsageError(f"{flag}: {err}") from None
 
@@ -99,8 +101,23 @@ def _columns(path: str) -> list:
 
 
 def check_data(data, flag: str, *, read: bool) -> list[str]:
-    """The prompt source exists and (with `read`) has the configured columns. Without `read`
-    (--dry-run) what only the run needs comes back as notes."""
+    """The prompt source (and its validation source, when it has one) exists and (with `read`)
+    has the configured columns. Without `read` (--dry-run) what only the run needs comes back
+    as notes."""
+    notes = _check_source(data, flag, read=read)
+    if data.validation_source is not None:
+        try:
+            path = data.validation_path()
+        except ConfigError as err:
+            raise UsageError(str(err)) from None
+        held_out = dataclasses.replace(data, source=path, split=data.validation_split,
+                                       validation_source=None)
+        notes += _check_source(held_out, f"data.validation_source={data.validation_source} ->",
+                               read=read)
+    return notes
+
+
+def _check_source(data, flag: str, *, read: bool) -> list[str]:
     src = data.source
     if src.startswith("synthetic:"):
         from scalerl_jax.data import synthetic
@@ -183,9 +200,14 @@ def check_inputs(cfg, args, *, dry_run: bool) -> list[str]:
                                     if args.recipe == "testbed" else ""))
         notes.append("a real run needs --hf-checkpoint DIR: text prompts need its tokenizer "
                      "(only synthetic:TASK sources use the built-in character tokenizer)")
-    if cfg.sft is not None and not cfg.sft.source.startswith("synthetic:") and \
-            not os.path.exists(cfg.sft.source):
-        raise UsageError(f"sft.source={cfg.sft.source}: no such file or directory")
+    if cfg.sft is not None:
+        try:
+            sft_source = cfg.sft.source_for(cfg.data)  # "{data_source}": the --data file
+        except ConfigError as err:
+            raise UsageError(str(err)) from None
+        if not sft_source.startswith("synthetic:") and not os.path.exists(sft_source):
+            shown = cfg.sft.source + ("" if sft_source == cfg.sft.source else f" -> {sft_source}")
+            raise UsageError(f"sft.source={shown}: no such file or directory")
     if cfg.reward.verifier:
         module, _, name = cfg.reward.verifier.partition(":")
         try:
@@ -205,6 +227,47 @@ def check_inputs(cfg, args, *, dry_run: bool) -> list[str]:
     if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
         raise UsageError(f"--workdir {cfg.workdir}: {parent} is not a writable directory")
     return notes
+
+
+# ------------------------------------------------------------------------------------ sizes
+PLANNED_LOCALLY = ("optim.micro_batches", "model.remat", "sampler.max_concurrent_decodes")
+
+
+def size_for_platform(recipe: str, cfg, pinned, notes: list, *, dry_run: bool, topo=None,
+                      platform: Optional[str] = None):
+    """`cfg` with recipe `recipe`'s accelerator sizes (recipes.ACCELERATOR_SIZES: a bigger
+    batch, longer generations) when the run is on an accelerator: the --tpu slice `topo`
+    (whose planner, plan.resolve, then fits it), else this host's devices (`platform`, or
+    jax's; call after check_devices), where the local plan's first fitting micro-batches,
+    remat and decode slots are taken. The keys the command line set (`pinned`) keep their
+    values. What changed goes to `notes` (--dry-run prints them) and, for a run, to the log."""
+    from scalerl_jax import recipes
+
+    if topo is not None:
+        platform = f"tpu {topo.name}"
+    elif platform is None:
+        import jax
+        platform = jax.local_devices()[0].platform
+    if platform == "cpu":
+        return cfg
+    sized, applied = recipes.for_accelerator(recipe, cfg, pinned)
+    if applied and topo is None:
+        # The local plan re-plans what the TPU planner would (micro-batches, remat, decode
+        # slots), never the lengths: those change the experiment.
+        local = local_plan(sized)
+        if local is not None and not local.fits:
+            fix = plan.local.fitting_settings(sized, local.machine)
+            keys = {item.partition("=")[0] for item in fix}
+            if fix and keys <= set(PLANNED_LOCALLY) - set(pinned):
+                sized = apply_overrides(sized, fix)
+                applied = applied + fix
+    if applied:
+        note = (f"sized for {platform}: {' '.join(applied)} (recipe {recipe}'s accelerator "
+                "sizes; set any as KEY=VALUE to pin it)")
+        notes.append(note)
+        if not dry_run:
+            log.info(note)
+    return sized
 
 
 # -------------------------------------------------------------------------------- devices

@@ -28,7 +28,7 @@ from typing import Any, Callable, Optional
 
 from scalerl_jax.config import (ConfigError, DataConfig, DomainConfig, EvalConfig, LossConfig,
                                 MeshConfig, ModelConfig, OptimConfig, PipelineConfig, RunConfig,
-                                SamplerConfig, SFTConfig)
+                                SamplerConfig, SFTConfig, apply_overrides)
 from scalerl_jax.models import presets
 
 DEFAULT_MODEL = "llama-3.1-8b"
@@ -413,6 +413,152 @@ def scalerl_32k(model: str = DEFAULT_MODEL, **overrides) -> RunConfig:
         think_max=think * 12000 // THINK_TOKENS))
 
 
+# ------------------------------------------------------------------------- a real model and data
+GSM8K_MODEL = "smollm2-135m"
+BOXED_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+
+
+def gsm8k(model: str = GSM8K_MODEL, **overrides) -> RunConfig:
+    r"""ScaleRL on GSM8K with a small instruct model: SmolLM2-135M-Instruct as `make
+    fetch-model` provides it (`--hf-checkpoint DIR` gives the weights, tokenizer and chat
+    template; any other HF model works the same way), sized to run on a 2-core CPU:
+
+        python experiments/run.py --recipe gsm8k --hf-checkpoint DIR \
+            --data ../shared/data/gsm8k/train.jsonl
+
+    Prompts: the chat template with a system prompt asking for step-by-step reasoning and a
+    \boxed{} answer; reference answers read from GSM8K's worked solutions by the "gsm8k"
+    answer format (the number after "####", thousands separators removed). Validation: GSM8K's
+    test split, the test.jsonl beside the train file (`data.validation_source`), so no
+    training problem is held out; `eval.num_prompts` of its 1,319 problems are scored.
+
+    SFT first: the model as it comes almost never ends in a boxed answer, so RL would start
+    without signal. The warm-up trains on the train split's worked solutions rewritten as chat
+    answers (calculator annotations dropped, ending in "The final answer is \boxed{N}.",
+    `sft.completion_format = "gsm8k"`); the RL stage starts from its checkpoint.
+
+    Sizes for a 2-core CPU (a step takes minutes): 4 prompts x 4 samples, 16 decode slots,
+    prompts up to 256 tokens (GSM8K's longest is 254 with this template), 256 new tokens (the
+    rewritten solutions: mean 101, 99th percentile 229), 64 test problems x 1 sample every 10
+    steps; the SFT stage 16 steps of 4 packed rows of 512 tokens (~170 solutions: enough to
+    learn the answer's form, not to teach arithmetic). The trainer takes one prompt's samples
+    at a time with remat: 4.4 GiB planned in all (6.9 without remat), since host RAM is shared
+    with everything else on the machine. On an accelerator `experiments/run.py` applies
+    ACCELERATOR_SIZES["gsm8k"] on top (see `for_accelerator`), and the plan then fits
+    micro-batches, remat and slots to the device (with --tpu the slice planner; else, on a
+    GPU or TPU VM, the local plan's first fitting settings: preflight.size_for_platform).
+
+    No interruptions: this model does not think in a <think> block, so there is no thinking
+    to interrupt; a completion that reaches the cap is truncated and earns no reward. The
+    learning rate is raised from the paper's 5e-7 (an 8B model) to 2e-6 for a model 60 times
+    smaller.
+
+    Measured on a 2-core CPU shared with other jobs (load 8-10): SFT 50-90 s a step, 20 min in
+    all; greedy on the first 48 test problems, boxed answers 0 before it and 26 after, right
+    answers 1 and 0; validation after it 1 of 64 (sampled); the first RL steps took 4.7 min
+    (compiling), 1.9 and 1.4 min, every 4-sample group all wrong (zero variance: nothing to
+    train on). A learning curve needs the accelerator sizes.
+
+    Differs from scalerl:
+        mesh.colocate = True  # one CPU device (or GPU) trains and samples
+        sampler.max_concurrent_decodes = 16
+        sampler.max_prefill_length = 256
+        sampler.max_target_length = 512
+        sampler.max_new_tokens = 256
+        sampler.interruptions = False
+        optim.learning_rate = 2e-06
+        optim.warmup_steps = 10
+        optim.micro_batches = 4  # one prompt's rows at a time
+        model.remat = True
+        pipeline.prompts_per_step = 4
+        pipeline.generations_per_prompt = 4
+        data.source = "../shared/data/gsm8k/train.jsonl"
+        data.prompt_field = "question"
+        data.answer_format = "gsm8k"
+        data.system_prompt = ("Please reason step by step, and put your final answer within "
+                              "\\boxed{}.")
+        data.validation_source = "{data_dir}/test.jsonl"
+        data.num_validation = 1319  # all of GSM8K test
+        eval.every_steps = 10
+        eval.k = 1
+        eval.num_prompts = 64
+        sft.source = "{data_source}"  # the RL training file
+        sft.prompt_field = "question"
+        sft.completion_field = "answer"
+        sft.completion_format = "gsm8k"
+        sft.steps = 16
+        sft.batch_size = 4
+        sft.max_length = 512
+        sft.log_every = 2
+        sft.optim.learning_rate = 5e-05
+        sft.optim.warmup_steps = 2
+        sft.optim.schedule = "cosine"
+        sft.optim.total_steps = 16
+        steps = 200
+        checkpoint_every = 10
+    """
+    cfg = scalerl(model)
+    cfg = dataclasses.replace(
+        cfg,
+        model=cfg.model.replace(remat=True),
+        mesh=dataclasses.replace(cfg.mesh, colocate=True),
+        sampler=dataclasses.replace(cfg.sampler, max_concurrent_decodes=16,
+                                    max_prefill_length=256, max_target_length=512,
+                                    max_new_tokens=256, interruptions=False),
+        optim=dataclasses.replace(cfg.optim, learning_rate=2e-6, warmup_steps=10,
+                                  micro_batches=4),
+        pipeline=dataclasses.replace(cfg.pipeline, prompts_per_step=4, generations_per_prompt=4),
+        data=dataclasses.replace(cfg.data, source="../shared/data/gsm8k/train.jsonl",
+                                 prompt_field="question", answer_field="answer",
+                                 answer_format="gsm8k", system_prompt=BOXED_INSTRUCTION,
+                                 validation_source="{data_dir}/test.jsonl", num_validation=1319),
+        eval=EvalConfig(every_steps=10, k=1, num_prompts=64),
+        sft=SFTConfig(source="{data_source}", prompt_field="question", completion_field="answer",
+                      completion_format="gsm8k", steps=16, batch_size=4, max_length=512,
+                      log_every=2,
+                      optim=OptimConfig(learning_rate=5e-5, warmup_steps=2, schedule="cosine",
+                                        total_steps=16, eps=1e-8, weight_decay=0.0)),
+        workdir=f"runs/gsm8k-{model}",
+        steps=200,
+        checkpoint_every=10,
+    )
+    return dataclasses.replace(cfg, **overrides) if overrides else cfg
+
+
+# What a recipe changes when it runs on an accelerator (a GPU, or a TPU slice with --tpu)
+# instead of this CPU: groups of KEY=VALUE overrides. experiments/run.py applies them through
+# `for_accelerator` before the memory plan, which then picks the decode slots, micro-batches
+# and remat that fit the device; a group is left out whole when the command line sets any of
+# its keys, so the values that belong together (a length and its KV cache) stay together.
+ACCELERATOR_SIZES: dict[str, tuple[tuple[str, ...], ...]] = {
+    "gsm8k": (
+        # 512 samples a step, 16 per prompt as the paper; every slot of a step's batch at once.
+        ("pipeline.prompts_per_step=32",), ("pipeline.generations_per_prompt=16",),
+        ("sampler.max_concurrent_decodes=512",),
+        # Remat only where the plan needs it (it is on for the CPU's shared host RAM).
+        ("model.remat=false",),
+        # Room for longer reasoning than the SFT solutions' (99th percentile 229 tokens).
+        ("sampler.max_new_tokens=512", "sampler.max_target_length=768"),
+        # All 1,319 test problems x 4 samples (standard error ~0.01) every 20 steps.
+        ("eval.num_prompts=1319", "eval.k=4", "eval.every_steps=20"),
+        # About 3 epochs of the 7,473 solutions (32 rows of ~2.5 packed solutions a step).
+        ("sft.steps=250", "sft.batch_size=32", "sft.optim.total_steps=250",
+         "sft.optim.warmup_steps=10"),
+        ("checkpoint_every=50",),
+    ),
+}
+
+
+def for_accelerator(name: str, cfg: RunConfig, pinned=frozenset()) -> tuple[RunConfig, list]:
+    """(`cfg` with recipe `name`'s ACCELERATOR_SIZES, the KEY=VALUE settings applied). `cfg` is
+    the recipe as the command line built it; a group with a key in `pinned` (the keys the
+    command line set) is skipped. A recipe without accelerator sizes comes back unchanged."""
+    applied = [item for group in ACCELERATOR_SIZES.get(name, ())
+               if not any(item.partition("=")[0] in pinned for item in group)
+               for item in group]
+    return (apply_overrides(cfg, applied) if applied else cfg), applied
+
+
 # ------------------------------------------------------------------------------------ the table
 LOO_PREFIX = "scalerl-loo:"
 RECIPES: dict[str, tuple[Callable[..., RunConfig], str]] = {
@@ -439,6 +585,7 @@ RECIPES: dict[str, tuple[Callable[..., RunConfig], str]] = {
     "scalerl-gen24": (scalerl_gen24, "ScaleRL, 24 generations per prompt: 32 x 24 = 768"),
     "scalerl-gen32": (scalerl_gen32, "ScaleRL, 32 generations per prompt: 24 x 32 = 768"),
     "scalerl-32k": (scalerl_32k, "ScaleRL generating 32k tokens: 30,720 thinking + 2,048 answer"),
+    "gsm8k": (gsm8k, "ScaleRL on GSM8K with SmolLM2-135M: chat, \\boxed{} answers, SFT then RL"),
 }
 LOO_PIECES = tuple(n[len(LOO_PREFIX):] for n in RECIPES if n.startswith(LOO_PREFIX))
 

@@ -1,6 +1,7 @@
 """Prompt data: loading with bad rows, validation split, host shards, epochs, cursor, synthetic."""
 import dataclasses
 import json
+import os
 import random
 import re
 import sys
@@ -10,9 +11,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from scalerl_jax.config import DataConfig
-from scalerl_jax.data import (TASKS, CharTokenizer, DataError, PromptSource, format_prompt,
-                              generate, load_rows)
+from scalerl_jax.config import ConfigError, DataConfig
+from scalerl_jax.data import (TASKS, CharTokenizer, DataError, PromptSource, answer_reader,
+                              format_prompt, generate, gsm8k_answer, load_rows)
 from scalerl_jax.rewards import verify_exact
 
 
@@ -317,3 +318,108 @@ def test_char_tokenizer():
         tok.encode("Q")
     msgs = [{"role": "user", "content": "1+1="}, {"role": "assistant", "content": "2"}]
     assert tok.apply_chat_template(msgs, add_generation_prompt=False) == "q:1+1=\na:2\n"
+
+
+# --------------------------------------------------------------------- answer formats, GSM8K
+GSM8K = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared",
+                     "data", "gsm8k")
+
+
+def gsm8k_lines(split, *numbers):
+    """Rows of the real GSM8K file by line number (1-based); skip when the data is absent."""
+    path = os.path.join(GSM8K, f"{split}.jsonl")
+    if not os.path.isfile(path):
+        pytest.skip(f"{path} absent: the GSM8K files live in ../shared/data/gsm8k")
+    with open(path) as f:
+        lines = f.readlines()
+    return [json.loads(lines[n - 1]) for n in numbers]
+
+
+def test_gsm8k_answer_format_on_real_rows():
+    plain, thousands, big, negative, negative2 = gsm8k_lines("train", 1, 346, 368, 5716, 5845)
+    assert plain["answer"].endswith("#### 72") and gsm8k_answer(plain["answer"]) == "72"
+    assert thousands["answer"].endswith("#### 1,080") and gsm8k_answer(thousands["answer"]) == "1080"
+    assert gsm8k_answer(big["answer"]) == "850000"  # "850,000"
+    assert gsm8k_answer(negative["answer"]) == "-7" and gsm8k_answer(negative2["answer"]) == "-47"
+    (test_thousands,) = gsm8k_lines("test", 202)
+    assert gsm8k_answer(test_thousands["answer"]) == "114200"  # "#### 114,200"
+    read = answer_reader("gsm8k")
+    assert read is gsm8k_answer and answer_reader("raw")(" 72\n") == "72"
+
+
+@pytest.mark.parametrize("text,why", [
+    ("She has 5 apples.", "no '####' line"),
+    ("5 + 2 = 7\n#### seven", "not a number"),
+    ("#### 1,08", "not a number"),  # a broken thousands group
+    ("#### 12,3456", "not a number"),
+    ("#### ", "not a number"),
+])
+def test_gsm8k_answer_format_refuses_what_it_cannot_read(text, why):
+    with pytest.raises(ValueError, match=why):
+        gsm8k_answer(text)
+
+
+def test_boxed_answer_format():
+    read = answer_reader("boxed")
+    assert read(r"So $x = 2$, and the answer is $\boxed{\frac{1}{2}}$.") == r"\frac{1}{2}"
+    assert read(r"First \boxed{3}, then \boxed{x = \boxed{5}}") == "5"
+    for text, why in ((r"no box here", "no \\\\boxed"), (r"\boxed{12", "not closed"),
+                      (r"\boxed{ }", "empty")):
+        with pytest.raises(ValueError, match=why):
+            read(text)
+    with pytest.raises(ConfigError, match=r"answer_format='hash'.*\('raw', 'gsm8k', 'boxed'\)"):
+        DataConfig(answer_format="hash")
+
+
+def test_answer_format_rows_skipped_and_counted(tmp_path):
+    good = [{"question": f"What is {i} times 1,000?", "answer": f"{i} x 1000 = <<{i}*1000={i}000>>"
+             f"{i}000\n#### {i},000"} for i in range(1, 201)]
+    bad = [{"question": "q no mark", "answer": "It is 4."},
+           {"question": "q words", "answer": "#### four"}]
+    path = tmp_path / "train.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in good + bad) + "\n")
+    config = DataConfig(source=str(path), prompt_field="question", answer_format="gsm8k",
+                        max_bad_fraction=0.01)
+    rows, stats = load_rows(config)
+    assert len(rows) == 200 and rows[2].answer == "3000"
+    assert stats.bad == {"bad 'answer' (no '####' line with the final answer)": 1,
+                         "bad 'answer' (the text after '####' is not a number)": 1}
+    path.write_text("\n".join(json.dumps(r) for r in good[:50] + bad) + "\n")
+    with pytest.raises(DataError, match=r"2 of 52 rows are malformed"):
+        load_rows(config)
+    with pytest.raises(DataError, match="synthetic tasks give their answers as they are"):
+        load_rows(DataConfig(source="synthetic:countup?num=10", answer_format="gsm8k"))
+
+
+def _qa_file(path, items):
+    path.write_text("\n".join(json.dumps({"question": q, "answer": f"... #### {a}"})
+                              for q, a in items) + "\n")
+    return str(path)
+
+
+def test_validation_from_its_own_file(tmp_path):
+    train = _qa_file(tmp_path / "train.jsonl", [(f"train q{i}", i) for i in range(40)] +
+                     [("shared q", 7)])
+    _qa_file(tmp_path / "test.jsonl", [(f"test q{i}", -i) for i in range(12)] + [("shared q", 7)])
+    config = DataConfig(source=train, prompt_field="question", answer_format="gsm8k",
+                        validation_source="{data_dir}/test.jsonl", num_validation=100)
+    src = PromptSource(config)
+    val = src.validation()
+    # Every test row is validation (fewer than num_validation), none is held out of train;
+    # the train copy of a validation problem is dropped and counted.
+    assert sorted(p.problem for p in val) == sorted([f"test q{i}" for i in range(12)] +
+                                                    ["shared q"])
+    assert src.num_train == 40 and src.num_overlap == 1
+    assert all(p.prompt_id.startswith("test:") for p in val)
+    assert {p.problem for p in src.take(40)} == {f"train q{i}" for i in range(40)}
+    assert dict((p.problem, p.answer) for p in val)["test q3"] == "-3"
+    assert src.validation_stats.kept == 13
+    # num_validation caps it, in the same hash order.
+    few = PromptSource(dataclasses.replace(config, num_validation=5)).validation()
+    assert [p.prompt_id for p in few] == [p.prompt_id for p in val[:5]]
+    # Unset: held out of the training file as before.
+    held = PromptSource(dataclasses.replace(config, validation_source=None, num_validation=5))
+    assert held.num_train == 36 and all(p.problem.startswith(("train", "shared"))
+                                        for p in held.validation())
+    with pytest.raises(DataError, match="no such file"):
+        PromptSource(dataclasses.replace(config, validation_source="{data_dir}/dev.jsonl"))

@@ -1,9 +1,13 @@
 """Recipes: every name resolves to a valid RunConfig, and each one's documented difference from
 `scalerl` (its docstring's "Differs from scalerl:" block) is exactly the real one."""
+import dataclasses
+import os
+
 import pytest
 
 from scalerl_jax import recipes
-from scalerl_jax.config import ConfigError, RunConfig, apply_overrides, from_dict
+from scalerl_jax.config import (ConfigError, RunConfig, SFTConfig, apply_overrides, from_dict,
+                                resolve_source)
 
 # everything built from scalerl (testbed-mix is built from testbed: tests/test_multitask.py)
 DERIVED = [n for n in recipes.RECIPES if not n.startswith("testbed")]
@@ -21,9 +25,14 @@ def flatten(tree, prefix=""):
 
 def actual_diff(name, model):
     """{dotted key: value} where `name` differs from scalerl with the same model, but workdir.
-    Values carry their type, so 1 vs 1.0 or True vs 1 is a difference."""
-    base = flatten(recipes.scalerl(model=model).to_dict())
-    cfg = flatten(recipes.get(name, model=model).to_dict())
+    Values carry their type, so 1 vs 1.0 or True vs 1 is a difference. A section scalerl
+    leaves off (sft) counts from its defaults, as `key.path=value` overrides build it."""
+    base = recipes.scalerl(model=model)
+    recipe = recipes.get(name, model=model)
+    if recipe.sft is not None and base.sft is None:
+        base = dataclasses.replace(base, sft=SFTConfig())
+    base = flatten(base.to_dict())
+    cfg = flatten(recipe.to_dict())
     assert cfg.keys() == base.keys()
     return {k: v for k, v in cfg.items()
             if k != "workdir" and (type(v), v) != (type(base[k]), base[k])}
@@ -125,3 +134,62 @@ def test_describe_and_overrides():
     # experiments/run.py's key.path=value overrides apply to a variant like to scalerl.
     cfg = apply_overrides(recipes.get("scalerl-loo:off-policy"), ["pipeline.max_lag=4"])
     assert (cfg.pipeline.mode, cfg.pipeline.max_lag) == ("ppo_off_policy", 4)
+
+
+# ------------------------------------------------------------------------------------- gsm8k
+def test_gsm8k_block_is_the_override_set_from_scalerl():
+    """The documented block, as command-line overrides on scalerl, builds the recipe."""
+    items = [f"{k}={v}" for k, v in recipes.documented_diff("gsm8k").items()]
+    built = apply_overrides(recipes.scalerl(model=recipes.GSM8K_MODEL), items)
+    assert dataclasses.replace(built, workdir="w") == dataclasses.replace(recipes.get("gsm8k"),
+                                                                         workdir="w")
+
+
+def test_gsm8k_sources_follow_the_data_flag():
+    cfg = recipes.get("gsm8k")
+    data = dataclasses.replace(cfg.data, source="/data/gsm8k/train.jsonl")
+    assert data.validation_path() == "/data/gsm8k/test.jsonl"
+    assert cfg.sft.source_for(data) == "/data/gsm8k/train.jsonl"
+    assert resolve_source("{data_dir}/x.jsonl", "train.jsonl", "f") == "./x.jsonl"
+    # Overridable: another file, or none (held out of the training rows again).
+    other = apply_overrides(cfg, ["data.validation_source=/elsewhere/dev.jsonl"])
+    assert other.data.validation_path() == "/elsewhere/dev.jsonl"
+    assert apply_overrides(cfg, ["data.validation_source=none"]).data.validation_path() is None
+    with pytest.raises(ConfigError, match=r"\{data_dir\} needs a local data.source"):
+        apply_overrides(cfg, ["data.source=hf:openai/gsm8k"]).data.validation_path()
+    with pytest.raises(ConfigError, match=r"unknown placeholder\(s\) \['\{dir\}'\]"):
+        apply_overrides(cfg, ["data.validation_source={dir}/test.jsonl"])
+
+
+def test_gsm8k_cpu_sizes_fit_its_data():
+    """The CPU sizes hold every GSM8K prompt and the rewritten solutions' usual length; one
+    step's samples decode at once."""
+    cfg = recipes.get("gsm8k")
+    s, p = cfg.sampler, cfg.pipeline
+    assert s.max_prefill_length >= 254  # the longest train prompt with the chat template
+    assert s.max_prefill_length + s.max_new_tokens <= s.max_target_length
+    assert s.max_new_tokens >= 229  # the rewritten solutions' 99th percentile
+    assert s.max_concurrent_decodes == p.prompts_per_step * p.generations_per_prompt
+    assert cfg.sft.optim.total_steps == cfg.sft.steps and cfg.mesh.colocate
+
+
+def test_accelerator_sizes_apply_around_pinned_keys():
+    cfg = recipes.get("gsm8k")
+    big, applied = recipes.for_accelerator("gsm8k", cfg)
+    flat = [item for group in recipes.ACCELERATOR_SIZES["gsm8k"] for item in group]
+    assert applied == flat
+    assert from_dict(RunConfig, big.to_dict()) == big  # valid
+    rows = lambda c: c.pipeline.prompts_per_step * c.pipeline.generations_per_prompt  # noqa
+    assert rows(big) > rows(cfg) and big.sampler.max_new_tokens > cfg.sampler.max_new_tokens
+    assert big.sampler.max_prefill_length + big.sampler.max_new_tokens <= \
+        big.sampler.max_target_length
+    assert big.sft.optim.total_steps == big.sft.steps and big.eval.num_prompts == 1319
+    # A key the command line set keeps its value, and so does the rest of its group.
+    pinned = apply_overrides(cfg, ["sampler.max_new_tokens=300", "sampler.max_target_length=560"])
+    got, applied = recipes.for_accelerator("gsm8k", pinned, {"sampler.max_new_tokens"})
+    assert (got.sampler.max_new_tokens, got.sampler.max_target_length) == (300, 560)
+    assert "sampler.max_target_length=768" not in applied
+    assert got.pipeline.prompts_per_step == big.pipeline.prompts_per_step
+    # Recipes without accelerator sizes are unchanged.
+    tb = recipes.get("testbed")
+    assert recipes.for_accelerator("testbed", tb) == (tb, [])

@@ -1,8 +1,10 @@
 """The SFT warm-up: demonstrations from a synthetic task or a Parquet file, packing, the loss
 falling, RL validation prompts kept out, and an HF checkpoint that transformers loads with the
 same logits."""
+import dataclasses
 import json
 import os
+import re
 
 import jax
 import numpy as np
@@ -92,3 +94,56 @@ def test_sft_loss_falls_and_the_checkpoint_round_trips_through_transformers(tmp_
     mtime = os.path.getmtime(os.path.join(out, "summary.json"))
     assert sft_lib.run_sft(sft, TINY, DATA, mesh, TOK, out_dir=out) == model_dir
     assert os.path.getmtime(os.path.join(out, "summary.json")) == mtime
+
+
+# --------------------------------------------------------------------- GSM8K worked solutions
+from scalerl_jax.config import ConfigError  # noqa: E402
+from scalerl_jax.data.answers import gsm8k_solution  # noqa: E402
+from test_data import gsm8k_lines  # noqa: E402
+
+
+def test_gsm8k_solution_rewrite_on_real_rows():
+    first, thousands, negative = gsm8k_lines("train", 1, 346, 5845)
+    assert first["answer"] == ("Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nNatalia sold "
+                               "48+24 = <<48+24=72>>72 clips altogether in April and May.\n#### 72")
+    assert gsm8k_solution(first["answer"]) == (
+        "Natalia sold 48/2 = 24 clips in May.\nNatalia sold 48+24 = 72 clips altogether in April "
+        "and May.\nThe final answer is \\boxed{72}.")
+    for row, final in ((thousands, "1080"), (negative, "-47")):
+        text = gsm8k_solution(row["answer"])
+        lines = text.split("\n")
+        assert lines[-1] == f"The final answer is \\boxed{{{final}}}."
+        assert "<<" not in text and ">>" not in text and "####" not in text
+        # The reasoning lines are the solution's, annotations cut out, in order.
+        original = [ln for ln in row["answer"].rpartition("####")[0].split("\n") if ln.strip()]
+        assert len(lines) == len(original) + 1
+        assert all(ln.replace(" ", "") in re.sub(r"<<[^<>]*>>", "", o).replace(" ", "")
+                   for ln, o in zip(lines, original))
+    with pytest.raises(ValueError, match="no reasoning"):
+        gsm8k_solution("#### 5")
+    with pytest.raises(ValueError, match="unbalanced"):
+        gsm8k_solution("3 + 4 = <<3+4=7 7\n#### 7")
+
+
+def test_gsm8k_demonstrations_rewritten_bad_rows_counted_validation_removed(tmp_path):
+    rows = [{"question": f"q{i}?", "answer": f"{i} + 1 = <<{i}+1={i + 1}>>{i + 1}\n#### {i + 1}"}
+            for i in range(60)]
+    rows[4]["answer"] = "no final line"
+    path = tmp_path / "train.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    data = DataConfig(source=str(path), prompt_field="question", answer_format="gsm8k",
+                      max_bad_fraction=0.05)
+    sft = SFTConfig(source="{data_source}", prompt_field="question", completion_field="answer",
+                    completion_format="gsm8k")
+    from scalerl_jax.data.prompts import Prompt
+    held_out = [Prompt("test:x", "q7?", "8", "")]  # same problem text as a training row
+    demos, counts = sft_lib.load_demonstrations(sft, data, held_out)
+    assert counts == {"demonstrations": 58, "excluded": 1, "bad": 1}
+    assert demos[0].completion == "0 + 1 = 1\nThe final answer is \\boxed{1}."
+    raw = sft_lib.load_demonstrations(dataclasses.replace(sft, completion_format="raw"), data)[0]
+    assert raw[0].completion == rows[0]["answer"]
+    with pytest.raises(DataError, match="synthetic tasks write their own completions"):
+        sft_lib.load_demonstrations(dataclasses.replace(sft, source="synthetic:countup?num=9"),
+                                    DATA)
+    with pytest.raises(ConfigError, match="completion_format='boxed'"):
+        SFTConfig(completion_format="boxed")

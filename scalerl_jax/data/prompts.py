@@ -8,12 +8,18 @@
 
 Order of operations, all deterministic given the rows and `DataConfig.seed`:
 1. read records; map `prompt_field` / `answer_field` (dotted paths for nested keys, e.g.
-   "meta.question" or "messages.0.content"); malformed rows are skipped and counted, and more
-   than `max_bad_fraction` of them is an error naming the counts;
+   "meta.question" or "messages.0.content"); the reference answer is read from the answer
+   field by `answer_format` (data/answers.py: "raw", "gsm8k" for "#### N", "boxed");
+   malformed rows (an answer the format cannot read among them) are skipped and counted, and
+   more than `max_bad_fraction` of them is an error naming the counts;
 2. give each row a stable id (the `id_field` value when present, else a hash of the problem
    text); rows with an id seen before are dropped as duplicates;
 3. rank rows by hash(seed, id): the first `num_validation` are the validation split, the rest
-   train. The split does not depend on file order or host count;
+   train. The split does not depend on file order or host count. With `validation_source`
+   (e.g. GSM8K's test.jsonl beside its train.jsonl) the validation prompts are the first
+   `num_validation` of that source's rows in the same order instead (ids prefixed with
+   `validation_split`, e.g. "test:", so they cannot meet a training id), and the training
+   rows are all of `source` but those whose problem text is a validation prompt's (counted);
 4. host p of P owns train[p::P] (disjoint, covering; sizes differ by at most one);
 5. each epoch visits the host's shard in a permutation seeded by (seed, epoch, p).
 
@@ -29,6 +35,7 @@ import dataclasses
 import glob
 import hashlib
 import json
+import logging
 import os
 import random
 import urllib.parse
@@ -37,6 +44,9 @@ from typing import Any, Callable, Iterator, NamedTuple, Optional
 
 from scalerl_jax.config import DataConfig
 from scalerl_jax.data import synthetic
+from scalerl_jax.data.answers import answer_reader
+
+log = logging.getLogger(__name__)
 
 
 class DataError(ValueError):
@@ -222,11 +232,13 @@ def _prompt_id(record: Any, id_field: Optional[str], problem: str) -> str:
 
 def parse_records(records: Iterator[tuple[str, Any]], prompt_field: str, answer_field: str,
                   id_field: Optional[str] = "id",
-                  check_answer: Optional[Callable[[str], None]] = None
+                  check_answer: Optional[Callable[[str], None]] = None,
+                  read_answer: Optional[Callable[[str], str]] = None
                   ) -> tuple[list[Row], LoadStats]:
     """Rows from records; bad records are counted, not raised (see `check_bad_fraction`).
-    `check_answer(answer)` raising ValueError marks a row bad too (e.g. a code domain's
-    malformed test spec)."""
+    `read_answer(field text)` gives the row's answer (an answer format, data/answers.py; None:
+    the text itself); it or `check_answer(answer)` raising ValueError marks a row bad (e.g. no
+    "#### N" in a GSM8K solution, a code domain's malformed test spec)."""
     rows, seen, bad, examples = [], set(), Counter(), []
     n = duplicates = 0
     for where, record in records:
@@ -238,6 +250,11 @@ def parse_records(records: Iterator[tuple[str, Any]], prompt_field: str, answer_
             problem, reason = _as_text(get_field(record, prompt_field), prompt_field, False)
         if reason is None:
             answer, reason = _as_text(get_field(record, answer_field), answer_field, True)
+        if reason is None and read_answer is not None:
+            try:
+                answer = read_answer(answer)
+            except ValueError as e:
+                reason = f"bad {answer_field!r} ({str(e)[:80]})"
         if reason is None and check_answer is not None:
             try:
                 check_answer(answer)
@@ -295,9 +312,14 @@ def synthetic_rows(spec: str, seed: int) -> list[synthetic.SyntheticRow]:
 def load_rows(config: DataConfig, id_field: Optional[str] = "id",
               check_answer: Optional[Callable[[str], None]] = None
               ) -> tuple[list[Row], LoadStats]:
-    """All usable rows of `config.source`, in file order, and the load statistics.
-    `check_answer`: see `parse_records` (synthetic rows are valid by construction)."""
+    """All usable rows of `config.source`, in file order, and the load statistics; answers
+    read by `config.answer_format`. `check_answer`: see `parse_records` (synthetic rows are
+    valid by construction)."""
     if config.source.startswith("synthetic:"):
+        if config.answer_format != "raw":
+            raise DataError(f"DataConfig.answer_format={config.answer_format!r} with "
+                            f"{config.source!r}: synthetic tasks give their answers as they "
+                            "are; use answer_format='raw'")
         try:
             rows = [Row(r.prompt_id, r.prompt, r.answer) for r in
                     synthetic_rows(config.source[len("synthetic:"):], config.seed)]
@@ -305,7 +327,8 @@ def load_rows(config: DataConfig, id_field: Optional[str] = "id",
             raise DataError(f"DataConfig.source={config.source!r}: {e}") from None
         return rows, LoadStats(len(rows), len(rows), 0, {}, ())
     rows, stats = parse_records(read_records(config.source, config.split), config.prompt_field,
-                                config.answer_field, id_field, check_answer)
+                                config.answer_field, id_field, check_answer,
+                                answer_reader(config.answer_format))
     check_bad_fraction(stats, config.source, config.max_bad_fraction)
     return rows, stats
 
@@ -346,14 +369,40 @@ class PromptSource:
         self.process_index, self.process_count = process_index, process_count
         self.domain = domain
         rows, self.stats = load_rows(config, id_field, check_answer)
+        self.validation_stats: Optional[LoadStats] = None
+        self.num_overlap = 0  # training rows dropped: their problem is a validation prompt's
+        val_path = config.validation_path()
+        if val_path is not None:
+            val_config = dataclasses.replace(config, source=val_path,
+                                             split=config.validation_split,
+                                             validation_source=None)
+            val_rows, self.validation_stats = load_rows(val_config, id_field, check_answer)
+            val_rows = [r._replace(prompt_id=f"{config.validation_split}:{r.prompt_id}")
+                        for r in val_rows]
         if domain:  # ids unique across a mixture's domains (both may have an id "17")
             rows = [row._replace(prompt_id=f"{domain}/{row.prompt_id}") for row in rows]
+            if val_path is not None:
+                val_rows = [r._replace(prompt_id=f"{domain}/{r.prompt_id}") for r in val_rows]
         ranked = sorted(rows, key=lambda r: _rank(config.seed, r.prompt_id))
         n_val = config.num_validation
-        if n_val >= len(ranked):
-            raise DataError(f"DataConfig.num_validation={n_val} leaves no training prompts: "
-                            f"{config.source!r} has {len(ranked)} usable rows")
-        self._validation, train = ranked[:n_val], ranked[n_val:]
+        if val_path is None:
+            if n_val >= len(ranked):
+                raise DataError(f"DataConfig.num_validation={n_val} leaves no training prompts: "
+                                f"{config.source!r} has {len(ranked)} usable rows")
+            self._validation, train = ranked[:n_val], ranked[n_val:]
+        else:
+            self._validation = sorted(val_rows, key=lambda r: _rank(config.seed,
+                                                                     r.prompt_id))[:n_val]
+            held_out = {r.problem for r in self._validation}
+            train = [r for r in ranked if r.problem not in held_out]
+            self.num_overlap = len(ranked) - len(train)
+            if not train:
+                raise DataError(f"every one of the {len(ranked)} usable rows of "
+                                f"{config.source!r} is also a validation prompt of "
+                                f"DataConfig.validation_source={val_path!r}")
+            log.info("validation: %d prompts from %s (%d usable rows); %d of %d training rows "
+                     "dropped as validation problems", len(self._validation), val_path,
+                     len(val_rows), self.num_overlap, len(ranked))
         if len(train) < process_count:
             raise DataError(f"{len(train)} training prompts cannot give each of process_count="
                             f"{process_count} hosts one")

@@ -63,6 +63,11 @@ def _tiny(name, **kw):
 
 
 PRESETS: dict[str, ModelConfig] = {
+    # HuggingFaceTB/SmolLM2-135M(-Instruct): the `gsm8k` recipe's model (make fetch-model).
+    "smollm2-135m": ModelConfig(name="smollm2-135m", vocab_size=49152, hidden_size=576,
+                                intermediate_size=1536, num_layers=30, num_heads=9,
+                                num_kv_heads=3, rope_theta=1e5, rms_norm_eps=1e-5,
+                                tie_embeddings=True, max_position_embeddings=8192),
     "qwen2.5-0.5b": _qwen2("qwen2.5-0.5b", 896, 4864, 24, 14, 2, tied=True),
     "qwen2.5-1.5b": _qwen2("qwen2.5-1.5b", 1536, 8960, 28, 12, 2, tied=True),
     "qwen2.5-7b": _qwen2("qwen2.5-7b", 3584, 18944, 28, 28, 4, vocab=152064),

@@ -3,8 +3,10 @@
 The paper RL-trains an SFT model; the CPU testbed needs one too, since a random policy earns no
 reward at all and RL has nothing to reinforce. This stage is an ordinary trainer of its own:
 demonstrations (`SFTConfig.source`: a synthetic task's worked solutions or a JSONL/Parquet file
-of prompt/completion pairs) are tokenised as prompt + completion + eos, with the prompt
-formatted by the RL data's template so that both stages show the policy the same text; the loss
+of prompt/completion pairs, its completions optionally rewritten by `completion_format`, e.g.
+GSM8K's worked solutions into answers ending in \\boxed{N}) are tokenised as prompt +
+completion + eos, with the prompt formatted by the RL data's template (its chat template and
+system prompt for an HF model) so that both stages show the policy the same text; the loss
 is the mean cross-entropy of the completion tokens, from the same chunked fp32 log-probs as the
 RL step; AdamW from `SFTConfig.optim`, jitted once on the trainer mesh with the state donated.
 
@@ -38,6 +40,7 @@ from flax import nnx
 from scalerl_jax import mesh as mesh_lib
 from scalerl_jax.checkpoint import export_hf
 from scalerl_jax.config import DataConfig, ModelConfig, OptimConfig, SFTConfig
+from scalerl_jax.data.answers import completion_writer
 from scalerl_jax.data.prompts import (DataError, Prompt, check_bad_fraction, format_prompt,
                                       parse_records, read_records, synthetic_rows)
 from scalerl_jax.metrics import MetricsWriter
@@ -61,24 +64,31 @@ class Demo(NamedTuple):
 
 def load_demonstrations(sft: SFTConfig, data: DataConfig, exclude: Iterable[Prompt] = ()
                         ) -> tuple[list[Demo], dict]:
-    """The demonstrations of `sft.source` minus the `exclude` prompts (the RL validation set),
+    """The demonstrations of `sft.source` (its placeholders filled from `data`; completions
+    rewritten by `sft.completion_format`) minus the `exclude` prompts (the RL validation set),
     and counts: {"demonstrations", "excluded", "bad"}."""
-    if sft.source.startswith("synthetic:"):
+    source = sft.source_for(data)
+    if source.startswith("synthetic:"):
+        if sft.completion_format != "raw":
+            raise DataError(f"SFTConfig.completion_format={sft.completion_format!r} with "
+                            f"{source!r}: synthetic tasks write their own completions; use "
+                            "'raw'")
         try:
-            rows = synthetic_rows(sft.source[len("synthetic:"):], data.seed)
+            rows = synthetic_rows(source[len("synthetic:"):], data.seed)
         except (ValueError, TypeError) as e:
-            raise DataError(f"SFTConfig.source={sft.source!r}: {e}") from None
+            raise DataError(f"SFTConfig.source={source!r}: {e}") from None
         demos, bad = [Demo(r.prompt_id, r.prompt, r.completion) for r in rows], 0
     else:
-        rows, stats = parse_records(read_records(sft.source, "train"), sft.prompt_field,
-                                    sft.completion_field, data.id_field)
-        check_bad_fraction(stats, sft.source, data.max_bad_fraction)
+        rows, stats = parse_records(read_records(source, "train"), sft.prompt_field,
+                                    sft.completion_field, data.id_field,
+                                    read_answer=completion_writer(sft.completion_format))
+        check_bad_fraction(stats, source, data.max_bad_fraction)
         demos, bad = [Demo(*r) for r in rows], stats.num_bad
     ids = {p.prompt_id for p in exclude}
     problems = {p.problem for p in exclude}
     kept = [d for d in demos if d.prompt_id not in ids and d.problem not in problems]
     if not kept:
-        raise DataError(f"SFTConfig.source={sft.source!r}: no demonstrations left after removing "
+        raise DataError(f"SFTConfig.source={source!r}: no demonstrations left after removing "
                         f"{len(demos)} that are RL validation prompts")
     return kept, {"demonstrations": len(kept), "excluded": len(demos) - len(kept), "bad": bad}
 

@@ -1,0 +1,97 @@
+"""Named answer formats: how a dataset row's answer field becomes the reference answer the
+verifier compares with, and how a worked solution becomes an SFT target.
+
+Answer formats (`DataConfig.answer_format`, `DomainConfig.answer_format`):
+  raw     the field's text as it is (stripped)
+  gsm8k   the number after the last "####" of a GSM8K-style worked solution ("... #### 1,080"),
+          thousands separators removed ("1080"); a sign and decimals are kept
+  boxed   the content of the last \\boxed{...} of a MATH-style solution (nested boxes: the
+          innermost), read by the math verifier's own box reader (rewards/math.py)
+
+Completion formats (`SFTConfig.completion_format`):
+  raw     the completion field as it is
+  gsm8k   a GSM8K worked solution rewritten as a chat answer: its reasoning lines without the
+          <<48/2=24>> calculator annotations, then "The final answer is \\boxed{N}."
+
+Each function raises ValueError saying why a row cannot be read; the data loaders count such
+rows as malformed and skip them (prompts.parse_records), so a few odd rows in a large file cost
+those rows, and many of them stop the run with the counts (DataConfig.max_bad_fraction).
+"""
+from __future__ import annotations
+
+import re
+from typing import Callable
+
+from scalerl_jax.config import ANSWER_FORMATS, COMPLETION_FORMATS, ConfigError
+
+GSM8K_MARK = "####"
+# An integer or decimal, optionally negative, with or without comma thousands separators
+# (GSM8K writes "1,080" in some rows and "1080" in most).
+_NUMBER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
+_CALCULATOR = re.compile(r"<<[^<>]*>>")  # GSM8K's "<<48/2=24>>" annotations
+FINAL_SENTENCE = "The final answer is \\boxed{{{}}}."
+
+
+def raw_answer(text: str) -> str:
+    return text.strip()
+
+
+def gsm8k_answer(text: str) -> str:
+    """The final number of a GSM8K solution: "... #### -1,234" -> "-1234"."""
+    _, mark, tail = text.rpartition(GSM8K_MARK)
+    if not mark:
+        raise ValueError(f"no {GSM8K_MARK!r} line with the final answer")
+    value = tail.strip()
+    if not _NUMBER.fullmatch(value):
+        raise ValueError(f"the text after {GSM8K_MARK!r} is not a number")
+    return value.replace(",", "")
+
+
+def boxed_answer(text: str) -> str:
+    """The content of the last \\boxed{...} (the innermost of nested boxes)."""
+    from scalerl_jax.rewards.math import last_boxed  # sympy and math-verify: only when used
+
+    got = last_boxed(text)
+    if got is None:
+        raise ValueError("the last \\boxed{ is not closed")
+    if not isinstance(got, str):  # the reader's "no box at all" marker
+        raise ValueError("no \\boxed{...} in the solution")
+    if not got.strip():
+        raise ValueError("the last \\boxed{} is empty")
+    return got.strip()
+
+
+def gsm8k_solution(text: str) -> str:
+    """A GSM8K worked solution as an answer that reasons and ends in a boxed final number:
+    calculator annotations removed, blank lines dropped, the "#### N" line replaced by
+    "The final answer is \\boxed{N}." (N without thousands separators)."""
+    final = gsm8k_answer(text)
+    body = text.rpartition(GSM8K_MARK)[0]
+    lines = [_CALCULATOR.sub("", line).rstrip() for line in body.splitlines()]
+    lines = [line for line in lines if line.strip()]
+    if not lines:
+        raise ValueError(f"no reasoning before {GSM8K_MARK}")
+    if any("<<" in line or ">>" in line for line in lines):
+        raise ValueError("an unbalanced <<...>> calculator annotation")
+    return "\n".join(lines + [FINAL_SENTENCE.format(final)])
+
+
+_ANSWERS: dict[str, Callable[[str], str]] = {"raw": raw_answer, "gsm8k": gsm8k_answer,
+                                             "boxed": boxed_answer}
+_COMPLETIONS: dict[str, Callable[[str], str]] = {"raw": raw_answer, "gsm8k": gsm8k_solution}
+assert tuple(_ANSWERS) == ANSWER_FORMATS and tuple(_COMPLETIONS) == COMPLETION_FORMATS
+
+
+def answer_reader(name: str) -> Callable[[str], str]:
+    """The function of answer format `name` (text -> reference answer, ValueError if none)."""
+    if name not in _ANSWERS:
+        raise ConfigError(f"DataConfig.answer_format={name!r}: must be one of {ANSWER_FORMATS}")
+    return _ANSWERS[name]
+
+
+def completion_writer(name: str) -> Callable[[str], str]:
+    """The function of completion format `name` (field text -> SFT target text)."""
+    if name not in _COMPLETIONS:
+        raise ConfigError(f"SFTConfig.completion_format={name!r}: must be one of "
+                          f"{COMPLETION_FORMATS}")
+    return _COMPLETIONS[name]
