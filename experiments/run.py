@@ -26,9 +26,14 @@ on CPU, device memory on GPU) and refuses a config that cannot fit, naming the l
 settings that would; `--dry-run` alone prints that plan. `python experiments/fit.py WORKDIR`
 refits the curve.
 
+Progress: a log line at least every 30 s from the first second (SCALERL_PROGRESS_INTERVAL=S
+changes the interval), naming the phase (start-up, compilation, evaluation with its count of
+completions, each step).
+
 exit status: 0 done (or already complete), 2 bad input (one line; --debug adds the traceback),
-1 a run that failed with a clear message, 130 / 143 interrupted by Ctrl-C / SIGTERM after saving
-a checkpoint (re-run the same command to resume).
+1 a run that failed with a clear message, 130 / 143 interrupted by Ctrl-C / SIGTERM (within
+seconds; after saving a checkpoint when a step was trained since the last one; re-run the same
+command to resume).
 """
 from __future__ import annotations
 
@@ -46,6 +51,7 @@ from scalerl_jax.preflight import UsageError  # noqa: E402
 from scalerl_jax.config import ConfigError, ModelConfig, apply_overrides  # noqa: E402
 from scalerl_jax.data.prompts import DataError  # noqa: E402
 from scalerl_jax.models import presets  # noqa: E402
+from scalerl_jax.heartbeat import heartbeat, phase  # noqa: E402
 from scalerl_jax.progress import setup_logging, summary_lines  # noqa: E402
 
 log = logging.getLogger("scalerl_jax.run")  # under the package: setup_logging shows its INFO
@@ -202,41 +208,11 @@ def run(args) -> int:
     if args.recipe == "list":
         print(recipe_table())
         return 0
-    cfg, pinned = build_config(args)
-    notes = preflight.check_inputs(cfg, args, dry_run=args.dry_run)
-    topo = the_plan = None
-    if args.tpu:
-        try:
-            topo = plan.topology(args.tpu)
-        except plan.PlanError as err:
-            raise UsageError(f"--tpu {args.tpu}: {err}") from None
-        assume = plan.Assumptions(mfu=args.mfu, mean_completion=args.mean_len)
-        the_plan = plan.resolve(cfg, topo, pinned, assume)
-        cfg = the_plan.config
-        problem = None if the_plan.ok else f"--tpu {topo.name}: {plan.explain(the_plan, pinned)}"
-        if args.dry_run:
-            return _print_plan(plan.format_plan(the_plan), notes, problem)
-        if problem:
-            raise UsageError(f"{problem} (--dry-run prints the whole plan)")
-        log.info("plan:\n%s", plan.format_plan(the_plan))
-    preflight.check_devices(cfg, topo)
-    if topo is None:  # this machine: the same estimate, before anything is allocated
-        local = preflight.local_plan(cfg)
-        problem = None if local is None or local.fits else plan.local.explain(local)
-        if args.dry_run:
-            return _print_plan(plan.local.format_local(local) if local else
-                               "no plan: these devices report no memory figure", notes, problem)
-        if problem:
-            raise UsageError(f"{problem} (--dry-run prints the whole plan)")
-        if local is not None:
-            log.info("memory: %.1f GiB of %.1f GiB usable on this machine",
-                     local.need / plan.GIB, local.machine.budget / plan.GIB)
-    done = preflight.finished_step(cfg, args.allow_config_change)
-    if done is not None:
-        print(preflight.complete_message(cfg, done))
-        return 0
-
-    from scalerl_jax.train import trainer  # imports jax/orbax: slow and loud, hence here
+    with phase("start-up: config, inputs, memory plan"):
+        cfg, code = _prepare(args)
+        if code is not None:
+            return code
+        from scalerl_jax.train import trainer  # imports jax/orbax: slow and loud, hence here
     result = trainer.run(cfg, allow_config_change=args.allow_config_change,
                          wandb_project=args.wandb, fit=not args.no_fit)
     if result.stopped_by:
@@ -253,9 +229,59 @@ def run(args) -> int:
     return 0
 
 
+def _prepare(args):
+    """(the config to run, None), or (None, exit status) when the command ends here: a plan
+    (--dry-run), or a run that is already complete."""
+    cfg, pinned = build_config(args)
+    notes = preflight.check_inputs(cfg, args, dry_run=args.dry_run)
+    topo = the_plan = None
+    if args.tpu:
+        try:
+            topo = plan.topology(args.tpu)
+        except plan.PlanError as err:
+            raise UsageError(f"--tpu {args.tpu}: {err}") from None
+        assume = plan.Assumptions(mfu=args.mfu, mean_completion=args.mean_len)
+        cfg = preflight.size_for_platform(args.recipe, cfg, pinned, notes, dry_run=args.dry_run,
+                                          topo=topo)
+        the_plan = plan.resolve(cfg, topo, pinned, assume)
+        cfg = the_plan.config
+        problem = None if the_plan.ok else f"--tpu {topo.name}: {plan.explain(the_plan, pinned)}"
+        if args.dry_run:
+            return None, _print_plan(plan.format_plan(the_plan), notes, problem)
+        if problem:
+            raise UsageError(f"{problem} (--dry-run prints the whole plan)")
+        log.info("plan:\n%s", plan.format_plan(the_plan))
+    preflight.check_devices(cfg, topo)
+    if topo is None:  # this machine: the same estimate, before anything is allocated
+        cfg = preflight.size_for_platform(args.recipe, cfg, pinned, notes, dry_run=args.dry_run)
+        local = preflight.local_plan(cfg)
+        problem = None if local is None or local.fits else plan.local.explain(local)
+        if args.dry_run:
+            return None, _print_plan(plan.local.format_local(local) if local else
+                                     "no plan: these devices report no memory figure", notes,
+                                     problem)
+        if problem:
+            raise UsageError(f"{problem} (--dry-run prints the whole plan)")
+        if local is not None:
+            log.info("memory: %.1f GiB of %.1f GiB usable on this machine",
+                     local.need / plan.GIB, local.machine.budget / plan.GIB)
+    done = preflight.finished_step(cfg, args.allow_config_change)
+    if done is not None:
+        print(preflight.complete_message(cfg, done))
+        return None, 0
+    return cfg, None
+
+
 def main(argv=None) -> int:
     setup_logging()
     args = parse_args(argv)
+    if args.dry_run or args.recipe == "list":  # quick and silent but for their answer
+        return _main(args)
+    with heartbeat(f"run.py: recipe {args.recipe}, pid {os.getpid()}: starting"):
+        return _main(args)
+
+
+def _main(args) -> int:
     try:
         return run(args)
     except KeyboardInterrupt:  # a second Ctrl-C, or one before training started

@@ -360,8 +360,9 @@ class Checkpointer:
                 log.warning("%s received; already stopping after %s", name, self._stop_signal)
                 return
             self._stop_signal = name
-            log.warning("%s received: saving a checkpoint after the current step, then stopping "
-                        "(Ctrl-C again to abort without saving)", name)
+            log.warning("%s received: stopping when the current step or evaluation ends, with "
+                        "a checkpoint if a step was trained since the last one (a second signal "
+                        "exits at once, unsaved)", name)
         for sig in (signal.SIGTERM, signal.SIGINT):
             self._previous_handlers.setdefault(sig, signal.signal(sig, handler))
 

@@ -10,6 +10,8 @@ redraws the bar, so bars and log lines share stderr without garbling each other.
 Bars only make sense on a terminal. Off one (CI, nohup, a cluster log) `Progress` draws nothing
 and logs a plain INFO line every N steps / M seconds instead; `SCALERL_PROGRESS=1/0` or the
 `enabled` argument overrides the check.
+
+Between lines, `heartbeat.py` keeps a line coming at least every 30 s.
 """
 from __future__ import annotations
 
@@ -24,6 +26,8 @@ import time
 from typing import Any, Optional, Sequence
 
 from tqdm import tqdm
+
+from scalerl_jax.heartbeat import HEARTBEAT
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +61,7 @@ class _ConsoleHandler(logging.Handler):
             stream = sys.stderr if self.stream is None else self.stream
             tqdm.write(self.format(record).rstrip("\n"), file=stream)
             stream.flush()
+            HEARTBEAT.printed()
         except Exception:  # logging must never take the run down
             self.handleError(record)
 
@@ -193,6 +198,7 @@ class Progress:
         if self.bar is not None:
             self.bar.set_postfix_str(self.postfix(), refresh=False)
             self.bar.update(self.step - self.bar.n)
+            HEARTBEAT.printed()  # the redrawn bar is news enough
         elif self._due(now):
             self._log_line(now)
 
@@ -333,6 +339,9 @@ def summary_lines(workdir: str, evals: Sequence[dict], fit: Optional[dict] = Non
     lines += [f"files: {workdir}", f"  metrics      {os.path.join(workdir, 'metrics.jsonl')}"]
     if os.path.isdir(tb_dir):
         lines.append(f"  tensorboard  tensorboard --logdir {tb_dir}")
+    model_dir = os.path.join(workdir, "model")
+    if os.path.isdir(model_dir):
+        lines.append(f"  model        {model_dir} (HF checkpoint)")
     lines.append(f"  fit          {fit_dir}" if os.path.isdir(fit_dir)
                  else f"  fit          python experiments/fit.py {workdir}")
     return lines

@@ -1,13 +1,20 @@
 """Scoring by domain, and held-out validation: mean@k pass rate, the y-axis of the scaling curve
-(overall and, for a mixture of domains, per domain)."""
+(overall and, for a mixture of domains, per domain).
+
+`sample_groups` is the sampling loop shared with the stand-alone evaluation (scalerl_jax/
+evaluation.py): it runs a driver in the caller's thread, reports its count of completions to the
+heartbeat (heartbeat.py) and checks a stop callback between sampler calls, so a stop signal ends
+an evaluation within a call instead of after it.
+"""
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping, Sequence, Union
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
 from scalerl_jax.data.prompts import Prompt
+from scalerl_jax.heartbeat import phase
 from scalerl_jax.multihost import allgather_objects
 from scalerl_jax.rewards.pool import RewardPool, ScoreResult, Verifier
 from scalerl_jax.sampler.driver import Driver, Prompt as SamplerPrompt
@@ -65,10 +72,36 @@ def rate_and_se(per_prompt: np.ndarray) -> tuple[float, Any]:
     return rate, se
 
 
+def sample_groups(engine, params, prompts: Sequence[SamplerPrompt], *, k: int,
+                  driver_kwargs: dict, version: int, seed: int = 0, label: str = "sampling",
+                  should_stop: Optional[Callable[[], bool]] = None
+                  ) -> tuple[list[Group], dict, bool]:
+    """k samples of each prompt with `params`, on a driver in the caller's thread: (the groups in
+    the order they finished, the driver's stats, whether `should_stop()` cut it short).
+
+    Runs a second driver on `engine` (a training sampler may keep running on it): it shares the
+    engine's compiled programs. Sample j of prompt i is seeded by (seed, ticket i, j).
+    `should_stop` is asked after every sampler call; `label` names the phase in heartbeat lines.
+    """
+    groups: list[Group] = []
+    driver = Driver(engine, params, prompts, group_size=k, version=version, seed=seed,
+                    on_group=groups.append, **driver_kwargs)
+    stopped = False
+    with phase(label, total=len(prompts) * k, unit="completions") as shown:
+        while driver.step():
+            shown.update(driver.stats["completions"])
+            if should_stop is not None and should_stop():
+                stopped = True
+                break
+    return groups, driver.stats, stopped
+
+
 def evaluate(engine, params, prompts: Sequence[Prompt], *, tokenizer: Any, k: int,
              verifier: Union[Verifier, Mapping[str, Verifier]], pool: RewardPool,
-             driver_kwargs: dict, version: int, seed: int = 0) -> dict:
-    """Generate k samples per held-out prompt with `params` and score them.
+             driver_kwargs: dict, version: int, seed: int = 0,
+             should_stop: Optional[Callable[[], bool]] = None) -> Optional[dict]:
+    """Generate k samples per held-out prompt with `params` and score them; None when
+    `should_stop()` (asked between sampler calls) ended the evaluation early on any process.
 
     Runs a second driver on the same engine in the caller's thread (the training sampler keeps
     running); it shares the engine's compiled programs, so evaluation compiles nothing new.
@@ -80,21 +113,27 @@ def evaluate(engine, params, prompts: Sequence[Prompt], *, tokenizer: Any, k: in
 
     Multi-process: each process passes its own share of the prompts (e.g.
     `PromptSource.validation(shard=True)`); the counts are summed over processes, so every
-    process returns the same figures for the whole validation set.
+    process returns the same figures for the whole validation set. A process that was stopped
+    still meets the others in the all-gather, and all of them return None.
     """
     start = time.monotonic()
-    groups: list[Group] = []
     stream = [SamplerPrompt(p.prompt_id, tokenizer.encode(p.text),
                             {"answer": p.answer, "domain": p.domain}, i)
               for i, p in enumerate(prompts)]
-    driver = Driver(engine, params, stream, group_size=k, version=version, seed=seed,
-                    on_group=groups.append, **driver_kwargs)
-    driver.run()
-    scored = score_groups(groups, tokenizer=tokenizer, verifier=verifier, pool=pool)
-    per_prompt = np.asarray(scored.correct, np.float64).reshape(len(groups), k).mean(axis=1)
-    local = (per_prompt, [group_domain(g) for g in groups], int(driver.stats["tokens"]),
-             int(driver.stats["finish_truncated"]), int(driver.stats["interrupted"]))
+    groups, sampled, stopped = sample_groups(engine, params, stream, k=k,
+                                             driver_kwargs=driver_kwargs, version=version,
+                                             seed=seed, label="sampling",
+                                             should_stop=should_stop)
+    local = None
+    if not stopped:
+        with phase(f"scoring {len(groups) * k} completions"):
+            scored = score_groups(groups, tokenizer=tokenizer, verifier=verifier, pool=pool)
+        per_prompt = np.asarray(scored.correct, np.float64).reshape(len(groups), k).mean(axis=1)
+        local = (per_prompt, [group_domain(g) for g in groups], int(sampled["tokens"]),
+                 int(sampled["finish_truncated"]), int(sampled["interrupted"]))
     shared = allgather_objects(local)
+    if any(part is None for part in shared):
+        return None
     per_prompt = np.concatenate([part[0] for part in shared])
     domains = np.array([d for part in shared for d in part[1]], dtype=object)
     tokens, truncated, interrupted = (sum(part[i] for part in shared) for i in (2, 3, 4))

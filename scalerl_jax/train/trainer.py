@@ -7,12 +7,20 @@ of ticketed prompts), scores them, and the hosts exchange their scored groups so
 builds the same global batch for the jitted step on the trainer mesh. Host 0 writes the run
 directory: `config.json`, `metrics.jsonl` (schema in metrics.py; a `forecast` record follows
 each evaluation, scaling/forecast.py), `tensorboard/`, Orbax `checkpoints/`, `sft/` (the
-warm-up's HF checkpoint) and, at the end, `fit/`.
+warm-up's HF checkpoint) and, at the end, `model/` (the final policy as an HF checkpoint that
+transformers loads, with the initial checkpoint's tokenizer files) and `fit/`.
 
 Resume: re-running the same command restores the newest good checkpoint (params, optimizer,
 step, RNG, curriculum, every host's data cursor and in-flight prompts, compute meter), and the
 records written after it are superseded (`metrics.truncate_after`), so metrics.jsonl keeps one
 record per step and per evaluation and the compute axis does not depend on when a kill landed.
+
+Progress and stop signals. Every slow part runs inside a `heartbeat.phase`, so the heartbeat
+names it (start-up, evaluation with its count of completions, each step, the save, the export).
+SIGTERM / Ctrl-C set the checkpointer's stop flag; an evaluation checks it between sampler calls
+and ends without a record (a resumed run redoes an evaluation that was due), the loop then saves
+the step and stops. Before this invocation's first step ends nothing is unsaved, so there the
+`interrupt.Watchdog` ends the process within seconds even inside a compilation.
 """
 from __future__ import annotations
 
@@ -20,6 +28,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import shutil
 import time
 from typing import NamedTuple, Optional
 
@@ -32,8 +41,10 @@ from scalerl_jax import metrics as metrics_lib
 from scalerl_jax import rundir
 from scalerl_jax.config import ConfigError, RunConfig, field_defaults
 from scalerl_jax.data.mixture import open_source
+from scalerl_jax.interrupt import Watchdog
 from scalerl_jax.models.transformer import matmul_params
-from scalerl_jax.multihost import allgather_objects
+from scalerl_jax.multihost import allgather_objects, barrier
+from scalerl_jax.heartbeat import HEARTBEAT, phase
 from scalerl_jax.progress import SFT_FIELDS, Progress
 from scalerl_jax.rewards import RewardPool, answer_checks, domain_verifiers, use_processes
 from scalerl_jax.rl.curriculum import NoPositiveResampling
@@ -64,6 +75,7 @@ class RunResult:
     fit_reason: Optional[str] = None  # why there is no fit
     domain_fits: dict = dataclasses.field(default_factory=dict)  # report.domain_headlines
     stopped_by: Optional[str] = None  # "SIGTERM" / "SIGINT" when a signal ended the run early
+    model_dir: Optional[str] = None  # the final policy as an HF checkpoint (a finished run)
 
 
 def load_tokenizer(cfg: RunConfig):
@@ -97,6 +109,9 @@ def _run(cfg: RunConfig, tokenizer, cleanup: contextlib.ExitStack, allow_config_
     if main:
         rundir.check_config(cfg.workdir, cfg.to_dict(), allow_change=allow_config_change,
                             defaults=field_defaults())
+    starting = phase("start-up: data, reward workers, initial policy, sampler",
+                     announce=True).begin()
+    cleanup.callback(starting.end)
 
     # Meshes: trainer devices of all hosts, this host's sampler devices.
     split = mesh_lib.split_devices(cfg.mesh)
@@ -128,6 +143,12 @@ def _run(cfg: RunConfig, tokenizer, cleanup: contextlib.ExitStack, allow_config_
                                         keep=cfg.keep_checkpoints, keep_every=cfg.keep_every)
     checkpoints.install_signal_handlers()
     cleanup.callback(checkpoints.close)
+    trained_here = 0  # steps this invocation finished: before the first, nothing is unsaved
+    cleanup.enter_context(Watchdog(
+        can_exit=lambda: trained_here == 0, describe=HEARTBEAT.line,
+        nothing_lost="nothing trained since the last checkpoint, so nothing to save (re-run "
+                     "the same command to resume)",
+        acknowledged=lambda: checkpoints.stop_signal is not None))
     restored = checkpoints.restore(abstract)
     if main:  # the first write: everything above has validated
         rundir.write_config(cfg.workdir, cfg.to_dict())
@@ -205,12 +226,20 @@ def _run(cfg: RunConfig, tokenizer, cleanup: contextlib.ExitStack, allow_config_
     cleanup.callback(rollouts.stop)
     n_train, n_sample = len(split.trainer), len(split.sampler) * hosts
 
-    def run_eval(step: int, params) -> dict:
-        result = evaluate(engine, params, validation[host::hosts], tokenizer=tokenizer,
-                          k=cfg.eval.k, verifier=verifiers, pool=pool,
-                          driver_kwargs=driver_kwargs, version=step, seed=sample_seed)
-        rec = record("eval", step, compute=meter.compute(), **result)
-        forecaster.submit(rec)
+    def run_eval(step: int, params) -> Optional[dict]:
+        """The eval record of `step`, or None when a stop signal cut the evaluation short."""
+        with phase(f"evaluation of step {step}"):
+            result = evaluate(engine, params, validation[host::hosts], tokenizer=tokenizer,
+                              k=cfg.eval.k, verifier=verifiers, pool=pool,
+                              driver_kwargs=driver_kwargs, version=step, seed=sample_seed,
+                              should_stop=lambda: checkpoints.stop_signal is not None)
+            if result is None:
+                log.warning("%s: evaluation of step %d stopped unfinished; no record written "
+                            "(a resumed run evaluates step %d again if it was due)",
+                            checkpoints.stop_signal or "stop signal", step, step)
+                return None
+            rec = record("eval", step, compute=meter.compute(), **result)
+            forecaster.submit(rec)
         domains = "".join(f", {d} {r:.3f}" for d, r in result.get("per_domain", {}).items())
         log.info("eval step %d: pass rate %.3f%s (%d prompts x %d)", step, result["pass_rate"],
                  domains, result["num_prompts"], cfg.eval.k)
@@ -221,14 +250,24 @@ def _run(cfg: RunConfig, tokenizer, cleanup: contextlib.ExitStack, allow_config_
                 "data": allgather_objects(feed.state_dict()), "compute": meter.state_dict()}
 
     last, stopped_by, skipped_in_a_row, tokens_seen = {}, None, 0, 0
+    starting.end()
     bar = cleanup.enter_context(Progress("rl", cfg.steps, initial=start,
                                          tokens_key="batch_seq_tokens",
                                          enabled=None if main else False))
     if missing:
-        bar.set_eval(start, run_eval(start, sampler_params)["pass_rate"])
-    while int(state.step) < cfg.steps:
+        rec = run_eval(start, sampler_params)
+        if rec is not None:
+            bar.set_eval(start, rec["pass_rate"])
+    if checkpoints.preempted:  # a stop signal in start-up or the first evaluation (collective)
+        stopped_by = checkpoints.stop_signal
+        log.warning("%s: stopped before training step %d; nothing was trained, so nothing to "
+                    "save (re-run the same command to resume)", stopped_by, start + 1)
+    while stopped_by is None and int(state.step) < cfg.steps:
         t0 = time.monotonic()
         step, version = int(state.step) + 1, int(state.step)
+        step_phase = phase(f"rl step {step}/{cfg.steps}" + (
+            " (the first step compiles the train step)" if trained_here == 0 else ""),
+            detail=lambda: f"{driver.stats['completions']} completions sampled so far").begin()
         local, roll = rollouts.take(step, version)
         scored = score_groups(local, tokenizer=tokenizer, verifier=verifiers, pool=pool)
         sampled, tokens_seen = driver.stats["tokens"] - tokens_seen, driver.stats["tokens"]
@@ -244,6 +283,7 @@ def _run(cfg: RunConfig, tokenizer, cleanup: contextlib.ExitStack, allow_config_
         state, step_metrics = train_step(state, batch)
         step_metrics = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
         t_train = time.monotonic() - t1
+        trained_here += 1
         pushed = rollouts.publish(lambda: sync(state.params), step)
         sampler_params = pushed if pushed is not None else sampler_params
 
@@ -274,24 +314,33 @@ def _run(cfg: RunConfig, tokenizer, cleanup: contextlib.ExitStack, allow_config_
         _check_not_diverged(skipped_in_a_row, cfg, step, step_metrics)
         if step % cfg.eval.every_steps == 0 or step == cfg.steps:
             params = sampler_params if pushed is not None else sync(state.params)
-            bar.set_eval(step, run_eval(step, params)["pass_rate"])
-        checkpoints.maybe_save(step, state, meta_now)
+            rec = run_eval(step, params)
+            if rec is not None:
+                bar.set_eval(step, rec["pass_rate"])
+        with phase(f"checkpoint of step {step}"):
+            checkpoints.maybe_save(step, state, meta_now)
+        step_phase.end()
         if checkpoints.preemption_saved:
             stopped_by = checkpoints.stop_signal
             log.warning("%s: stopped after saving step %d; re-run the same command to "
                         "resume", stopped_by, step)
-            break
-    else:
-        checkpoints.save(int(state.step), state, meta_now)
+    model_dir = None
+    if stopped_by is None:  # finished: the policy for transformers, then the last checkpoint
+        # Export first: a run that a re-run finds complete then always has its model/.
+        model_dir = _export(state.params, model_cfg, tokenizer, cfg)
+        with phase(f"saving step {int(state.step)}"):
+            checkpoints.save(int(state.step), state, meta_now)
     write_forecasts(forecaster.finish(timeout=None if stopped_by is None else 0.0))
     bar.close()
     rollouts.stop()
-    checkpoints.wait()
+    with phase("waiting for checkpoint writes"):
+        checkpoints.wait()
     result = RunResult(cfg.workdir, int(state.step), last,
                        metrics_lib.read_metrics(cfg.workdir).of("eval") if main else [],
-                       stopped_by=stopped_by)
+                       stopped_by=stopped_by, model_dir=model_dir)
     if fit and main and stopped_by is None:
-        result.fit, result.fit_reason, result.domain_fits = _fit(cfg.workdir)
+        with phase("fitting the scaling curve"):
+            result.fit, result.fit_reason, result.domain_fits = _fit(cfg.workdir)
     return result
 
 
@@ -345,13 +394,36 @@ def _warm_up(cfg: RunConfig, mesh, tokenizer, validation, tracker: Tracker) -> s
         return sft_lib.model_dir(out)
     tracker.purge("sft", 0)
     with Progress("sft", cfg.sft.steps, fields=SFT_FIELDS, tokens_key="tokens",
-                  enabled=None if jax.process_index() == 0 else False) as bar:
+                  enabled=None if jax.process_index() == 0 else False) as bar, \
+            phase("SFT warm-up", total=cfg.sft.steps, unit="steps") as shown:
         def on_step(step, metrics):
             bar.update(step, metrics)
+            shown.update(step)
             tracker.write({"event": "sft", "step": step, **metrics})
         return sft_lib.run_sft(cfg.sft, cfg.model, cfg.data, mesh, tokenizer, out_dir=out,
                                seed=cfg.seed, exclude=validation, hf_checkpoint=cfg.hf_checkpoint,
                                logprob_chunk=cfg.sft.optim.logprob_chunk, on_step=on_step)
+
+
+def _export(params, model_cfg, tokenizer, cfg: RunConfig) -> str:
+    """WORKDIR/model: the policy as an HF checkpoint (written beside, then renamed into place),
+    with the tokenizer files of the checkpoint the run started from. Collective."""
+    out = os.path.join(cfg.workdir, "model")
+    partial = out + ".partial"
+    with phase(f"exporting the final policy to {out}", announce=True):
+        if jax.process_index() == 0:
+            shutil.rmtree(partial, ignore_errors=True)
+        ckpt_lib.export_hf(params, model_cfg, partial,
+                           extra_config={"eos_token_id": int(tokenizer.eos_id)})
+        if jax.process_index() == 0:
+            source = cfg.hf_checkpoint or ""
+            for name in sft_lib._TOKENIZER_FILES:  # the same files the SFT stage copies
+                if source and os.path.exists(os.path.join(source, name)):
+                    shutil.copy(os.path.join(source, name), partial)
+            shutil.rmtree(out, ignore_errors=True)
+            os.replace(partial, out)
+    barrier("model_written")
+    return out
 
 
 def _fit(workdir: str) -> tuple[Optional[dict], Optional[str], dict]:

@@ -1,0 +1,133 @@
+"""Stop signals answered within seconds, even while the main thread is inside a long native call.
+
+Python runs a signal handler in the main thread, between two bytecodes. While the main thread is
+inside one long native call (an XLA compilation of a real model takes tens of seconds on a CPU,
+a train step as long again, a join of a thread that is compiling) the handler waits for the call
+to return, and Ctrl-C or SIGTERM seem to do nothing. `Watchdog` hears the signal at once: the
+C-level handler writes the signal's number to a wake-up descriptor (`signal.set_wakeup_fd`),
+which a daemon thread reads. The Python handlers (checkpoint.Checkpointer's) stay in charge; the
+watchdog acts only where they cannot in time:
+
+* a second stop signal ends the process `second_grace_s` later if it has not ended by then (a
+  second Ctrl-C's KeyboardInterrupt usually gets there first), without saving;
+* after the first, if the process is still running `grace_s` later and `can_exit()` says that
+  nothing would be lost (no step trained since the last checkpoint: start-up, the SFT warm-up,
+  the first evaluation, the first compilation), it ends the process: what a kill -9 would do,
+  which a run survives by design (DESIGN.md "Resume"). Otherwise the Python handler has promised
+  a checkpoint after the current step; the watchdog says so once, if the main thread has not
+  been able to, and leaves the rest to it.
+
+An exit is `os._exit(128 + signal)` after one line saying what was and was not done. No clean-up
+runs (that is the point: Orbax waits, joins of threads stuck in compilation); the workdir lock is
+released by the OS and the reward pool's children exit when their pipes close.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from typing import Callable, Optional
+
+log = logging.getLogger(__name__)
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class Watchdog:
+    """Context manager: see the module docstring. Must be entered in the main thread, after the
+    Python handlers for SIGINT / SIGTERM are installed (a signal without one never reaches the
+    wake-up descriptor; the default SIGTERM action ends the process on its own anyway).
+
+    can_exit(): True while ending the process loses nothing; `nothing_lost` says why, in the
+    line of such an exit (e.g. "nothing trained since the last checkpoint, so nothing to save").
+    acknowledged(): True once the main thread's handler has seen the signal (it then said what
+    happens next itself).
+    describe(): what the process is doing, for the lines (e.g. `progress.HEARTBEAT.line`).
+    """
+
+    def __init__(self, *, can_exit: Callable[[], bool], nothing_lost: str,
+                 acknowledged: Callable[[], bool] = lambda: False,
+                 describe: Callable[[], str] = lambda: "", grace_s: float = 3.0,
+                 second_grace_s: float = 2.0, exit_fn: Callable[[int], None] = os._exit):
+        self.can_exit, self.acknowledged, self.describe = can_exit, acknowledged, describe
+        self.nothing_lost = nothing_lost
+        self.grace_s, self.second_grace_s, self._exit_fn = grace_s, second_grace_s, exit_fn
+        self._closed = threading.Event()
+        self._sockets: Optional[tuple[socket.socket, socket.socket]] = None
+        self._previous_fd = -1
+        self._thread: Optional[threading.Thread] = None
+
+    def __enter__(self) -> "Watchdog":
+        if threading.current_thread() is not threading.main_thread():
+            return self  # set_wakeup_fd is main-thread only; the Python handlers still work
+        read, write = socket.socketpair()
+        write.setblocking(False)  # the C handler must never block
+        self._sockets = (read, write)
+        self._previous_fd = signal.set_wakeup_fd(write.fileno(), warn_on_full_buffer=False)
+        self._thread = threading.Thread(target=self._run, name="stop-watchdog", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._closed.set()
+        if self._sockets is None:
+            return
+        signal.set_wakeup_fd(self._previous_fd)
+        read, write = self._sockets
+        write.close()  # the reader sees end-of-file and returns
+        self._thread.join(timeout=5.0)
+        read.close()
+        self._sockets = None
+
+    def _run(self) -> None:
+        read = self._sockets[0]
+        first: Optional[int] = None
+        deadline: Optional[float] = None
+        while not self._closed.is_set():
+            read.settimeout(None if deadline is None else max(deadline - time.monotonic(), 0.0))
+            try:
+                data = read.recv(64)
+            except socket.timeout:
+                data = None
+            except OSError:
+                return
+            if data == b"" or self._closed.is_set():
+                return
+            if data is None:  # the first signal's grace is over and the process still runs
+                deadline = None
+                self._after_grace(first)
+                continue
+            for signum in data:
+                if signum not in STOP_SIGNALS:
+                    continue
+                if first is None:
+                    first, deadline = signum, time.monotonic() + self.grace_s
+                    continue
+                if self._closed.wait(self.second_grace_s):
+                    return
+                self._end(signum, f"second stop signal ({signal.Signals(signum).name}): "
+                                  "exiting now without saving")
+
+    def _after_grace(self, signum: int) -> None:
+        name = signal.Signals(signum).name
+        doing = self.describe()
+        if self.can_exit():
+            self._end(signum, f"{name}: {self.nothing_lost}; exiting now instead of waiting "
+                              f"for {doing or 'the current call'}")
+        elif not self.acknowledged():
+            log.warning("%s received while busy (%s): stopping with a checkpoint when the "
+                        "current step ends (a second signal exits at once, unsaved)", name,
+                        doing or "a long call")
+
+    def _end(self, signum: int, message: str) -> None:
+        log.warning("%s", message)
+        for stream in (sys.stderr, sys.stdout):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        self._exit_fn(128 + int(signum))

@@ -1,0 +1,117 @@
+"""experiments/eval.py on the CPU testbed: a run directory's checkpoint on its validation prompts,
+the figures against the per-completion records, reproducibility, bad input, and a stop signal.
+(The real model against an independent harness: tests/test_real_model.py.)"""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from scalerl_jax.evaluation import reference_answer, summary_path
+from test_progress_signals import Lines, TESTBED
+from test_run import run_cli
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def eval_cmd(*args):
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "", "PYTHONUNBUFFERED": "1",
+           "PYTHONPATH": os.path.join(ROOT, "tests"), "SCALERL_PROGRESS_INTERVAL": "1"}
+    return [sys.executable, os.path.join(ROOT, "experiments", "eval.py"), *args], env
+
+
+def run_eval(*args):
+    cmd, env = eval_cmd(*args)
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    workdir = str(tmp_path_factory.mktemp("eval") / "run")
+    done = run_cli("--workdir", workdir, "--steps", "1", *TESTBED, "data.num_validation=24",
+                   "eval.num_prompts=8", "eval.k=2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return workdir
+
+
+@pytest.mark.parametrize("answer,reference", [
+    ("She pays 3 * 4 = <<3*4=12>>12.\n#### 1,234", "1234"), ("  -7 ", "-7"),
+    ("a #### b\n#### 5", "5"), ("\\frac{1}{2}", "\\frac{1}{2}")])
+def test_reference_answer(answer, reference):
+    assert reference_answer(answer) == reference
+
+
+def test_eval_of_a_run_checkpoint_on_its_validation_prompts(run_dir, tmp_path):
+    out = str(tmp_path / "a.jsonl")
+    args = ("--workdir", run_dir, "--num-prompts", "20", "--greedy", "--temperature", "1.0",
+            "--k", "3", "--max-new-tokens", "48", "--slots", "16")
+    done = run_eval(*args, "--out", out)
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = [json.loads(line) for line in open(out)]
+    summary = json.load(open(summary_path(out)))
+    assert summary["model"] == f"{run_dir} step 1" and summary["split"] == "run validation"
+    greedy = [r for r in records if r["mode"] == "greedy"]
+    sampled = [r for r in records if r["mode"] == "t1_k3"]
+    assert len(greedy) == 20 and len(sampled) == 60 and len(records) == 80
+    assert [r["index"] for r in greedy] == list(range(20))
+    # The run's own validation prompts, as its trainer formats them, in its order.
+    config = json.load(open(os.path.join(run_dir, "config.json")))
+    assert config["data"]["num_validation"] == 24
+    for r in records:
+        assert r["prompt"] == r["question"] and len(r["completion_tokens"]) == r["num_tokens"]
+        assert r["num_tokens"] <= 48 and (r["finish_reason"] == "truncated") == \
+            (r["num_tokens"] == 48 and r["completion_tokens"][-1] != 1)  # 1: <eos>
+    # The figures are those of the records: pass@1, mean@k and pass@k with their errors.
+    g, s = summary["modes"]["greedy"], summary["modes"]["t1_k3"]
+    ok = np.array([r["correct"] for r in greedy], float)
+    assert g["pass@1"] == pytest.approx(ok.mean())
+    assert g["pass@1_se"] == pytest.approx(ok.std(ddof=1) / np.sqrt(20))
+    per = np.array([r["correct"] for r in sampled], float).reshape(20, 3)
+    assert [r["index"] for r in sampled[::3]] == list(range(20))
+    assert s["mean@3"] == pytest.approx(per.mean())
+    assert s["mean@3_se"] == pytest.approx(per.mean(axis=1).std(ddof=1) / np.sqrt(20))
+    assert s["pass@3"] == pytest.approx(per.max(axis=1).mean())
+    assert s["truncated"] == sum(r["finish_reason"] == "truncated" for r in sampled)
+    assert "greedy (T=0): pass@1" in done.stdout and "t1_k3 (T=1): mean@3" in done.stdout
+
+    # Seeded by (seed, problem, sample): the same command gives the same completions.
+    again = str(tmp_path / "b.jsonl")
+    assert run_eval(*args, "--out", again).returncode == 0
+    assert [json.loads(line)["completion_tokens"] for line in open(again)] == \
+        [r["completion_tokens"] for r in records]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--k", "4"], "--k 4 with --temperature 0: greedy decoding gives one completion"),
+    (["--hf-checkpoint", "/nowhere"], "--data FILE is needed with --hf-checkpoint"),
+    (["--workdir", "/tmp", "--hf-checkpoint", "/x"], "give one model"),
+    (["--temperature", "-1"], "--temperature -1.0: must be >= 0"),
+    (["--workdir", "/nonexistent-run"], "--workdir /nonexistent-run: no config.json there"),
+    (["--workdir", "RUN", "optim.learning_rate=1"], "only data.* and reward.* settings"),
+])
+def test_bad_input_is_one_line_and_status_2(run_dir, args, message):
+    done = run_eval(*[run_dir if a == "RUN" else a for a in args])
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert message in done.stderr and "Traceback" not in done.stderr
+
+
+def test_sigterm_stops_an_evaluation_within_seconds_writing_nothing(run_dir, tmp_path):
+    out = tmp_path / "c.jsonl"
+    cmd, env = eval_cmd("--workdir", run_dir, "--temperature", "1.0", "--k", "64",
+                        "--max-new-tokens", "64", "--out", str(out))
+    lines = Lines(subprocess.Popen(cmd, cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE))
+    lines.wait_for(r"sampling 24 problems x 64: [1-9]\d*/1536", timeout=300)  # compiled
+    sent = time.monotonic()
+    lines.proc.send_signal(signal.SIGTERM)
+    assert lines.finish(timeout=60) == 143, lines.text()[-2000:]
+    assert time.monotonic() - sent < 10.0
+    # Said by the main thread, or by the watchdog when closing the verifier pool takes longer.
+    assert re.search(r"eval.py: interrupted by SIGTERM; nothing written|SIGTERM: evaluation "
+                     r"stopped, nothing written; exiting now", lines.text()), lines.text()
+    assert not out.exists() and not os.path.exists(summary_path(str(out)))
