@@ -4,21 +4,20 @@ Every completion and its verdict are saved as JSONL (the logic: scalerl_jax/eval
 
 examples:
   M=$(python experiments/fetch_model.py)          # SmolLM2-135M-Instruct as an HF directory
-  python experiments/eval.py --hf-checkpoint $M --data ../shared/data/gsm8k/test.jsonl \\
-      data.prompt_field=question data.template=chat \\
-      "data.system_prompt=Solve the problem step by step. Put the final answer in \\boxed{}." \\
-      --num-prompts 200 --max-new-tokens 320 --greedy --temperature 0.7 --k 4 \\
-      --out runs/eval/smollm2-gsm8k.jsonl
+  python experiments/eval.py --recipe gsm8k --hf-checkpoint $M \\
+      --data ../shared/data/gsm8k/test.jsonl --num-prompts 200 --max-new-tokens 320 \\
+      --greedy --temperature 0.7 --k 4 --out runs/eval/smollm2-gsm8k.jsonl
   python experiments/eval.py --workdir runs/testbed     # a run's newest checkpoint, on its own
                                                         # validation prompts and prompt format
 
 Decoding: --temperature 0 (the default) is greedy, one completion per problem (pass@1);
 --temperature T --k K samples K completions per problem (mean@K, pass@K); --greedy adds a greedy
-pass to a sampled one. Prompts are formatted as a run's DataConfig would (`data.template=chat`,
-`data.system_prompt=...`, `data.prompt_field=...`, `data.answer_field=...` as `key=value`
-overrides; with --workdir the run's own settings are the defaults); `reward.verifier`,
-`reward.workers` and `reward.timeout_s` choose and bound the verifier. GSM8K-style references
-("... #### 42") are cut to the number after '####'.
+pass to a sampled one. Prompts and references are read and formatted as a run's DataConfig
+would: a recipe's (--recipe gsm8k: the chat template, its system prompt, the `question` field,
+GSM8K's "#### N" answers), a run directory's own (--workdir), else the defaults, with
+`data.template=chat`, `data.system_prompt=...`, `data.prompt_field=...`, `data.answer_field=...`,
+`data.answer_format=gsm8k|boxed|raw` as `key=value` overrides on top; `reward.verifier`,
+`reward.workers` and `reward.timeout_s` choose and bound the verifier.
 
 Output: --out FILE.jsonl holds one line per completion; FILE.summary.json the figures (one line
 per decoding also printed). Progress: a log line at least every 30 s (SCALERL_PROGRESS_INTERVAL=S);
@@ -37,7 +36,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from scalerl_jax import evaluation, preflight  # noqa: E402
+from scalerl_jax import evaluation, preflight, recipes  # noqa: E402
 from scalerl_jax.config import (ConfigError, DataConfig, RewardConfig, RunConfig,  # noqa: E402
                                 apply_overrides)
 from scalerl_jax.data.prompts import DataError  # noqa: E402
@@ -69,6 +68,9 @@ def parse_args(argv=None):
                    help="the model: an HF directory, a Hub id or a .gguf file")
     p.add_argument("--workdir", help="the model: a run directory's newest Orbax checkpoint")
     p.add_argument("--step", type=int, help="with --workdir: this checkpoint step")
+    p.add_argument("--recipe", help="take the data (prompt format, fields, answer format) and "
+                   "reward settings of this recipe, e.g. gsm8k (default: the run's with "
+                   "--workdir, else the defaults)")
     p.add_argument("--data", help="FILE.jsonl / FILE.parquet / DIR / hf:NAME (default with "
                    "--workdir: the run's validation prompts)")
     p.add_argument("--num-prompts", type=int, metavar="N", help="the first N problems (all)")
@@ -108,8 +110,15 @@ def modes(args) -> list:
 def configs(args, model):
     """(DataConfig, RewardConfig, whether to use the run's validation split) from the run's
     config or the defaults, with --data and the overrides applied."""
-    base = model.run_cfg or RunConfig(model=model.cfg, data=DataConfig(source=args.data),
-                                      reward=RewardConfig(workers=min(8, os.cpu_count() or 1)))
+    if args.recipe:
+        try:
+            base = recipes.get(args.recipe)
+        except KeyError:
+            raise preflight.UsageError(f"--recipe {args.recipe}: no such recipe (`python "
+                                       "experiments/run.py --recipe list` names them)") from None
+    else:
+        base = model.run_cfg or RunConfig(model=model.cfg, data=DataConfig(source=args.data),
+                                          reward=RewardConfig(workers=min(8, os.cpu_count() or 1)))
     cfg = apply_overrides(base, args.overrides)
     if args.data:
         cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, source=args.data))
@@ -117,6 +126,8 @@ def configs(args, model):
     if cfg.data.is_mixture:
         raise preflight.UsageError("a mixture run: pass --data with one domain's source and its "
                                    "data.* fields")
+    if cfg.data.validation_source is not None and args.data:  # --data is what is evaluated
+        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, validation_source=None))
     return cfg.data, cfg.reward, model.run_cfg is not None and not args.data
 
 

@@ -18,9 +18,8 @@ The model: an HF directory (or a Hub id, or a .gguf file: `preflight.hf_checkpoi
 directory, whose newest (or chosen) Orbax checkpoint is read read-only, with the run's config for
 the model, tokenizer and prompt format.
 
-References. GSM8K-style answers ("...reasoning...\\n#### 1,234") are cut to the number after the
-last "####" (thousands separators dropped) by `reference_answer`: a stand-in until the data
-config names answer formats, after which the data's own format should be used here.
+References are read from the answer field by the data config's answer format
+(`DataConfig.answer_format`, data/answers.py): "gsm8k" for GSM8K's "...reasoning... #### 1,234".
 """
 from __future__ import annotations
 
@@ -71,14 +70,6 @@ class Model:
     source: str  # what was loaded, for the summary
     run_cfg: Optional[RunConfig] = None  # a run directory's config
     step: Optional[int] = None  # its checkpoint step
-
-
-def reference_answer(answer: str) -> str:
-    """The reference a verifier compares with: the number after the last '####' of a GSM8K-style
-    solution, else the answer as it is."""
-    if "####" not in answer:
-        return answer.strip()
-    return answer.rsplit("####", 1)[1].strip().replace(",", "")
 
 
 # ---------------------------------------------------------------------------------- loading
@@ -147,7 +138,7 @@ def load_problems(data: DataConfig, tokenizer, num_prompts: Optional[int], *,
     problems = []
     for i, (prompt_id, question, answer) in enumerate(rows):
         text = format_prompt(question, data, tokenizer)
-        problems.append(Problem(i, prompt_id, question, reference_answer(answer), text,
+        problems.append(Problem(i, prompt_id, question, answer, text,
                                 tuple(int(t) for t in tokenizer.encode(text))))
     return problems
 

