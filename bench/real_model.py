@@ -43,10 +43,10 @@ few seconds apart under the same machine load (the 1-minute load average is reco
 each request). It prints one JSON line per measurement, a table of medians, per-round ratios
 ours / peer (median and range), and a final JSON summary line.
 
-What tunix 0.1.7's Llama-3 cannot take from SmolLM2 (checked by `tunix_rope_check`): its
+What tunix 0.1.7's Llama-3 cannot take from SmolLM2 (tunix/models/llama3/model.py): its
 attention calls `apply_rope` without the config's `rope_theta`, so it always rotates with
-theta 1e6 (SmolLM2: 1e5). Its logits then equal transformers' with rope_theta 1e6, not
-SmolLM2's. The FLOPs and every shape are the same, so its speed is SmolLM2's; its samples are not.
+theta 1e6 (SmolLM2: 1e5). The FLOPs and every shape are the same, so its speed is SmolLM2's;
+its samples are not.
 """
 from __future__ import annotations
 
