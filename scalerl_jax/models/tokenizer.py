@@ -16,6 +16,7 @@ import datetime
 import json
 import os
 import re
+import shutil
 from typing import Any, Optional, Sequence
 
 DEFAULT_CHAT_TEMPLATE = (
@@ -214,6 +215,19 @@ def _chat_template(directory: str, config: dict) -> Optional[str]:
         named = {t.get("name"): t.get("template") for t in template}
         template = named.get("default", next(iter(named.values()), None))
     return template
+
+
+# What a checkpoint directory needs beside its weights for the tokenizer, its chat template and
+# its stop ids to load as they did from the source checkpoint.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
+                   "special_tokens_map.json", "generation_config.json", "chat_template.jinja")
+
+
+def copy_tokenizer_files(source: Optional[str], dest: str) -> None:
+    """Copy the TOKENIZER_FILES that `source` (an HF directory, or None) has into `dest`."""
+    for name in TOKENIZER_FILES if source else ():
+        if os.path.exists(os.path.join(source, name)):
+            shutil.copy(os.path.join(source, name), dest)
 
 
 def load_tokenizer(path) -> Tokenizer:

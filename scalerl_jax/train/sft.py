@@ -44,6 +44,7 @@ from scalerl_jax.data.answers import completion_writer
 from scalerl_jax.data.prompts import (DataError, Prompt, check_bad_fraction, format_prompt,
                                       parse_records, read_records, synthetic_rows)
 from scalerl_jax.metrics import MetricsWriter
+from scalerl_jax.models.tokenizer import copy_tokenizer_files
 from scalerl_jax.multihost import barrier
 from scalerl_jax.train.logprobs import token_logprobs
 from scalerl_jax.train.optim import learning_rate, make_optimizer
@@ -51,10 +52,6 @@ from scalerl_jax.train.state import TrainState, create_train_state
 from scalerl_jax.train.step import global_norm, put_global
 
 log = logging.getLogger(__name__)
-
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
-                    "special_tokens_map.json", "generation_config.json", "chat_template.jinja")
-
 
 class Demo(NamedTuple):
     prompt_id: str
@@ -254,9 +251,7 @@ def run_sft(sft: SFTConfig, model_cfg: ModelConfig, data: DataConfig, mesh, toke
         if writer is not None:
             writer.close()
     if writer_proc:
-        for name in _TOKENIZER_FILES:
-            if hf_checkpoint and os.path.exists(os.path.join(hf_checkpoint, name)):
-                shutil.copy(os.path.join(hf_checkpoint, name), model_dir(partial))
+        copy_tokenizer_files(hf_checkpoint, model_dir(partial))
         summary = {"steps": sft.steps, "first_loss": first, "final_loss": last,
                    "seconds": time.monotonic() - t0, **counts}
         with open(os.path.join(partial, "summary.json"), "w") as f:

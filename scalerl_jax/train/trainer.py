@@ -42,6 +42,7 @@ from scalerl_jax import rundir
 from scalerl_jax.config import ConfigError, RunConfig, field_defaults
 from scalerl_jax.data.mixture import open_source
 from scalerl_jax.interrupt import Watchdog
+from scalerl_jax.models.tokenizer import copy_tokenizer_files
 from scalerl_jax.models.transformer import matmul_params
 from scalerl_jax.multihost import allgather_objects, barrier
 from scalerl_jax.heartbeat import HEARTBEAT, phase
@@ -416,10 +417,7 @@ def _export(params, model_cfg, tokenizer, cfg: RunConfig) -> str:
         ckpt_lib.export_hf(params, model_cfg, partial,
                            extra_config={"eos_token_id": int(tokenizer.eos_id)})
         if jax.process_index() == 0:
-            source = cfg.hf_checkpoint or ""
-            for name in sft_lib._TOKENIZER_FILES:  # the same files the SFT stage copies
-                if source and os.path.exists(os.path.join(source, name)):
-                    shutil.copy(os.path.join(source, name), partial)
+            copy_tokenizer_files(cfg.hf_checkpoint, partial)
             shutil.rmtree(out, ignore_errors=True)
             os.replace(partial, out)
     barrier("model_written")
