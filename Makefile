@@ -10,7 +10,7 @@ $(STAMP): setup.py
 	$(PY) -m pip install -q -e '.[hf,dev]'
 	touch $(STAMP)
 
-.PHONY: setup run test bench fetch-model
+.PHONY: setup run test lint bench fetch-model
 setup: $(STAMP)
 
 run: $(STAMP)
@@ -18,6 +18,10 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --durations=15 tests
+
+# pyflakes, pycodestyle and bugbear over everything (settings and reasons: pyproject.toml).
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
 
 bench: $(STAMP)
 	$(PY) bench/model.py

@@ -3,7 +3,8 @@ from setuptools import find_packages, setup
 setup(
     name="scalerl_jax",
     version="0.1.0",
-    description="JAX/TPU-native ScaleRL: CISPO training, PipelineRL sampling, RL scaling-curve fitting.",
+    description=("JAX/TPU-native ScaleRL: CISPO training, PipelineRL sampling, RL scaling-curve "
+                 "fitting."),
     python_requires=">=3.11",
     packages=find_packages(include=["scalerl_jax", "scalerl_jax.*"]),
     install_requires=[
@@ -50,6 +51,7 @@ setup(
             "nbclient>=0.10",  # tests/test_notebook.py runs notebooks/quickstart.ipynb
             "nbformat>=5.9",
             "ipykernel>=6.29",
+            "ruff==0.17.6",  # `make lint` (pyproject.toml [tool.ruff]); pinned: rules change
         ],
     },
 )

@@ -225,6 +225,13 @@ def part_train(args, dtype) -> list:
     return out
 
 
+def _copy_bandwidth(jax, jnp) -> float:
+    """Bytes/s of reading and writing a 256 MiB array once (x * 2), best of 5."""
+    x = jnp.ones(((256 << 20) // 4,), jnp.float32)
+    double = jax.jit(lambda a: a * 2)
+    return 2.0 * x.nbytes / best(lambda: double(x).block_until_ready(), 5)
+
+
 def part_decode(args, dtype) -> list:
     import jax
     import jax.numpy as jnp
@@ -240,10 +247,7 @@ def part_decode(args, dtype) -> list:
         max_position_embeddings=args.prompt + args.new + 1)
     _, _, params = hf.load_params(args.checkpoint, cfg=cfg)
     mesh = Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("data", "tensor"))
-    x = jnp.ones(((256 << 20) // 4,), jnp.float32)
-    double = jax.jit(lambda a: a * 2)
-    bandwidth = 2.0 * x.nbytes / best(lambda: double(x).block_until_ready(), 5)
-    del x
+    bandwidth = _copy_bandwidth(jax, jnp)
     out = []
     for slots in args.slots:
         scfg = SamplerConfig(max_concurrent_decodes=slots, max_prefill_length=args.prompt,

@@ -3,8 +3,10 @@
     python experiments/plan.py --budget BUDGET RUN_DIR RUN_DIR [RUN_DIR ...]
 
 Examples:
-    python experiments/plan.py --budget 20000 runs/scalerl-batch512 runs/scalerl runs/scalerl-batch2048
-    python experiments/plan.py --budget 5e15 --x compute.flops --record-breaking runs/gen8 runs/gen16
+    python experiments/plan.py --budget 20000 runs/scalerl-batch512 runs/scalerl \
+        runs/scalerl-batch2048
+    python experiments/plan.py --budget 5e15 --x compute.flops --record-breaking \
+        runs/gen8 runs/gen16
 
 Each RUN_DIR is a short run of one setting (prompts per batch x generations per prompt,
 generation length: read from its config.json). Each curve is fitted with the sigmoid law and

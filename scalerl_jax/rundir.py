@@ -113,7 +113,7 @@ def _remove_if_empty(path: str) -> None:
         if os.path.getsize(path) == 0:
             os.remove(path)
         return
-    for root, dirs, files in os.walk(path, topdown=False):
+    for root, _, files in os.walk(path, topdown=False):
         for name in files:
             file = os.path.join(root, name)
             if not os.path.islink(file) and os.path.getsize(file) == 0:

@@ -53,7 +53,8 @@ def test_real_model_bench_compares_ours_and_transformers_on_a_tiny_llama(tiny_ll
     out = tmp_path / "result.json"
     res = bench.main(["--checkpoint", tiny_llama, "--slots", "2", "--prompt", "8", "--new", "4",
                       "--rows", "2", "--rounds", "1", "--peak-n", "128", "--no-tunix",
-                      "--no-torch-peak", "--same-workers", "--json-out", str(out), "--log-dir", str(tmp_path)])
+                      "--no-torch-peak", "--same-workers", "--json-out", str(out),
+                      "--log-dir", str(tmp_path)])
     assert res["shape"] == dict(vocab=256, hidden=64, mlp=128, layers=2, heads=4, kv_heads=2,
                                 head_dim=16, rope_theta=10000.0, norm_eps=1e-5, tied=True)
     summary = res["summary"]

@@ -120,7 +120,7 @@ def test_samples_do_not_depend_on_dispatch_ahead_or_steps_per_call(engine, engin
     comps = [c for g in base for c in g.completions]
     assert {c.finish_reason for c in comps} == {"eos", "interrupted", "truncated"}
     assert len({len(c.tokens) for c in comps}) > 5
-    for (k, ahead), (groups, driver) in runs.items():
+    for groups, driver in runs.values():
         by_id = {g.prompt_id: g for g in groups}
         assert sorted(by_id) == sorted(g.prompt_id for g in base)
         for g in base:

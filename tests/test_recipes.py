@@ -1,7 +1,6 @@
 """Recipes: every name resolves to a valid RunConfig, and each one's documented difference from
 `scalerl` (its docstring's "Differs from scalerl:" block) is exactly the real one."""
 import dataclasses
-import os
 
 import pytest
 

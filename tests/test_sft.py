@@ -36,7 +36,8 @@ def test_packing_keeps_demonstrations_apart_and_masks_only_completions():
     assert packed["segment_ids"].tolist() == [[1, 1, 1, 1, 2, 2, 2, 0], [1, 1, 1, 1, 1, 0, 0, 0]]
     assert packed["positions"].tolist() == [[0, 1, 2, 3, 0, 1, 2, 0], [0, 1, 2, 3, 4, 0, 0, 0]]
     # Position t predicts t + 1 within its segment; only completion tokens (and eos) count.
-    assert packed["targets"][0, :3].tolist() == [6, 7, 1] and packed["targets"][0, 4:6].tolist() == [9, 1]
+    assert packed["targets"][0, :3].tolist() == [6, 7, 1]
+    assert packed["targets"][0, 4:6].tolist() == [9, 1]
     assert packed["loss_mask"].tolist() == [[0, 1, 1, 0, 1, 1, 0, 0], [0, 0, 1, 1, 0, 0, 0, 0]]
 
 

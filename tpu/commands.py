@@ -58,8 +58,9 @@ def parse_accelerator(accelerator_type: str) -> Tuple[str, int]:
     m = re.fullmatch(r"(v4|v5p|v5litepod|v6e)-(\d+)", accelerator_type or "")
     if not m:
         raise UsageError(
-            f"unknown accelerator type {accelerator_type!r}: expected v4-N or v5p-N (N TensorCores, "
-            f"a multiple of 8, e.g. v5p-256) or v5litepod-N or v6e-N (N chips in {_CHIP_SIZES})")
+            f"unknown accelerator type {accelerator_type!r}: expected v4-N or v5p-N (N "
+            "TensorCores, a multiple of 8, e.g. v5p-256) or v5litepod-N or v6e-N (N chips in "
+            f"{_CHIP_SIZES})")
     family, size = m.group(1), int(m.group(2))
     if family in _CORE_COUNTED and (size < 8 or size % 8):
         raise UsageError(f"{accelerator_type}: {family} sizes count TensorCores and must be a "

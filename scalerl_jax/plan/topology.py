@@ -97,7 +97,8 @@ def check_hardware(topo: Topology, devices, process_count: int) -> Optional[str]
             f"{topo.hosts} host(s) ({topo.chips_per_host} per host); found {len(devices)} "
             f"{'/'.join(platforms)} device(s) ({', '.join(kinds)}) in {process_count} "
             f"process(es). Run the same command on every worker of a {topo.name} slice "
-            f"(`tpu/pod.sh launch` runs it on all workers), or add --dry-run to print the plan here")
+            "(`tpu/pod.sh launch` runs it on all workers), or add --dry-run to print the plan "
+            "here")
     if not set(kinds) <= set(topo.chip.kinds):
         return (f"--tpu {topo.name}: devices report kind {kinds}, the table expects "
                 f"{list(topo.chip.kinds)}; check the topology name")

@@ -157,7 +157,7 @@ _SPANS_RE = re.compile(r"\$+([^$]+)\$+((?:\s*(?:,|and|or)\s*\$+[^$]+\$+)*)")
 def _answer_phrase(text: str) -> Optional[tuple[str, int]]:
     """(the text after the last "answer is" / "Answer:", its position)."""
     m = None
-    for m in _ANSWER_RE.finditer(text):
+    for m in _ANSWER_RE.finditer(text):  # noqa: B007 - the last match is kept
         pass
     if m is None:
         return None
@@ -247,7 +247,7 @@ def _strip_markup(s: str, end: bool) -> str:
 def standalone_number(text: str) -> Optional[str]:
     """The last number of `text` when it is a whole answer, not a piece of an expression."""
     m = None
-    for m in _LAST_NUMBER_RE.finditer(text):
+    for m in _LAST_NUMBER_RE.finditer(text):  # noqa: B007 - the last match is kept
         pass
     if m is None:
         return None

@@ -186,7 +186,8 @@ def _basic(estimate: float, draws: np.ndarray, level: float, log: bool) -> tuple
     q = (50 * (1 - level), 50 * (1 + level))
     if log:
         lo_q, hi_q = np.percentile(np.log(draws[draws > 0]), q)
-        return float(np.exp(2 * np.log(estimate) - hi_q)), float(np.exp(2 * np.log(estimate) - lo_q))
+        center = 2 * np.log(estimate)
+        return float(np.exp(center - hi_q)), float(np.exp(center - lo_q))
     lo_q, hi_q = np.percentile(draws, q)
     return float(2 * estimate - hi_q), float(2 * estimate - lo_q)
 

@@ -3,8 +3,9 @@
 Policy versions: version v is the params after v optimiser steps; the trainer's step s (1-based)
 runs on version s - 1 and produces version s. Each host's feed gives prompts tickets 0, 1, 2, ...
 (train/feed.py) and step s trains on that host's tickets [(s - 1) B, s B), B = this host's
-prompts per step (its share of PipelineConfig.prompts_per_step), in ticket order whatever order they finish in (which also keeps a length bias out of
-the batch: short completions do not jump the queue).
+prompts per step (its share of PipelineConfig.prompts_per_step), in ticket order whatever order
+they finish in (which also keeps a length bias out of the batch: short completions do not jump
+the queue).
 
 Staleness is bounded by construction, by admission. The sampler takes ticket i only while its
 own params version v satisfies i < limit(v):
@@ -123,13 +124,15 @@ class Rollouts:
         stale = len(groups) - len(kept)
         self.stale_total += stale
         versions = {g.prefill_version for g in groups}
-        versions.update(int(v) for g in groups for c in g.completions for v in np.unique(c.versions))
+        versions.update(int(v) for g in groups for c in g.completions
+                        for v in np.unique(c.versions))
         idle = self.driver.stats["time_idle"]
         span = max(now - self._last, 1e-9)
         figures = {
             "wait_s": now - t0, "staleness_min": int(staleness.min()),
             "staleness_mean": float(staleness.mean()), "staleness_max": int(staleness.max()),
-            "data_versions": len(versions), "stale_groups": stale, "queue_depth": len(self._buffer) + self.driver.queued,
+            "data_versions": len(versions), "stale_groups": stale,
+            "queue_depth": len(self._buffer) + self.driver.queued,
             "sampler_idle_frac": min((idle - self._idle_seen) / span, 1.0),
             "admitted_ahead": self.feed.issued - wanted.stop}
         self._idle_seen, self._last = idle, now
