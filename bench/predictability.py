@@ -3,12 +3,20 @@ the first half of its compute and asked for its final validation pass rate.
 
     python bench/predictability.py                   # seeds 0 1 2, 360 RL steps each
     python bench/predictability.py --seeds 0 --steps 200
+    python bench/predictability.py --out bench/out/pred-lr1e-5 optim.learning_rate=1e-5
+
+Positional KEY=VALUE overrides go to every seed's `experiments/run.py` (use a fresh --out for
+each set: a workdir refuses a changed config).
 
 For each seed: the sigmoid law R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B) (R0 measured, x =
 `compute.flops` unless `--x compute.device_hours`) is fitted to the evaluations with compute <= half
 of the run's total, then predicts R at the last evaluation's compute; the error is predicted
-minus observed. Also reported: the fit on all points (A, B, C_mid) and the observed mean of the
-last three evaluations (the "asymptote seen"). The paper's margin on A is 0.02.
+minus observed. `--fit-start F` leaves out the evaluations below F x the run's compute (the paper
+skips its first 1.5k GPU-hours), the same share for every seed. Also reported: the observed pass
+rate at half the compute (interpolated) and the rise from there to the end (the prediction is
+worth making only when the curve still rises), the fit on all points (A, B, C_mid) and the
+observed mean of the last three evaluations (the "asymptote seen"). The paper's margin on A is
+0.02.
 
 Runs go to bench/out/predictability/seed<N> (reused when complete); results to stdout and
 bench/out/predictability/predictability.json.
@@ -39,7 +47,11 @@ def main(argv=None) -> int:
     p.add_argument("--x", default="compute.flops",
                    help="compute axis (FLOPs by default: on a shared machine device-hours "
                         "also measure the other jobs)")
+    p.add_argument("--fit-start", type=float, default=0.0, metavar="F",
+                   help="fit from F x the run's compute (default 0: from the first evaluation)")
     p.add_argument("--out", default=os.path.join(ROOT, "bench", "out", "predictability"))
+    p.add_argument("overrides", nargs="*", metavar="KEY.PATH=VALUE",
+                   help="config overrides for every run")
     args = p.parse_args(argv)
     rows = []
     for seed in args.seeds:
@@ -50,17 +62,20 @@ def main(argv=None) -> int:
         if not done:
             cmd = [sys.executable, os.path.join(ROOT, "experiments", "run.py"), "--workdir",
                    workdir, "--seed", str(seed), "--steps", str(args.steps),
-                   f"eval.every_steps={args.eval_every}"]
+                   f"eval.every_steps={args.eval_every}", *args.overrides]
             print("$", " ".join(cmd[1:]), flush=True)
             subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
         curve, _ = load_curve([workdir], x_key=args.x)
         half = 0.5 * float(np.nanmax(curve.x))
-        first = fit_curve(curve, FitSpec(fit_end=half))
+        first = fit_curve(curve, FitSpec(fit_start=args.fit_start * 2 * half, fit_end=half))
         whole = fit_curve(curve, FitSpec())
         final_x, final_y = float(curve.x[-1]), float(curve.y[-1])
         row = {"seed": seed, "points": len(curve.x), "fit_points": first.n_points,
                "base": float(curve.y[0]), "final": final_y,
-               "last3_mean": float(np.mean(curve.y[-3:])), "half_compute": half}
+               "last3_mean": float(np.mean(curve.y[-3:])), "half_compute": half,
+               "at_half": float(np.interp(half, curve.x, curve.y)),
+               "wall_s": max(r["wall_s"] for r in read_metrics(workdir).of("eval"))}
+        row.update(rise=final_y - row["at_half"], curve=[round(float(y), 4) for y in curve.y])
         if first.ok:
             pred = float(first.predict(final_x))
             row.update(predicted=pred, error=pred - final_y, A_half=float(first.A),
@@ -70,14 +85,16 @@ def main(argv=None) -> int:
         if whole.ok:
             row.update(A=float(whole.A), B=float(whole.B), C_mid=float(whole.C_mid))
         rows.append(row)
-    print(f"{'seed':>4} {'pts':>4} {'fit':>4} {'base':>6} {'final':>6} {'pred':>6} {'error':>7} "
-          f"{'A(half)':>7} {'A(all)':>7} {'B(all)':>6} {'C_mid(all)':>10}")
+    print(f"{'seed':>4} {'pts':>4} {'fit':>4} {'base':>6} {'half':>6} {'final':>6} {'rise':>6} "
+          f"{'pred':>6} {'error':>7} {'A(half)':>7} {'B(half)':>7} {'A(all)':>7} {'B(all)':>6} "
+          f"{'C_mid(all)':>10} {'wall_s':>6}")
     for r in rows:
         f = lambda key, fmt: "-" if r.get(key) is None else format(r[key], fmt)  # noqa: E731
         print(f"{r['seed']:>4} {r['points']:>4} {r['fit_points']:>4} {r['base']:>6.3f} "
-              f"{r['final']:>6.3f} {f('predicted', '.3f'):>6} {f('error', '+.3f'):>7} "
-              f"{f('A_half', '.3f'):>7} {f('A', '.3f'):>7} {f('B', '.2f'):>6} "
-              f"{f('C_mid', '.3g'):>10}")
+              f"{r['at_half']:>6.3f} {r['final']:>6.3f} {r['rise']:>+6.3f} "
+              f"{f('predicted', '.3f'):>6} {f('error', '+.3f'):>7} {f('A_half', '.3f'):>7} "
+              f"{f('B_half', '.2f'):>7} {f('A', '.3f'):>7} {f('B', '.2f'):>6} "
+              f"{f('C_mid', '.3g'):>10} {r['wall_s']:>6.0f}")
         if r.get("reason"):
             print(f"     seed {r['seed']}: no fit on the first half: {r['reason']}")
     errors = [abs(r["error"]) for r in rows if r.get("error") is not None]

@@ -266,6 +266,23 @@ def test_countup_counts_on_and_direct_share_answers_from_memory():
     assert all(r.completion == f"<think></think>{r.demo_answer}" for r in quick)
 
 
+def test_countup_direct_hard_counts_on_less_the_more_there_is_to_add():
+    base = generate("countup", 2000, seed=3, max_start=499)
+    rows = generate("countup", 2000, seed=3, max_start=499, direct=0.5, direct_hard=0.99)
+    assert [r.prompt for r in rows] == [r.prompt for r in base]  # same problems either way
+    counted = {b: [] for b in range(2, 10)}
+    for r in rows:
+        counted[int(r.prompt[:-1].split("+")[1])].append(bool(r.thought))
+    share = {b: sum(v) / len(v) for b, v in counted.items()}
+    # 1 - direct at b = 2, 1 - direct_hard at b = 9, log-linear between (b = 5: 0.5 * 0.02^(3/7)).
+    assert 0.38 < share[2] < 0.62 and 0.05 < share[5] < 0.15 and share[9] < 0.04
+    assert share[2] > share[4] > share[6] > share[9]
+    uniform = generate("countup", 2000, seed=3, max_start=499, direct=0.5)
+    assert 0.4 < sum(bool(r.thought) for r in uniform) / 2000 < 0.6
+    with pytest.raises(ValueError, match="direct_hard"):
+        generate("countup", 10, direct=0.5, direct_hard=1.0)
+
+
 def test_chain_thought_is_a_correct_running_sum():
     rows = generate("chain", 200, seed=1, min_terms=2, max_terms=6, digits=2)
     assert {len(re.findall(r"[+-]", r.prompt)) for r in rows} == {1, 2, 3, 4, 5}

@@ -9,7 +9,8 @@ string (verified by rewards/synthetic.verify_exact after the thinking block):
   reverse     "reverse:abc="  -> "cba"    knobs: min_len, max_len, alphabet
   count       "count a:abca=" -> "2"      knobs: min_len, max_len, alphabet
   chain       "23+7-5+14="    -> "39"     knobs: min_terms, max_terms (2, 5), digits (2)
-  countup     "457+6="        -> "463"    knobs: max_start (99), min_add, max_add (2, 9), direct (0)
+  countup     "457+6="        -> "463"    knobs: max_start (99), min_add, max_add (2, 9),
+                                           direct (0), direct_hard (None: as direct)
   pycode      "code n*3+47="  -> a test spec: a program reading n from stdin and printing
                                  n*3+47, checked by running it (rewards/code.verify_code);
                                  knobs: max_mul (9), max_add (9999), direct (0)
@@ -24,8 +25,10 @@ per step with the count still to go, "458:5,459:4,460:3,461:2,462:1,463:0", so i
 as long as the number added; with knob
 `direct` that share of the demonstrations answer from memory instead, "<think></think>461":
 a quick estimate within 3 of the sum, right one time in seven, as data mixing careful worked
-solutions with off-hand answers does. A tiny model copies both styles, and only the
-worked one is reliable: RL has a real behaviour to learn (think it through, at the right
+solutions with off-hand answers does. With `direct_hard` as well, that share depends on the
+number added: the share that counts on falls log-linearly from 1 - direct at b = min_add to
+1 - direct_hard at b = max_add, a spread of difficulty. A tiny model copies both styles, and only
+the worked one is reliable: RL has a real behaviour to learn (think it through, at the right
 length) rather than facts to memorise, which is what makes the pass rate climb in minutes.
 `pycode` is the testbed's code domain: the demonstration thinks the program through,
 "<think>read n,print n*3+47</think>print(int(input())*3+47)", and with knob `direct` that share
@@ -91,13 +94,25 @@ def _chain(rng, min_terms: int = 2, max_terms: int = 5, digits: int = 2):
     return prompt + "=", str(total), ",".join(steps)
 
 
-def _countup(rng, max_start: int = 99, min_add: int = 2, max_add: int = 9, direct: float = 0.0):
+def _countup(rng, max_start: int = 99, min_add: int = 2, max_add: int = 9, direct: float = 0.0,
+             direct_hard: Optional[float] = None):
     if not 1 <= min_add <= max_add or max_start < 0 or not 0 <= direct <= 1:
         raise ValueError(f"need 1 <= min_add={min_add} <= max_add={max_add}, max_start="
                          f"{max_start} >= 0, 0 <= direct={direct} <= 1")
+    if direct_hard is not None and not (direct < 1 and 0 <= direct_hard < 1):
+        raise ValueError(f"need direct={direct} < 1 and 0 <= direct_hard={direct_hard} < 1: the "
+                         "count-on share is interpolated in log space")
     a, b = rng.randint(0, max_start), rng.randint(min_add, max_add)
-    # Always drawn, so the problems (and their ids) do not depend on `direct`.
-    from_memory, guess = rng.random() < direct, a + b + rng.randint(-3, 3)
+    # The share that counts on falls log-linearly in b from 1 - direct (b = min_add) to
+    # 1 - direct_hard (b = max_add): the warmed-up policy rarely counts on the hard problems,
+    # and RL's signal on a problem grows with the chance of sampling a correct count, so the
+    # problems switch to counting on one after another rather than all at once.
+    memory = direct
+    if direct_hard is not None and max_add > min_add:
+        hard = (b - min_add) / (max_add - min_add)
+        memory = 1 - (1 - direct) * ((1 - direct_hard) / (1 - direct)) ** hard
+    # Always drawn, so the problems (and their ids) do not depend on `direct` or `direct_hard`.
+    from_memory, guess = rng.random() < memory, a + b + rng.randint(-3, 3)
     if from_memory:  # a quick estimate, right one time in seven
         return f"{a}+{b}=", str(a + b), "", str(max(guess, 0))
     # Each number carries how many are left to count, so stopping is a local decision (at 0)
