@@ -46,16 +46,14 @@ from scalerl_jax.progress import setup_logging  # noqa: E402
 
 log = logging.getLogger("scalerl_jax.eval")
 
-# Bad input raised by modules that may not be imported yet (looked up when an error happens).
+# User errors of modules imported late (preflight.raised_by).
 _BAD_INPUT = {"scalerl_jax.models.hf": "HFError", "scalerl_jax.models.tokenizer": "TokenizerError",
               "scalerl_jax.checkpoint": "CheckpointError"}
 
 
 def _bad_input(err: BaseException) -> bool:
     return isinstance(err, (preflight.UsageError, ConfigError, DataError,
-                            evaluation.EvalError)) or any(
-        name in sys.modules and isinstance(err, getattr(sys.modules[name], cls))
-        for name, cls in _BAD_INPUT.items())
+                            evaluation.EvalError)) or preflight.raised_by(err, _BAD_INPUT)
 
 
 def parse_args(argv=None):

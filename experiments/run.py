@@ -57,17 +57,10 @@ from scalerl_jax.progress import setup_logging, summary_lines  # noqa: E402
 log = logging.getLogger("scalerl_jax.run")  # under the package: setup_logging shows its INFO
 
 
-# User errors raised by modules this script may not have imported: looked up in sys.modules,
-# since a module that was never imported cannot have raised (and importing jax to check would
-# cost seconds on every error).
+# User errors of modules imported late (preflight.raised_by).
 _BAD_INPUT = {"scalerl_jax.rundir": "WorkdirInUseError", "scalerl_jax.mesh": "MeshError",
               "scalerl_jax.models.hf": "HFError", "scalerl_jax.models.tokenizer": "TokenizerError"}
 _RUN_FAILED = {"scalerl_jax.checkpoint": "CheckpointError"}
-
-
-def _is(err: BaseException, table: dict) -> bool:
-    return any(name in sys.modules and isinstance(err, getattr(sys.modules[name], cls))
-               for name, cls in table.items())
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter):
@@ -289,8 +282,8 @@ def _main(args) -> int:
         return 130
     except Exception as err:  # noqa: BLE001 - sorted below; anything else is a bug: traceback
         bad_input = isinstance(err, (UsageError, ConfigError, DataError, plan.PlanError)) or \
-            _is(err, _BAD_INPUT)
-        failed = isinstance(err, FloatingPointError) or _is(err, _RUN_FAILED)
+            preflight.raised_by(err, _BAD_INPUT)
+        failed = isinstance(err, FloatingPointError) or preflight.raised_by(err, _RUN_FAILED)
         if args.debug or not (bad_input or failed):
             raise
         print(f"run.py: error: {err}", file=sys.stderr)
