@@ -32,7 +32,7 @@ from typing import NamedTuple, Optional
 
 log = logging.getLogger(__name__)
 
-# What this project reads from a checkpoint (models/hf.py, models/tokenizer.py); the rest of a
+# What this project reads from a checkpoint (models/hf/, models/tokenizer.py); the rest of a
 # Hub repo (other weight formats, ONNX, GGUF variants) can be many times the model's size.
 HUB_FILES = ("*.json", "*.safetensors", "*.model", "*.jinja")
 HUB_CONFIG_FILES = ("*.json", "*.model", "*.jinja")  # a plan needs the config, not the weights

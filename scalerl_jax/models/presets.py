@@ -1,7 +1,7 @@
 """Named model shapes: real checkpoints' architectures and tiny sizes for tests and the testbed.
 
 Real presets match the published HF `config.json` of each family, so a random-init run has the
-same shapes (and cost) as fine-tuning the real model; loading real weights goes through `hf.py`.
+same shapes (and cost) as fine-tuning the real model; loading real weights goes through `hf/`.
 """
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def _qwen3_moe(name, d, layers, heads, kv, experts, top_k, expert_f, dense_f):
 # MoE with 16 routed experts (top-1, sigmoid router scaling the expert input) plus a shared
 # expert, both 8192 wide; every 4th layer NoPE with temperature tuning, the others RoPE with
 # chunked local attention over 8192 positions and weightless L2 qk-norm. Loads from and exports
-# to HF `Llama4ForCausalLM` (hf.py). 107,769,861,120 parameters, 17,172,894,720 active.
+# to HF `Llama4ForCausalLM` (hf/llama4.py). 107,769,861,120 parameters, 17,172,894,720 active.
 _SCOUT = ModelConfig(
     name="llama-4-scout-17b-16e", vocab_size=202048, hidden_size=5120, intermediate_size=16384,
     num_layers=48, num_heads=40, num_kv_heads=8, rope_theta=500000.0,  # head_dim 5120 / 40
