@@ -53,12 +53,11 @@ callback error) stops the loop and is re-raised, as `DriverError` from the origi
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import queue
 import threading
 import time
-from typing import Any, Callable, Iterable, NamedTuple, Optional, Sequence
+from typing import Callable, Iterable, Optional, Sequence
 
 import jax
 import numpy as np
@@ -66,15 +65,15 @@ import numpy as np
 from scalerl_jax.config import SamplerConfig
 from scalerl_jax.sampler.engine import COMPILED_FIELDS, Engine
 from scalerl_jax.sampler.types import Completion, Group
+from scalerl_jax.sampler.work import (GroupWork, Prompt, Sample, driver_token_ids, prefill_buckets,
+                                      sample_seed)
+
+# Prompt, driver_token_ids, prefill_buckets and sample_seed live in work.py; callers import them
+# from here too.
+__all__ = ["Driver", "DriverError", "Prompt", "PromptTooLongError", "driver_token_ids",
+           "prefill_buckets", "sample_seed"]
 
 log = logging.getLogger(__name__)
-
-
-class Prompt(NamedTuple):
-    prompt_id: str
-    tokens: Sequence[int]
-    metadata: dict = {}
-    ticket: Optional[int] = None  # admission number: seeds its samples; None: counted here
 
 
 class PromptTooLongError(ValueError):
@@ -83,79 +82,6 @@ class PromptTooLongError(ValueError):
 
 class DriverError(RuntimeError):
     """The driver thread failed; `__cause__` is the original exception."""
-
-
-def driver_token_ids(cfg: SamplerConfig, tokenizer, *, max_forced_tokens: int) -> dict:
-    """`eos_ids`, `think_close_ids` and `phrase_ids` for a `Driver`, from `tokenizer.eos_ids`
-    and `cfg`'s think_close / interruption_phrase strings, encoded without special tokens.
-
-    With interruptions off both id lists are empty: the driver reads them only to interrupt.
-    Raises ValueError naming the field when the phrase encodes to no token or to more than
-    `max_forced_tokens` (the engine's forced-token queue), or a non-empty think_close to none.
-    """
-    eos_ids = tuple(int(t) for t in tokenizer.eos_ids)
-    if not cfg.interruptions:
-        return dict(eos_ids=eos_ids, think_close_ids=(), phrase_ids=())
-    close = tuple(int(t) for t in tokenizer.encode(cfg.think_close, add_special_tokens=False)) \
-        if cfg.think_close else ()
-    if cfg.think_close and not close:
-        raise ValueError(f"SamplerConfig.think_close={cfg.think_close!r} encodes to no token: "
-                         "the driver could never see thinking end")
-    phrase = tuple(int(t) for t in tokenizer.encode(cfg.interruption_phrase,
-                                                    add_special_tokens=False))
-    if not phrase:
-        raise ValueError(f"SamplerConfig.interruption_phrase={cfg.interruption_phrase!r} "
-                         "encodes to no token, with interruptions on")
-    if len(phrase) > max_forced_tokens:
-        raise ValueError(f"SamplerConfig.interruption_phrase={cfg.interruption_phrase!r} "
-                         f"encodes to {len(phrase)} tokens > the engine's max_forced_tokens="
-                         f"{max_forced_tokens} (Engine(..., max_forced_tokens=...))")
-    return dict(eos_ids=eos_ids, think_close_ids=close, phrase_ids=phrase)
-
-
-def prefill_buckets(max_prefill_length: int, min_bucket: int = 16) -> list[int]:
-    """Padded prefill lengths: powers of two from min_bucket, capped by max_prefill_length."""
-    out, b = [], min_bucket
-    while b < max_prefill_length:
-        out.append(b)
-        b *= 2
-    return out + [max_prefill_length]
-
-
-def sample_seed(seed: int, ticket: int, index: int) -> np.ndarray:
-    """Two uint32 words, a function of (seed, ticket, sample index) only: the PRNG key of one
-    sample (and the seed of its thinking budget)."""
-    return np.random.SeedSequence([seed & 0xFFFFFFFF, ticket, index]).generate_state(2, np.uint32)
-
-
-@dataclasses.dataclass
-class _GroupWork:
-    prompt_id: str
-    tokens: np.ndarray
-    metadata: dict
-    truncated: bool
-    completions: list
-    ticket: int
-    version: int  # params version of the prefill
-    prefix: Any = None  # device prefix, held until all G samples are inserted
-    row: int = 0  # this prompt's row of `prefix` (a batched prefill holds several)
-    inserted: int = 0
-    done: int = 0
-
-
-@dataclasses.dataclass
-class _Sample:
-    group: _GroupWork
-    index: int
-    cap: int  # hard cap on generated tokens
-    budget: Optional[int]  # thinking budget; None: no interruption
-    tokens: list = dataclasses.field(default_factory=list)
-    logprobs: list = dataclasses.field(default_factory=list)
-    forced: list = dataclasses.field(default_factory=list)
-    versions: list = dataclasses.field(default_factory=list)
-    think_open: bool = True
-    interrupted: bool = False
-    first_call: int = 0  # the first generate call whose tokens are this sample's (dispatch ahead)
 
 
 class Driver:
@@ -226,8 +152,8 @@ class Driver:
         self._pending = None
         self._lock = threading.Lock()
         self._state = engine.init_decode_state()
-        self._slots: list[Optional[_Sample]] = [None] * engine.max_concurrent_decodes
-        self._partial: Optional[_GroupWork] = None
+        self._slots: list[Optional[Sample]] = [None] * engine.max_concurrent_decodes
+        self._partial: Optional[GroupWork] = None
         self._exhausted = False
         self._dispatch_ahead = (engine.decode_steps_per_call == 1 if dispatch_ahead is None
                                 else bool(dispatch_ahead))
@@ -428,7 +354,7 @@ class Driver:
                 if self.cfg.interruptions:
                     budget = int(np.random.default_rng(words).integers(
                         self.cfg.think_min, self.cfg.think_max + 1))
-                self._slots[slot] = _Sample(g, g.inserted, cap, budget, first_call=self._calls)
+                self._slots[slot] = Sample(g, g.inserted, cap, budget, first_call=self._calls)
                 g.inserted += 1
             if g.inserted == self.group_size:
                 g.prefix = None
@@ -436,7 +362,7 @@ class Driver:
             self._state = self.engine.bulk_insert(prefix, self._state, slots, keys=keys,
                                                   rows=rows)
 
-    def _next_group(self) -> Optional[_GroupWork]:
+    def _next_group(self) -> Optional[GroupWork]:
         if self._exhausted or (self._admit is not None and not self._admit(self.version)):
             return None
         try:
@@ -463,7 +389,7 @@ class Driver:
             tokens = tokens[-limit:]
             self.stats["truncated_prompts"] += 1
         self.stats["prompts"] += 1
-        return _GroupWork(str(prompt_id), tokens, dict(metadata or {}), truncated,
+        return GroupWork(str(prompt_id), tokens, dict(metadata or {}), truncated,
                           [None] * self.group_size, ticket, self.version)
 
     def _batch_rows(self, t: int) -> int:
@@ -472,14 +398,14 @@ class Driver:
         groups = -(-self.engine.max_concurrent_decodes // self.group_size)
         return max(1, min(groups, self.cfg.prefill_batch_tokens // t))
 
-    def _prefill(self, groups: list[_GroupWork]):
+    def _prefill(self, groups: list[GroupWork]):
         """Prefill the new groups' prompts, by length bucket. The prompts of one bucket go
         through batched passes of `_batch_rows(t)` rows (padded) when they fill at least half
         of one: one [rows, T] pass instead of many [1, T] ones (x2 prefill tokens/s at 32 x 64
         tokens on a 2-core CPU, and fewer calls); the rest go one at a time, so that a refill
         of a slot or two never pays for a padded batch. Two programs per bucket in all, both
         precompiled."""
-        by_bucket: dict[int, list[_GroupWork]] = {}
+        by_bucket: dict[int, list[GroupWork]] = {}
         for g in groups:
             by_bucket.setdefault(next(b for b in self._buckets if b >= len(g.tokens)),
                                  []).append(g)
@@ -496,7 +422,7 @@ class Driver:
         self.stats["prefills"] += len(groups)
         self.stats["time_prefill"] += time.perf_counter() - t0
 
-    def _prefill_part(self, part: list[_GroupWork], rows: int, t: int):
+    def _prefill_part(self, part: list[GroupWork], rows: int, t: int):
         padded = np.zeros((rows, t), np.int32)
         lengths = np.ones((rows,), np.int32)  # padding rows: one token, never inserted
         for i, g in enumerate(part):
@@ -536,7 +462,7 @@ class Driver:
                     self._interrupt(slot, smp)
                     break
 
-    def _interrupt(self, slot: int, smp: _Sample):
+    def _interrupt(self, slot: int, smp: Sample):
         smp.interrupted = True
         smp.cap = min(smp.cap, len(smp.tokens) + len(self._phrase) + self.cfg.answer_budget)
         self.stats["interrupted"] += 1
@@ -547,7 +473,7 @@ class Driver:
         self._state = self.engine.force_tokens(self._state, slot, self._phrase)
         smp.first_call = self._calls
 
-    def _finish(self, slot: int, smp: _Sample, reason: str):
+    def _finish(self, slot: int, smp: Sample, reason: str):
         g = smp.group
         g.completions[smp.index] = Completion(
             tokens=np.asarray(smp.tokens, np.int32),
