@@ -16,7 +16,7 @@ class Prompt(NamedTuple):
     prompt_id: str
     tokens: Sequence[int]
     metadata: dict = {}
-    ticket: Optional[int] = None  # admission number: seeds its samples; None: counted here
+    ticket: Optional[int] = None  # admission number: seeds its samples; None: the Driver counts
 
 
 def driver_token_ids(cfg: SamplerConfig, tokenizer, *, max_forced_tokens: int) -> dict:
