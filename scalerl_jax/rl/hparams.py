@@ -1,7 +1,7 @@
 """Which hyper-parameters each objective reads: one table for `rl.losses` and `LossConfig`.
 
-Free of JAX on purpose, so that `config.py` can validate a LossConfig against the same table the
-losses dispatch with. A setting that the chosen objective would not read is refused (by
+Free of JAX on purpose, so that `config/training.py` can validate a LossConfig against the same
+table the losses dispatch with. A setting that the chosen objective would not read is refused (by
 `policy_loss` and by `LossConfig`) rather than silently ignored.
 """
 from __future__ import annotations

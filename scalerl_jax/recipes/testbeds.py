@@ -1,0 +1,211 @@
+"""The recipes sized for this CPU: `testbed` (the embedded default of `make run`: a tiny model
+learning a synthetic task), `testbed_mix` (the testbed on a math + code mixture) and `gsm8k`
+(ScaleRL on GSM8K with a small instruct model)."""
+from __future__ import annotations
+
+import dataclasses
+
+from scalerl_jax.config import (DataConfig, DomainConfig, EvalConfig, LossConfig, MeshConfig,
+                                ModelConfig, OptimConfig, PipelineConfig, RunConfig,
+                                SamplerConfig, SFTConfig)
+from scalerl_jax.recipes.paper import scalerl
+
+
+def testbed(**overrides) -> RunConfig:
+    """The embedded CPU default: a supervised warm-up, then ScaleRL, then the scaling fit.
+
+    Task `countup` (data/synthetic.py): "457+6=", 3-digit plus one digit. The warm-up's
+    demonstrations either count on, "<think>458,459,460,461,462,463</think>463", or (60% of them)
+    answer from memory, "<think></think>463". A 4-layer, 0.9M-parameter model with a character
+    vocabulary (a digit is one token, so a slip is one wrong token; `</think>` is one token the
+    sampler can force) copies both styles in 300 steps; counting on is right about 60% of the
+    time and memory about 10%, so the base policy passes ~15%. RL then raises it to ~50% within
+    a few minutes by learning to count on, and do it right, with every piece of the recipe on:
+    CISPO, prompt aggregation, batch advantage normalisation, zero-variance filtering,
+    no-positive-resampling, PipelineRL-8 with in-flight weight updates, and interruptions
+    (a thinking budget of 40-44 tokens sits above the longest correct thought, 36, so only
+    rambling samples are cut, as the paper's 10k-12k of 12k does).
+
+    Learning rate: 5e-5 (Adam moves every weight by ~lr per step; at 1e-4 and above this small
+    model's pass rate fell in sync and pipeline mode alike). Validation: 256 held-out prompts x 4
+    samples every 20 steps (standard error ~0.02, reported as `pass_rate_se`).
+    """
+    from scalerl_jax.data.synthetic import CharTokenizer
+
+    problems = "synthetic:countup?max_start=499&num=4000"
+    model_cfg = ModelConfig(name="testbed", vocab_size=CharTokenizer().vocab_size,
+                            hidden_size=128, intermediate_size=384, num_layers=4, num_heads=4,
+                            num_kv_heads=4, max_position_embeddings=256, tie_embeddings=True)
+    cfg = RunConfig(
+        model=model_cfg,
+        mesh=MeshConfig(colocate=True),
+        sampler=SamplerConfig(max_concurrent_decodes=64, max_prefill_length=16,
+                              max_target_length=96, max_new_tokens=80, think_min=56,
+                              think_max=60, answer_budget=4,
+                              interruption_phrase="time is up. </think>"),
+        loss=LossConfig(),
+        optim=OptimConfig(learning_rate=2e-5, warmup_steps=10, eps=1e-8, logprob_chunk=None),
+        pipeline=PipelineConfig(mode="pipeline", max_lag=8, prompts_per_step=16,
+                                generations_per_prompt=8, seq_bucket=16),
+        data=DataConfig(source=problems, template="{prompt}", num_validation=400),
+        eval=EvalConfig(every_steps=18, k=4, num_prompts=400),
+        sft=SFTConfig(source=problems + "&direct=0.7", steps=300, batch_size=16, max_length=128,
+                      optim=OptimConfig(learning_rate=3e-3, warmup_steps=20, eps=1e-8,
+                                        weight_decay=0.0, schedule="cosine", total_steps=300,
+                                        logprob_chunk=None)),
+        workdir="runs/testbed",
+        steps=180,
+        checkpoint_every=45,
+    )
+    return dataclasses.replace(cfg, **overrides) if overrides else cfg
+
+
+MIX_MATH = "synthetic:countup?max_start=499&num=4000"
+MIX_CODE = "synthetic:pycode?num=4000"
+
+
+def testbed_mix(**overrides) -> RunConfig:
+    """The testbed on a math + code mixture: half of each step's prompts are `countup`
+    additions checked by exact match, half `pycode` programs ("code n*3+47=" -> a program
+    reading n from stdin and printing n*3+47) checked by running them on test inputs
+    (rewards/code.verify_code). The warm-up learns both from demonstrations (70% answer from
+    memory, as in testbed); validation holds 200 prompts of each domain, and metrics.jsonl gets
+    a curve per domain (`per_domain`), which the end-of-run fit fits one by one, as the paper
+    fits its math+code run's math and code curves. The block below is the override set that
+    turns `testbed` into this recipe (`python experiments/run.py KEY=VALUE ...` takes it too).
+
+    Differs from testbed:
+        data.source = "mixture"
+        data.num_validation = 200  # each domain's
+        data.domains.math.source = "synthetic:countup?max_start=499&num=4000"
+        data.domains.math.verifier = "exact"
+        data.domains.code.source = "synthetic:pycode?num=4000"
+        data.domains.code.verifier = "code"
+        sft.source = ("synthetic:countup?max_start=499&num=4000&direct=0.7"
+                      "|pycode?num=4000&direct=0.7")
+        sft.steps = 400
+        sft.optim.total_steps = 400
+    """
+    base = testbed()
+    cfg = dataclasses.replace(
+        base,
+        data=dataclasses.replace(base.data, source="mixture", num_validation=200, domains=(
+            DomainConfig("math", MIX_MATH, verifier="exact"),
+            DomainConfig("code", MIX_CODE, verifier="code"))),
+        sft=dataclasses.replace(
+            base.sft, source=f"{MIX_MATH}&direct=0.7|{MIX_CODE[len('synthetic:'):]}&direct=0.7",
+            steps=400, optim=dataclasses.replace(base.sft.optim, total_steps=400)),
+        workdir="runs/testbed-mix")
+    return dataclasses.replace(cfg, **overrides) if overrides else cfg
+
+
+# ------------------------------------------------------------------------- a real model and data
+GSM8K_MODEL = "smollm2-135m"
+BOXED_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+
+
+def gsm8k(model: str = GSM8K_MODEL, **overrides) -> RunConfig:
+    r"""ScaleRL on GSM8K with a small instruct model: SmolLM2-135M-Instruct as `make
+    fetch-model` provides it (`--hf-checkpoint DIR` gives the weights, tokenizer and chat
+    template; any other HF model works the same way), sized to run on a 2-core CPU:
+
+        python experiments/run.py --recipe gsm8k --hf-checkpoint DIR \
+            --data ../shared/data/gsm8k/train.jsonl
+
+    Prompts: the chat template with a system prompt asking for step-by-step reasoning and a
+    \boxed{} answer; reference answers read from GSM8K's worked solutions by the "gsm8k"
+    answer format (the number after "####", thousands separators removed). Validation: GSM8K's
+    test split, the test.jsonl beside the train file (`data.validation_source`), so no
+    training problem is held out; `eval.num_prompts` of its 1,319 problems are scored.
+
+    SFT first: the model as it comes almost never ends in a boxed answer, so RL would start
+    without signal. The warm-up trains on the train split's worked solutions rewritten as chat
+    answers (calculator annotations dropped, ending in "The final answer is \boxed{N}.",
+    `sft.completion_format = "gsm8k"`); the RL stage starts from its checkpoint.
+
+    Sizes for a 2-core CPU (a step takes minutes): 4 prompts x 4 samples, 16 decode slots,
+    prompts up to 256 tokens (GSM8K's longest is 254 with this template), 256 new tokens (the
+    rewritten solutions: mean 101, 99th percentile 229), 64 test problems x 1 sample every 10
+    steps; the SFT stage 16 steps of 4 packed rows of 512 tokens (~170 solutions: enough to
+    learn the answer's form, not to teach arithmetic). The trainer takes one prompt's samples
+    at a time with remat: 4.4 GiB planned in all (6.9 without remat), since host RAM is shared
+    with everything else on the machine. On an accelerator `experiments/run.py` applies
+    ACCELERATOR_SIZES["gsm8k"] on top (see `for_accelerator`), and the plan then fits
+    micro-batches, remat and slots to the device (with --tpu the slice planner; else, on a
+    GPU or TPU VM, the local plan's first fitting settings: preflight.size_for_platform).
+
+    No interruptions: this model does not think in a <think> block, so there is no thinking
+    to interrupt; a completion that reaches the cap is truncated and earns no reward. The
+    learning rate is raised from the paper's 5e-7 (an 8B model) to 2e-6 for a model 60 times
+    smaller.
+
+    Measured on a 2-core CPU shared with other jobs (load 8-10): SFT 50-90 s a step, 20 min in
+    all; greedy on the first 48 test problems, boxed answers 0 before it and 26 after, right
+    answers 1 and 0; validation after it 1 of 64 (sampled); the first RL steps took 4.7 min
+    (compiling), 1.9 and 1.4 min, every 4-sample group all wrong (zero variance: nothing to
+    train on). A learning curve needs the accelerator sizes.
+
+    Differs from scalerl:
+        mesh.colocate = True  # one CPU device (or GPU) trains and samples
+        sampler.max_concurrent_decodes = 16
+        sampler.max_prefill_length = 256
+        sampler.max_target_length = 512
+        sampler.max_new_tokens = 256
+        sampler.interruptions = False
+        optim.learning_rate = 2e-06
+        optim.warmup_steps = 10
+        optim.micro_batches = 4  # one prompt's rows at a time
+        model.remat = True
+        pipeline.prompts_per_step = 4
+        pipeline.generations_per_prompt = 4
+        data.source = "../shared/data/gsm8k/train.jsonl"
+        data.prompt_field = "question"
+        data.answer_format = "gsm8k"
+        data.system_prompt = ("Please reason step by step, and put your final answer within "
+                              "\\boxed{}.")
+        data.validation_source = "{data_dir}/test.jsonl"
+        data.num_validation = 1319  # all of GSM8K test
+        eval.every_steps = 10
+        eval.k = 1
+        eval.num_prompts = 64
+        sft.source = "{data_source}"  # the RL training file
+        sft.prompt_field = "question"
+        sft.completion_field = "answer"
+        sft.completion_format = "gsm8k"
+        sft.steps = 16
+        sft.batch_size = 4
+        sft.max_length = 512
+        sft.log_every = 2
+        sft.optim.learning_rate = 5e-05
+        sft.optim.warmup_steps = 2
+        sft.optim.schedule = "cosine"
+        sft.optim.total_steps = 16
+        steps = 200
+        checkpoint_every = 10
+    """
+    cfg = scalerl(model)
+    cfg = dataclasses.replace(
+        cfg,
+        model=cfg.model.replace(remat=True),
+        mesh=dataclasses.replace(cfg.mesh, colocate=True),
+        sampler=dataclasses.replace(cfg.sampler, max_concurrent_decodes=16,
+                                    max_prefill_length=256, max_target_length=512,
+                                    max_new_tokens=256, interruptions=False),
+        optim=dataclasses.replace(cfg.optim, learning_rate=2e-6, warmup_steps=10,
+                                  micro_batches=4),
+        pipeline=dataclasses.replace(cfg.pipeline, prompts_per_step=4, generations_per_prompt=4),
+        data=dataclasses.replace(cfg.data, source="../shared/data/gsm8k/train.jsonl",
+                                 prompt_field="question", answer_field="answer",
+                                 answer_format="gsm8k", system_prompt=BOXED_INSTRUCTION,
+                                 validation_source="{data_dir}/test.jsonl", num_validation=1319),
+        eval=EvalConfig(every_steps=10, k=1, num_prompts=64),
+        sft=SFTConfig(source="{data_source}", prompt_field="question", completion_field="answer",
+                      completion_format="gsm8k", steps=16, batch_size=4, max_length=512,
+                      log_every=2,
+                      optim=OptimConfig(learning_rate=5e-5, warmup_steps=2, schedule="cosine",
+                                        total_steps=16, eps=1e-8, weight_decay=0.0)),
+        workdir=f"runs/gsm8k-{model}",
+        steps=200,
+        checkpoint_every=10,
+    )
+    return dataclasses.replace(cfg, **overrides) if overrides else cfg
