@@ -141,3 +141,12 @@ def test_snippet_runs(snippet, request, tmp_path):
     if done.returncode != 0:
         pytest.fail(f"{snippet.where}: the snippet failed (exit {done.returncode}):\n"
                     f"{done.stderr[-4000:]}", pytrace=False)
+
+
+def test_readme_links_exist():
+    """The README is not part of the Sphinx build, which checks the pages' own links."""
+    readme = (ROOT / "README.md").read_text()
+    targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", readme)
+    assert targets, "the README links into docs/"
+    missing = [t for t in targets if "://" not in t and not (ROOT / t).exists()]
+    assert not missing, f"README.md links to missing files: {missing}"
