@@ -10,7 +10,7 @@ $(STAMP): setup.py
 	$(PY) -m pip install -q -e '.[hf,dev]'
 	touch $(STAMP)
 
-.PHONY: setup run test lint bench fetch-model
+.PHONY: setup run test lint docs bench fetch-model
 setup: $(STAMP)
 
 run: $(STAMP)
@@ -22,6 +22,11 @@ test: $(STAMP)
 # pyflakes, pycodestyle and bugbear over everything (settings and reasons: pyproject.toml).
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+
+# The HTML pages of docs/ (Sphinx + MyST); a warning (a broken link, a docstring reST cannot
+# read) fails the build. -E re-reads every page: an edited docstring changes no page file.
+docs: $(STAMP)
+	$(VENV)/bin/sphinx-build -E -W --keep-going -b html docs docs/_build/html
 
 bench: $(STAMP)
 	$(PY) bench/model.py

@@ -52,6 +52,10 @@ setup(
             "nbformat>=5.9",
             "ipykernel>=6.29",
             "ruff==0.17.6",  # `make lint` (pyproject.toml [tool.ruff]); pinned: rules change
+            # `make docs` (docs/conf.py); pinned, since -W turns any new warning into a failure.
+            "sphinx==8.2.3",
+            "myst-parser==4.0.1",
+            "furo==2025.9.25",
         ],
     },
 )

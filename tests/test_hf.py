@@ -227,14 +227,14 @@ def test_missing_unexpected_and_misshapen_tensors_are_named(tmp_path):
 
 
 def test_readme_checkpoint_example_runs_as_written(checkpoint):
-    """README "Your own code with an HF checkpoint": a transformers-saved checkpoint, a right-
-    and a left-padded row with equal logits, and KV-cache greedy decoding equal to a full
-    forward. The block is taken from the README itself, so the docs cannot drift."""
+    """docs/real-models.md "Your own code with an HF checkpoint": a transformers-saved
+    checkpoint, a right- and a left-padded row with equal logits, and KV-cache greedy decoding
+    equal to a full forward. The block is taken from the page itself, so the docs cannot drift."""
     import pathlib
     import re
 
-    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme.split("### Your own code with an HF checkpoint", 1)[1]
+    readme = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "real-models.md").read_text()
+    section = readme.split("## Your own code with an HF checkpoint", 1)[1]
     block = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     _, path, _, _ = checkpoint
     namespace = {"CKPT": str(path)}

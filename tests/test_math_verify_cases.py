@@ -2,7 +2,7 @@
 like MATH / NuminaMath / OpenThoughts data: every answer category, and wrong answers that look
 right. Zero false positives is asserted; agreement is printed (`pytest -s`) and bounded below.
 
-Conventions the table encodes (README "Rewards"): a percentage matches its number and its
+Conventions the table encodes (docs/rewards.md): a percentage matches its number and its
 fraction (`12\\%` = 12 = 0.12); degrees and units are dropped; tuples and intervals are ordered
 and their bracket types matter, sets and bare lists of solutions are not ordered, a set is never
 a tuple; `x < 2` is not `x \\le 2`; named values must use the same names.

@@ -55,7 +55,7 @@ NaN or inf; an all-masked batch gives loss 0.0.
 ``total = pg_loss + kl_coef * kl - entropy_coef * entropy``, all three aggregated the same way.
 
 Log-ratios are clamped to [-20, 20] before ``exp`` (as verl does) so that ratios stay finite; this
-only matters for |log rho| > 20, where the clamped ratio has zero gradient.
+only matters for ``|log rho|`` > 20, where the clamped ratio has zero gradient.
 
 Common metrics: ``tokens``, ``sequences``, ``prompts`` (when prompt_index is given),
 ``normaliser`` (aggregation divisor), ``pg_loss``, ``ratio_mean`` / ``ratio_max`` (token mean /

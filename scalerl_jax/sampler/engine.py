@@ -12,6 +12,7 @@ them, not yet in the cache. A generate step feeds `next_token` at position `leng
 takes the forced token) from the resulting logits, and makes the emitted token the next input.
 
 Differences from JetStream, on purpose:
+
 * `prefill` returns only the prefix (the KV of all prompt tokens but the last, and that last
   token); the first generated token comes from the first `generate` step. This is what lets one
   prefill serve the G slots of a group: each slot samples its own first token with its own key,

@@ -5,6 +5,7 @@ sampled, so `sample` returns the fp32 log-prob under the distribution it drew fr
 by the temperature, restricted to the top-k / top-p set and renormalised over that set. With
 temperature 1 and no top-k / top-p this is exactly `log_softmax(model.logits(h))`, the trainer's
 log-prob of the same token. Two cases have no such distribution and report the untruncated one:
+
 * temperature 0 (greedy) is a point mass (log-prob 0, useless for scoring), so greedy reports
   `log_softmax(logits)` at temperature 1;
 * forced tokens (`token_logprob`) were not sampled and may lie outside the top-p set (log-prob

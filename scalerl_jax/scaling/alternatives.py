@@ -5,6 +5,7 @@
   returned with a note, since showing that is the point of the comparison.
 * Tan et al. (2509.25300) log-linear form: log(1 - R) = -k log C + E, for one model size
   (their k(N) varies across sizes). It has no asymptote below 1.
+
 The record-breaking pre-filter (IsoCompute) is `fit.record_breaking`, applied via FitSpec.
 """
 from __future__ import annotations
