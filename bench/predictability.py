@@ -38,6 +38,8 @@ from scalerl_jax.metrics import read_metrics  # noqa: E402
 from scalerl_jax.scaling import FitSpec, fit_curve  # noqa: E402
 from scalerl_jax.scaling.report import load_curve  # noqa: E402
 
+FORECAST_SHARES = (0.25, 0.5, 0.75)
+
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -62,7 +64,8 @@ def main(argv=None) -> int:
         if not done:
             cmd = [sys.executable, os.path.join(ROOT, "experiments", "run.py"), "--workdir",
                    workdir, "--seed", str(seed), "--steps", str(args.steps),
-                   f"eval.every_steps={args.eval_every}", *args.overrides]
+                   f"eval.every_steps={args.eval_every}", f"forecast.x_key={args.x}",
+                   *args.overrides]
             print("$", " ".join(cmd[1:]), flush=True)
             subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
         curve, _ = load_curve([workdir], x_key=args.x)
@@ -84,6 +87,7 @@ def main(argv=None) -> int:
             row.update(predicted=None, error=None, reason=first.reason)
         if whole.ok:
             row.update(A=float(whole.A), B=float(whole.B), C_mid=float(whole.C_mid))
+        row["forecasts"] = forecast_checks(workdir, final_x, final_y)
         rows.append(row)
     print(f"{'seed':>4} {'pts':>4} {'fit':>4} {'base':>6} {'half':>6} {'final':>6} {'rise':>6} "
           f"{'pred':>6} {'error':>7} {'A(half)':>7} {'B(half)':>7} {'A(all)':>7} {'B(all)':>6} "
@@ -101,10 +105,49 @@ def main(argv=None) -> int:
     if errors:
         print(f"mean |error| {np.mean(errors):.3f}, max {np.max(errors):.3f} "
               f"(paper's margin 0.02); within 0.02: {sum(e <= 0.02 for e in errors)}/{len(rows)}")
+    print_forecasts(rows)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "predictability.json"), "w") as f:
         json.dump({"args": vars(args), "rows": rows}, f, indent=2)
     return 0
+
+
+def forecast_checks(workdir: str, final_x: float, final_y: float) -> list:
+    """The run's online forecast (its `forecast` records) at 25/50/75% of its compute: the first
+    forecast whose data reach that share, its predicted final pass rate and 95% interval, whether
+    the interval holds the observed last evaluation, and whether it was flagged `stable`."""
+    records = [r for r in read_metrics(workdir).of("forecast") if r.get("x_max")]
+    out = []
+    for share in FORECAST_SHARES:
+        rec = next((r for r in records if r["x_max"] >= share * final_x), None)
+        if rec is None:
+            continue
+        lo, hi = rec.get("at_budget_lo"), rec.get("at_budget_hi")
+        miss = None if lo is None else max(lo - final_y, final_y - hi, 0.0)
+        out.append({"share": share, "step": rec["step"], "ok": rec.get("ok"),
+                    "predicted": rec.get("at_budget"), "lo": lo, "hi": hi,
+                    "covers": miss == 0.0, "miss": miss, "stable": bool(rec.get("stable"))})
+    return out
+
+
+def print_forecasts(rows: list) -> None:
+    checks = [(r["seed"], c) for r in rows for c in r["forecasts"]]
+    if not checks:
+        return
+    print("\nonline forecast of the final pass rate (95% interval) at a share of the compute:")
+    print(f"{'seed':>4} {'share':>5} {'step':>5} {'final':>6} {'pred':>6} {'interval':>15} "
+          f"{'covers':>6} {'stable':>6}")
+    for seed, c in checks:
+        final = next(r["final"] for r in rows if r["seed"] == seed)
+        interval = "-" if c["lo"] is None else f"[{c['lo']:.3f}, {c['hi']:.3f}]"
+        pred = "-" if c["predicted"] is None else f"{c['predicted']:.3f}"
+        print(f"{seed:>4} {c['share']:>5.2f} {c['step']:>5} {final:>6.3f} {pred:>6} "
+              f"{interval:>15} {str(c['covers']):>6} {str(c['stable']):>6}")
+    covered = sum(c["covers"] for _, c in checks)
+    wrong_stable = sum(c["stable"] and (c["miss"] is None or c["miss"] > 0.02) for _, c in checks)
+    print(f"intervals holding the final value: {covered}/{len(checks)} "
+          f"({covered / len(checks):.0%}; goal >= 90%); 'stable' while the interval missed by "
+          f"> 0.02: {wrong_stable}")
 
 
 if __name__ == "__main__":

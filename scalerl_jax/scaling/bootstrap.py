@@ -47,6 +47,8 @@ class Bootstrap:
     band_x: np.ndarray
     band_lo: np.ndarray
     band_hi: np.ndarray
+    pred_lo: np.ndarray  # the band for one new evaluation at band_x (each resample's noise added)
+    pred_hi: np.ndarray
     n_ok: int  # resamples with a finite fit
     n_boot: int
     level: float
@@ -198,7 +200,8 @@ def bootstrap_fit(curve: Curve, spec: FitSpec, fit: SigmoidFit, *, n_boot: int =
     """Intervals for A, B, C_mid and a band for the curve from `n_boot` refits (module doc).
 
     noise=True adds each resample's noise to its curve, giving a band for new evaluations (a
-    prediction band) rather than for the mean curve.
+    prediction band) rather than for the mean curve; `pred_lo` / `pred_hi` are that band in
+    either case.
     """
     if not 0 < level < 1 or n_boot < 10:
         raise ValueError(f"bootstrap: level={level} must be in (0, 1), n_boot={n_boot} >= 10")
@@ -229,17 +232,19 @@ def bootstrap_fit(curve: Curve, spec: FitSpec, fit: SigmoidFit, *, n_boot: int =
     if band_x is None:
         band_x = np.geomspace(fit.x_range[0], fit.x_range[1], 100)
     band_x = np.asarray(band_x, np.float64)
-    preds = sigmoid_law(band_x[None, :], *(out[k][ok][:, None] for k in ("A", "B", "C_mid", "R0")))
-    if noise and ok.any():
-        # One draw per resample, shared along x: each x still gets the right marginal spread
-        # (the band is pointwise) and the band's edges come out smooth.
-        preds = preds + rng.standard_normal((preds.shape[0], 1)) * spread[ok][:, None]
+    mean = sigmoid_law(band_x[None, :], *(out[k][ok][:, None] for k in ("A", "B", "C_mid", "R0")))
+    # One draw per resample, shared along x: each x still gets the right marginal spread (the
+    # band is pointwise) and the band's edges come out smooth.
+    noisy = mean + rng.standard_normal((mean.shape[0], 1)) * spread[ok][:, None]
     lo_q, hi_q = 50 * (1 - level), 50 * (1 + level)
-    empty = np.full(len(band_x), np.nan)
+    if ok.any():
+        band = noisy if noise else mean
+        edges = [np.percentile(a, q, axis=0) for a in (band, noisy) for q in (lo_q, hi_q)]
+    else:
+        edges = [np.full(len(band_x), np.nan)] * 4
     return Bootstrap(
-        intervals=intervals, band_x=band_x,
-        band_lo=np.percentile(preds, lo_q, axis=0) if ok.any() else empty,
-        band_hi=np.percentile(preds, hi_q, axis=0) if ok.any() else empty,
+        intervals=intervals, band_x=band_x, band_lo=edges[0], band_hi=edges[1],
+        pred_lo=edges[2], pred_hi=edges[3],
         n_ok=int(ok.sum()), n_boot=n_boot, level=level, with_noise=noise, method=method,
         block=block if method == "pairs" else 1, rho=rho_mean)
 

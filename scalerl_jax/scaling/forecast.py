@@ -2,12 +2,13 @@
 
 `forecast(points, ...)` is the pure part: the sigmoid law fitted to the validation points so far
 (scaling/fit.py, the same defaults as the end-of-run fit), bootstrap intervals for A, B and
-C_mid (scaling/bootstrap.py, default method), the predicted pass rate at the budget with its
-interval, and the compute needed to reach a target pass rate with its interval. `Forecaster`
-queues the refits from one background thread so the training step never waits for a fit, and
-hands the finished forecasts back to the trainer's thread, which writes them (metrics.jsonl has
-one writer). `is_stable` is the paper's yardstick: seeds move A by up to +-0.015, so a forecast
-whose A moved less than 0.02 over the last few evaluations has settled.
+C_mid (scaling/bootstrap.py, default method), the predicted pass rate at the budget with the
+interval an evaluation there should fall in (fit uncertainty plus evaluation noise), and the
+compute needed to reach a target pass rate with its interval. `Forecaster` queues the refits
+from one background thread so the training step never waits for a fit, and hands the finished
+forecasts back to the trainer's thread, which writes them (metrics.jsonl has one writer).
+`is_stable` is the paper's yardstick: seeds move A by up to +-0.015, so a forecast whose A moved
+less than 0.02 over the last few evaluations has settled.
 
 Compute-to-target interval. For a curve increasing in compute, "R(C) >= target" and
 "C(target) <= C" are the same event, so the quantiles of the bootstrap band, read sideways where
@@ -123,10 +124,12 @@ def forecast(x: np.ndarray, y: np.ndarray, *, budget: Optional[float],
         out["interval"] = boot.describe()
         for name, (lo, hi) in boot.intervals.items():
             out[f"{name}_lo"], out[f"{name}_hi"] = float(lo), float(hi)
-        if budget is not None and np.isfinite(boot.band_lo).all():
+        if budget is not None and np.isfinite(boot.pred_lo).all():
+            # The run's last evaluation is one noisy draw around the curve, so its interval is
+            # the prediction band (fit uncertainty + evaluation noise), not the mean curve's.
             at = np.searchsorted(boot.band_x, budget)
-            out["at_budget_lo"] = float(boot.band_lo[at])
-            out["at_budget_hi"] = float(boot.band_hi[at])
+            out["at_budget_lo"] = float(boot.pred_lo[at])
+            out["at_budget_hi"] = float(boot.pred_hi[at])
     if target is not None:
         out.update(_to_target(target, fit, boot))
     return out
