@@ -1,14 +1,20 @@
 """The loop of the online forecast's child process (scaling/forecast.py, `ProcessRunner`).
 
-A module of its own, outside `scalerl_jax.scaling` (whose package imports JAX): the child must
-choose its JAX platform and lower its priority before JAX is imported, so that its fits run on
-the CPU, never on the trainer's accelerator, and give way to the training step's host work.
+The child must choose its JAX platform and lower its priority before JAX is imported, so that
+its fits run on the CPU, never on the trainer's accelerator, and give way to the training
+step's host work. So this module imports only the standard library, `scalerl_jax.scaling`
+resolves its names lazily, and the function the child serves arrives as a "module:function"
+name that is imported once the platform is set (which also keeps this module from importing
+scaling/forecast.py, its parent's module).
 """
+import importlib
 import os
 import sys
 
 
-def child_main(conn, nice: int) -> None:
+def child_main(conn, nice: int, fn: str) -> None:
+    """Answer each (x, y, kwargs) from `conn` with ("ok", fn(x, y, **kwargs)) or ("err", why);
+    `fn` is "package.module:function"."""
     os.environ["JAX_PLATFORMS"] = "cpu"
     try:
         os.nice(nice)  # the whole process, XLA's compile and compute threads included
@@ -16,7 +22,8 @@ def child_main(conn, nice: int) -> None:
         pass
     if "jax" in sys.modules:  # a spawned child re-imports the parent's main module first
         sys.modules["jax"].config.update("jax_platforms", "cpu")
-    from scalerl_jax.scaling.forecast import forecast
+    module, _, name = fn.partition(":")
+    run = getattr(importlib.import_module(module), name)
     conn.send("ready")
     while True:
         try:
@@ -24,7 +31,7 @@ def child_main(conn, nice: int) -> None:
         except (EOFError, OSError):
             return
         try:
-            result = ("ok", forecast(x, y, **kwargs))
+            result = ("ok", run(x, y, **kwargs))
         except Exception as e:  # noqa: BLE001 - reported to the parent as a failed forecast
             result = ("err", f"{type(e).__name__}: {e}"[:500])
         conn.send(result)
