@@ -26,6 +26,8 @@ def test_the_checker_finds_cycles():
     cycles = _tool().cycles
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
+    graph = {"a": {"b", "d"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _tool().shortest_cycle(graph, ["a", "b", "c", "d"]) == ["a", "d", "a"]
 
 
 def test_child_entry_points_import_nothing_heavy():

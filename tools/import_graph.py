@@ -187,6 +187,33 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return sorted(found)
 
 
+def shortest_cycle(graph: dict[str, set[str]], component: list[str]) -> list[str]:
+    """A shortest cycle inside `component` (one of `cycles`), as [a, b, ..., a]."""
+    inside = set(component)
+    best: list[str] = []
+    for start in sorted(component):
+        parent: dict[str, str | None] = {start: None}
+        queue, last = [start], None
+        while queue and last is None:
+            v = queue.pop(0)
+            for w in sorted(graph.get(v, set()) & inside):
+                if w == start:
+                    last = v
+                    break
+                if w not in parent:
+                    parent[w] = v
+                    queue.append(w)
+        if last is None:
+            continue
+        path = [last]
+        while parent[path[-1]] is not None:
+            path.append(parent[path[-1]])
+        cycle = [*reversed(path), start]
+        if not best or len(cycle) < len(best):
+            best = cycle
+    return best
+
+
 def layer_of(unit: str) -> int:
     """0 for the highest layer; KeyError for a unit missing from `LAYERS`."""
     for i, layer in enumerate(LAYERS):
@@ -218,12 +245,14 @@ def check() -> list[str]:
                                 f"layer {layer_of(dst)}): {_edge_list(pairs)}")
     unit_graph = {u: set(d) for u, d in units.items()}
     for component in cycles(unit_graph):
-        inside = [(a, b) for a in component for b in units.get(a, {}) if b in component]
-        pairs = [p for a, b in inside for p in units[a][b]]
-        problems.append(f"cycle between units {' <-> '.join(component)}: {_edge_list(pairs)}")
+        path = shortest_cycle(unit_graph, component)
+        pairs = [p for a, b in zip(path, path[1:]) for p in units[a][b]]
+        problems.append(f"cycle between units {' -> '.join(path)} (of {len(component)} units in "
+                        f"a cycle): {_edge_list(pairs)}")
     for component in cycles(edges):
-        pairs = [(a, b) for a in component for b in edges[a] if b in component]
-        problems.append(f"cycle between modules {' <-> '.join(component)}: {_edge_list(pairs)}")
+        path = shortest_cycle(edges, component)
+        problems.append(f"cycle between modules {' -> '.join(path)} (of {len(component)} "
+                        "modules in a cycle)")
     return problems
 
 
