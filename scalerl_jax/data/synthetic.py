@@ -34,7 +34,8 @@ length) rather than facts to memorise, which is what makes the pass rate climb i
 "<think>read n,print n*3+47</think>print(int(input())*3+47)", and with knob `direct` that share
 answer from memory with a constant within 3 of the right one. Its reference answer is not text
 to match but a JSON stdin/stdout test spec ({"inputs": [...], "outputs": [...]}) on
-`PYCODE_INPUTS`, so the program is judged by what it prints (`TASK_VERIFIERS`: "code").
+`PYCODE_INPUTS`, so the program is judged by what it prints (rewards/verifiers.py,
+`TASK_VERIFIERS`: "code").
 Generators are deterministic given the seed (Python's `random.Random`, whose integer streams are
 stable across versions) and return distinct problems: asking for more rows than the task's
 problem space holds is an error naming both numbers.
@@ -166,8 +167,6 @@ def _count(rng, min_len: int = 4, max_len: int = 10, alphabet: str = "abcd"):
 _TASKS = {"addition": _addition, "arithmetic": _arithmetic, "reverse": _reverse, "count": _count,
           "chain": _chain, "countup": _countup, "pycode": _pycode}
 TASKS = tuple(_TASKS)
-# The verifier of each task's reference answers (rewards.verifier_by_name); the others: "exact".
-TASK_VERIFIERS = {"pycode": "code"}
 
 
 def generate(task: str, num: int, seed: int = 0, **knobs) -> list[SyntheticRow]:

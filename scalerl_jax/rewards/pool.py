@@ -44,7 +44,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from scalerl_jax.reward_child import child_main as _child_main
+from scalerl_jax.rewards.pool_child import child_main as _child_main
 
 Verifier = Callable[[str, str], bool]
 _log = logging.getLogger(__name__)

@@ -16,11 +16,11 @@ they cross the target, are the quantiles of the resamples' required compute: the
 is where the band's upper edge reaches the target, the pessimistic end where its lower edge
 does. The point value inverts the fitted law in closed form.
 
-Where the fit runs: in a child process (`ProcessRunner`, entry point forecast_child.py), on the
-CPU and at a lower priority. In a thread of the trainer's process the first refit's tracing and
-compiling (tens of seconds of Python on a busy CPU) held the GIL against the training loop's own
-Python and slowed the steps around it by about a quarter on the 2-core testbed; a niced child
-shares nothing with the step but idle CPU, and never touches the trainer's accelerator. It is
+Where the fit runs: in a child process (`ProcessRunner`, entry point forecast_child.py in this
+package), on the CPU and at a lower priority. In a thread of the trainer's process the first refit's
+tracing and compiling (tens of seconds of Python on a busy CPU) held the GIL against the training
+loop's own Python and slowed the steps around it by about a quarter on the 2-core testbed; a niced
+child shares nothing with the step but idle CPU, and never touches the trainer's accelerator. It is
 started once, at the first evaluation, and pays JAX's import and the fit's compile there.
 """
 from __future__ import annotations
@@ -168,9 +168,10 @@ class ProcessRunner:
         self._proc = self._conn = None
 
     def _start(self) -> None:
-        from scalerl_jax.forecast_child import child_main
+        from scalerl_jax.scaling.forecast_child import child_main
         self._conn, child_conn = self._ctx.Pipe()
-        self._proc = self._ctx.Process(target=child_main, args=(child_conn, self.nice),
+        self._proc = self._ctx.Process(target=child_main,
+                                       args=(child_conn, self.nice, f"{__name__}:forecast"),
                                        daemon=True, name="scalerl-forecast")
         self._proc.start()
         child_conn.close()

@@ -1,5 +1,7 @@
 """The training loop, top to bottom: run directory, meshes, data, initial policy (SFT warm-up),
-state and step, resume, sampler, loop, fit.
+state and step, resume, sampler, loop, fit. `_run` reads as that list; each phase is a function
+below it, in the order they run, and `_Run` holds what the start-up opened for the loop, the
+evaluations and the end of the run.
 
 Every host runs this same program. Each host samples its own share of every step's prompts on
 its sampler devices (train/pipeline.py: PipelineRL-k, ppo_off_policy or sync, all by admission
@@ -29,8 +31,9 @@ import dataclasses
 import logging
 import os
 import shutil
+import threading
 import time
-from typing import NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import numpy as np
@@ -118,16 +121,109 @@ def _run(cfg: RunConfig, tokenizer, cleanup: contextlib.ExitStack, allow_config_
     split = mesh_lib.split_devices(cfg.mesh)
     trainer_mesh = mesh_lib.trainer_mesh(cfg.mesh, split.trainer)
     sampler_mesh = mesh_lib.sampler_mesh(cfg.mesh, split.sampler)
-    hosts, host = jax.process_count(), jax.process_index()
-    schedule = Schedule.from_config(cfg.pipeline, hosts, host)
+    schedule = Schedule.from_config(cfg.pipeline, jax.process_count(), jax.process_index())
 
-    # Data: this host's shard of the training prompts (one source, or a mixture of domains
-    # drawn by weight); the validation set, split over hosts. Each domain's verifier.
     curriculum = NoPositiveResampling(threshold=cfg.pipeline.retire_pass_rate)
     retire = cfg.pipeline.no_positive_resampling
+    # `skip` looks `curriculum` up at call time: it sees the one restored below.
+    verifiers, source, validation, pool = _open_data(
+        cfg, tokenizer, cleanup, skip=lambda pid: curriculum.is_retired(pid) if retire else False)
+    first_step_done = threading.Event()  # before this invocation's first step, nothing is unsaved
+    policy = _open_policy(cfg, tokenizer, cleanup, trainer_mesh, source, first_step_done,
+                          wandb_project)
+    state, meta, model_cfg = policy.state, policy.meta, policy.model_cfg
+    start = int(state.step)
+    if "curriculum" in meta:
+        curriculum = NoPositiveResampling.from_dict(meta["curriculum"])
+    meter = metrics_lib.ComputeMeter(matmul_params(model_cfg), model_cfg.num_layers,
+                                     model_cfg.num_heads * model_cfg.dim_per_head)
+    if "compute" in meta:
+        meter.load_state_dict(meta["compute"])
+    writer, forecaster, missing = _open_metrics(cfg, cleanup, policy.tracker, start,
+                                                resumed=policy.restored)
+    sampling, sampler_params = _open_sampler(cfg, tokenizer, cleanup, model_cfg, sampler_mesh,
+                                             trainer_mesh, schedule, source, state, meta)
+    starting.end()
+    bar = cleanup.enter_context(Progress("rl", cfg.steps, initial=start,
+                                         tokens_key="batch_seq_tokens",
+                                         enabled=None if main else False))
+    ctx = _Run(cfg, tokenizer, split, trainer_mesh, curriculum, verifiers, validation, pool,
+               policy.checkpoints, policy.tracker, writer, forecaster, meter, model_cfg,
+               policy.train_step, sampling, bar, first_step_done)
+
+    if missing:
+        _evaluate(ctx, start, sampler_params)
+    last, stopped_by = {}, None
+    if ctx.checkpoints.preempted:  # a stop signal in start-up or the first evaluation (collective)
+        stopped_by = ctx.checkpoints.stop_signal
+        log.warning("%s: stopped before training step %d; nothing was trained, so nothing to "
+                    "save (re-run the same command to resume)", stopped_by, start + 1)
+    else:
+        state, last, stopped_by = _train(ctx, state, sampler_params)
+    return _finish(ctx, state, last, stopped_by, fit)
+
+
+class _Policy(NamedTuple):
+    checkpoints: ckpt_lib.Checkpointer
+    tracker: Tracker
+    restored: bool  # resumed from a checkpoint of this run directory
+    state: Any
+    meta: dict  # the checkpoint's host-side state ({} for a fresh start)
+    model_cfg: Any
+    train_step: Callable
+
+
+class _Sampling(NamedTuple):
+    engine: Engine
+    sync: WeightSync
+    feed: PromptFeed
+    driver: Driver
+    driver_kwargs: dict
+    seed: int
+    rollouts: Rollouts
+
+
+@dataclasses.dataclass(frozen=True)
+class _Run:
+    """What the loop, the evaluations and the end of a run use, opened by `_run`'s start-up
+    and closed by its ExitStack."""
+    cfg: RunConfig
+    tokenizer: Any
+    split: Any  # mesh.split_devices: trainer and sampler devices, colocated or not
+    trainer_mesh: Any
+    curriculum: NoPositiveResampling
+    verifiers: dict
+    validation: list  # all hosts' validation prompts; each evaluates its share
+    pool: RewardPool
+    checkpoints: ckpt_lib.Checkpointer
+    tracker: Tracker
+    writer: Optional[metrics_lib.MetricsWriter]  # None except on process 0
+    forecaster: Forecaster
+    meter: metrics_lib.ComputeMeter
+    model_cfg: Any
+    train_step: Callable
+    sampling: _Sampling
+    bar: Progress
+    first_step_done: threading.Event
+
+    def record(self, event: str, step: int, **fields) -> dict:
+        return _record(self.writer, self.tracker, event, step, **fields)
+
+
+def _record(writer, tracker: Tracker, event: str, step: int, **fields) -> dict:
+    if writer is None:
+        return {"event": event, "step": step, **fields}
+    rec = writer.write(event, step, **fields)
+    tracker.write(rec)
+    return rec
+
+
+def _open_data(cfg: RunConfig, tokenizer, cleanup: contextlib.ExitStack, skip):
+    """Each domain's verifier; this host's shard of the training prompts (one source, or a
+    mixture of domains drawn by weight); the validation prompts; the reward pool."""
     verifiers = domain_verifiers(cfg.data, cfg.reward.verifier, cfg.reward.code_isolation)
-    source = open_source(cfg.data, tokenizer, process_index=host, process_count=hosts,
-                         skip=lambda pid: curriculum.is_retired(pid) if retire else False,
+    source = open_source(cfg.data, tokenizer, process_index=jax.process_index(),
+                         process_count=jax.process_count(), skip=skip,
                          check_answers=answer_checks(cfg.data, cfg.reward.verifier))
     validation = source.validation()[:cfg.eval.num_prompts]
     # Thread or child-process workers, decided from all domains' sources.
@@ -136,24 +232,28 @@ def _run(cfg: RunConfig, tokenizer, cleanup: contextlib.ExitStack, allow_config_
                       reward_correct=cfg.loss.reward_correct,
                       reward_incorrect=cfg.loss.reward_incorrect, processes=processes)
     cleanup.callback(pool.close)
+    return verifiers, source, validation, pool
 
-    # Resume from the newest good checkpoint; else the initial policy (SFT warm-up, HF, init).
+
+def _open_policy(cfg: RunConfig, tokenizer, cleanup: contextlib.ExitStack, trainer_mesh, source,
+                 first_step_done: threading.Event, wandb_project) -> _Policy:
+    """The checkpointer with its stop signals, and the policy: the newest good checkpoint, else
+    the initial policy (SFT warm-up, HF checkpoint, or init); the jitted train step."""
     _, abstract = state_lib.abstract_train_state(cfg.model, cfg.optim, trainer_mesh, cfg.seed)
     checkpoints = ckpt_lib.Checkpointer(os.path.join(cfg.workdir, "checkpoints"),
                                         save_every=cfg.checkpoint_every,
                                         keep=cfg.keep_checkpoints, keep_every=cfg.keep_every)
     checkpoints.install_signal_handlers()
     cleanup.callback(checkpoints.close)
-    trained_here = 0  # steps this invocation finished: before the first, nothing is unsaved
     cleanup.enter_context(Watchdog(
-        can_exit=lambda: trained_here == 0, describe=HEARTBEAT.line,
+        can_exit=lambda: not first_step_done.is_set(), describe=HEARTBEAT.line,
         nothing_lost="nothing trained since the last checkpoint, so nothing to save (re-run "
                      "the same command to resume)",
         acknowledged=lambda: checkpoints.stop_signal is not None))
     restored = checkpoints.restore(abstract)
-    if main:  # the first write: everything above has validated
+    if jax.process_index() == 0:  # the first write: everything above has validated
         rundir.write_config(cfg.workdir, cfg.to_dict())
-    tracker = cleanup.enter_context(Tracker(cfg.workdir, enabled=main,
+    tracker = cleanup.enter_context(Tracker(cfg.workdir, enabled=jax.process_index() == 0,
                                             wandb_project=wandb_project))
     if restored is None:
         init = cfg.hf_checkpoint
@@ -170,46 +270,38 @@ def _run(cfg: RunConfig, tokenizer, cleanup: contextlib.ExitStack, allow_config_
                                  loss_cfg=cfg.loss, optim_cfg=cfg.optim,
                                  num_prompts=cfg.pipeline.prompts_per_step,
                                  max_length=cfg.sampler.max_new_tokens)
-    start = int(state.step)
-    if "curriculum" in meta:  # `source.skip` looks the name up at call time: it sees this one
-        curriculum = NoPositiveResampling.from_dict(meta["curriculum"])
-    meter = metrics_lib.ComputeMeter(matmul_params(model_cfg), model_cfg.num_layers,
-                                     model_cfg.num_heads * model_cfg.dim_per_head)
-    if "compute" in meta:
-        meter.load_state_dict(meta["compute"])
+    return _Policy(checkpoints, tracker, restored is not None, state, meta, model_cfg,
+                   train_step)
 
-    # Metrics: records after the restored step are superseded.
+
+def _open_metrics(cfg: RunConfig, cleanup: contextlib.ExitStack, tracker: Tracker, start: int,
+                  resumed: bool):
+    """(metrics writer, forecaster, whether the evaluation of `start` is missing), after the
+    run's opening record. Records after the restored step are superseded."""
+    main = jax.process_index() == 0
     writer = None
     if main:
         metrics_lib.truncate_after(cfg.workdir, start)
         writer = cleanup.enter_context(metrics_lib.MetricsWriter(cfg.workdir))
-
-    def record(event: str, step: int, **fields) -> dict:
-        if writer is None:
-            return {"event": event, "step": step, **fields}
-        rec = writer.write(event, step, **fields)
-        tracker.write(rec)
-        return rec
-
     # Online forecast (process 0): each evaluation queues a refit of the sigmoid in a
-    # low-priority child process; finished forecasts are written here, after the step that
-    # saw them.
+    # low-priority child process; finished forecasts are written by the trainer's thread,
+    # after the step that saw them.
     forecaster = cleanup.enter_context(Forecaster.for_run(cfg.forecast, cfg.workdir,
                                                           total_steps=cfg.steps, enabled=main))
-
-    def write_forecasts(done: list) -> None:
-        for fields in done:
-            bar.set_forecast(record("forecast", **fields))
-
-    record("run", start, schema=metrics_lib.SCHEMA_VERSION, time=time.time(),
-           resumed=restored is not None, config=cfg.to_dict())
+    _record(writer, tracker, "run", start, schema=metrics_lib.SCHEMA_VERSION, time=time.time(),
+            resumed=resumed, config=cfg.to_dict())
     # The base policy is evaluated at step 0; a resumed run re-evaluates its restored step only
     # if that evaluation was due and did not survive. Host 0 knows; all hosts must agree.
     missing = main and (start == 0 or start % cfg.eval.every_steps == 0) and not any(
         e["step"] == start for e in metrics_lib.read_metrics(cfg.workdir).of("eval"))
-    missing = allgather_objects(missing)[0]
+    return writer, forecaster, allgather_objects(missing)[0]
 
-    # Sampler: engine on this host's sampler mesh, weights synced from the trainer mesh.
+
+def _open_sampler(cfg: RunConfig, tokenizer, cleanup: contextlib.ExitStack, model_cfg,
+                  sampler_mesh, trainer_mesh, schedule: Schedule, source, state, meta: dict):
+    """The engine on this host's sampler mesh, weights synced from the trainer mesh, and the
+    driver that samples ahead of the trainer in its thread; (sampling, the synced params)."""
+    host = jax.process_index()
     engine = Engine(model_cfg, sampler_mesh, cfg.sampler, seed=cfg.seed)
     sync = WeightSync.for_engine(trainer_mesh, engine)  # engine dtypes, bounded groups
     feed = PromptFeed(source, tokenizer)
@@ -218,122 +310,148 @@ def _run(cfg: RunConfig, tokenizer, cleanup: contextlib.ExitStack, allow_config_
     driver_kwargs = driver_token_ids(cfg.sampler, tokenizer,
                                      max_forced_tokens=engine.max_forced_tokens)
     sampler_params = sync(state.params)
-    sample_seed = cfg.seed + 7919 * host  # tickets are per host: keep hosts' samples apart
+    seed = cfg.seed + 7919 * host  # tickets are per host: keep hosts' samples apart
+    start = int(state.step)
     driver = Driver(engine, sampler_params, feed, group_size=cfg.pipeline.generations_per_prompt,
-                    version=start, seed=sample_seed,
+                    version=start, seed=seed,
                     admit=lambda version: feed.issued < schedule.limit(version),
                     max_queued_groups=schedule.window + schedule.batch, **driver_kwargs)
     rollouts = Rollouts(driver, feed, schedule).start()
     cleanup.callback(rollouts.stop)
-    n_train, n_sample = len(split.trainer), len(split.sampler) * hosts
+    return _Sampling(engine, sync, feed, driver, driver_kwargs, seed, rollouts), sampler_params
 
-    def run_eval(step: int, params) -> Optional[dict]:
-        """The eval record of `step`, or None when a stop signal cut the evaluation short."""
-        with phase(f"evaluation of step {step}"):
-            result = evaluate(engine, params, validation[host::hosts], tokenizer=tokenizer,
-                              k=cfg.eval.k, verifier=verifiers, pool=pool,
-                              driver_kwargs=driver_kwargs, version=step, seed=sample_seed,
-                              should_stop=lambda: checkpoints.stop_signal is not None)
-            if result is None:
-                log.warning("%s: evaluation of step %d stopped unfinished; no record written "
-                            "(a resumed run evaluates step %d again if it was due)",
-                            checkpoints.stop_signal or "stop signal", step, step)
-                return None
-            rec = record("eval", step, compute=meter.compute(), **result)
-            forecaster.submit(rec)
-        domains = "".join(f", {d} {r:.3f}" for d, r in result.get("per_domain", {}).items())
-        log.info("eval step %d: pass rate %.3f%s (%d prompts x %d)", step, result["pass_rate"],
-                 domains, result["num_prompts"], cfg.eval.k)
-        return rec
 
-    def meta_now() -> dict:  # collective: every host's data cursor goes into the checkpoint
-        return {"policy_version": int(state.step), "curriculum": curriculum.to_dict(),
-                "data": allgather_objects(feed.state_dict()), "compute": meter.state_dict()}
-
+def _train(ctx: _Run, state, sampler_params):
+    """The RL loop until `cfg.steps` or a stop signal: (state, the last train record, the
+    signal's name or None)."""
+    cfg, checkpoints, driver = ctx.cfg, ctx.checkpoints, ctx.sampling.driver
     last, stopped_by, skipped_in_a_row, tokens_seen = {}, None, 0, 0
-    starting.end()
-    bar = cleanup.enter_context(Progress("rl", cfg.steps, initial=start,
-                                         tokens_key="batch_seq_tokens",
-                                         enabled=None if main else False))
-    if missing:
-        rec = run_eval(start, sampler_params)
-        if rec is not None:
-            bar.set_eval(start, rec["pass_rate"])
-    if checkpoints.preempted:  # a stop signal in start-up or the first evaluation (collective)
-        stopped_by = checkpoints.stop_signal
-        log.warning("%s: stopped before training step %d; nothing was trained, so nothing to "
-                    "save (re-run the same command to resume)", stopped_by, start + 1)
     while stopped_by is None and int(state.step) < cfg.steps:
         t0 = time.monotonic()
         step, version = int(state.step) + 1, int(state.step)
         step_phase = phase(f"rl step {step}/{cfg.steps}" + (
-            " (the first step compiles the train step)" if trained_here == 0 else ""),
+            "" if ctx.first_step_done.is_set() else " (the first step compiles the train step)"),
             detail=lambda: f"{driver.stats['completions']} completions sampled so far").begin()
-        local, roll = rollouts.take(step, version)
-        scored = score_groups(local, tokenizer=tokenizer, verifier=verifiers, pool=pool)
-        sampled, tokens_seen = driver.stats["tokens"] - tokens_seen, driver.stats["tokens"]
-        data = _share(local, scored, sampled, cfg.pipeline.generations_per_prompt)
-        groups, correct, rewards = data.groups, data.correct, data.rewards
-        if retire:
-            curriculum.update([g.prompt_id for g in groups], correct.mean(axis=1))
-        batch, info = batch_lib.from_groups(
-            groups, rewards, loss_cfg=cfg.loss, num_prompts=cfg.pipeline.prompts_per_step,
-            micro_batches=cfg.optim.micro_batches, row_multiple=batch_shards(trainer_mesh),
-            seq_bucket=cfg.pipeline.seq_bucket, correct=correct, pad_id=tokenizer.pad_id)
+        data, batch, info, roll, tokens_seen = _collect(ctx, step, version, tokens_seen)
         t1 = time.monotonic()
-        state, step_metrics = train_step(state, batch)
+        state, step_metrics = ctx.train_step(state, batch)
         step_metrics = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
         t_train = time.monotonic() - t1
-        trained_here += 1
-        pushed = rollouts.publish(lambda: sync(state.params), step)
+        ctx.first_step_done.set()
+        pushed = ctx.sampling.rollouts.publish(lambda: ctx.sampling.sync(state.params), step)
         sampler_params = pushed if pushed is not None else sampler_params
-
-        # Compute: colocated devices are charged to whichever side used them.
-        step_wall = time.monotonic() - t0
-        completions = [c for g in groups for c in g.completions]
-        mean_len = float(np.mean([len(c.tokens) for c in completions]))
-        mean_prompt = float(np.mean([len(g.prompt_tokens) for g in groups]))
-        meter.add_sampler(seconds=step_wall - t_train if split.colocated else step_wall,
-                          devices=n_sample, tokens=data.sampled_tokens,
-                          context_len=mean_prompt + mean_len / 2)
-        meter.add_trainer(seconds=t_train if split.colocated else step_wall,
-                          devices=n_train, tokens=info["seq_tokens"],
-                          context_len=info["seq_len"] / 2)
-        last = record(
-            "train", step, **step_metrics, **{f"batch_{k}": v for k, v in info.items()},
-            reward_mean=float(rewards.mean()), pass_rate_train=float(correct.mean()),
-            truncation_rate=np.mean([c.finish_reason == "truncated" for c in completions]),
-            interruption_rate=np.mean([c.interrupted for c in completions]),
-            mean_completion_len=mean_len, **_per_domain_train(groups, correct), **roll,
-            trainer_wait_frac=roll["wait_s"] / max(step_wall, 1e-9),
-            reward_timeouts=data.timeouts, reward_errors=data.errors,
-            retired_prompts=curriculum.num_retired, policy_version=step, train_s=t_train,
-            step_s=step_wall, samples_per_s=len(completions) / max(step_wall, 1e-9))
-        bar.update(step, last)
-        write_forecasts(forecaster.poll())
+        last = _record_train(ctx, step, data, info, roll, step_metrics, t_train,
+                             step_wall=time.monotonic() - t0)
+        ctx.bar.update(step, last)
+        _write_forecasts(ctx, ctx.forecaster.poll())
         skipped_in_a_row = skipped_in_a_row + 1 if step_metrics["skipped"] else 0
         _check_not_diverged(skipped_in_a_row, cfg, step, step_metrics)
         if step % cfg.eval.every_steps == 0 or step == cfg.steps:
-            params = sampler_params if pushed is not None else sync(state.params)
-            rec = run_eval(step, params)
-            if rec is not None:
-                bar.set_eval(step, rec["pass_rate"])
+            params = sampler_params if pushed is not None else ctx.sampling.sync(state.params)
+            _evaluate(ctx, step, params)
         with phase(f"checkpoint of step {step}"):
-            checkpoints.maybe_save(step, state, meta_now)
+            checkpoints.maybe_save(step, state, lambda: _meta(ctx, state))
         step_phase.end()
         if checkpoints.preemption_saved:
             stopped_by = checkpoints.stop_signal
             log.warning("%s: stopped after saving step %d; re-run the same command to "
                         "resume", stopped_by, step)
+    return state, last, stopped_by
+
+
+def _collect(ctx: _Run, step: int, version: int, tokens_seen: int):
+    """The groups of `step`, scored and shared by all hosts, as the global batch: (shared
+    groups, batch, batch info, rollout figures, tokens sampled so far)."""
+    cfg, driver = ctx.cfg, ctx.sampling.driver
+    local, roll = ctx.sampling.rollouts.take(step, version)
+    scored = score_groups(local, tokenizer=ctx.tokenizer, verifier=ctx.verifiers, pool=ctx.pool)
+    sampled, tokens_seen = driver.stats["tokens"] - tokens_seen, driver.stats["tokens"]
+    data = _share(local, scored, sampled, cfg.pipeline.generations_per_prompt)
+    if cfg.pipeline.no_positive_resampling:
+        ctx.curriculum.update([g.prompt_id for g in data.groups], data.correct.mean(axis=1))
+    batch, info = batch_lib.from_groups(
+        data.groups, data.rewards, loss_cfg=cfg.loss, num_prompts=cfg.pipeline.prompts_per_step,
+        micro_batches=cfg.optim.micro_batches, row_multiple=batch_shards(ctx.trainer_mesh),
+        seq_bucket=cfg.pipeline.seq_bucket, correct=data.correct, pad_id=ctx.tokenizer.pad_id)
+    return data, batch, info, roll, tokens_seen
+
+
+def _record_train(ctx: _Run, step: int, data: _Shared, info: dict, roll: dict,
+                  step_metrics: dict, t_train: float, step_wall: float) -> dict:
+    """Charge the step's compute to the meter and write its train record."""
+    groups, correct, rewards, split = data.groups, data.correct, data.rewards, ctx.split
+    # Compute: colocated devices are charged to whichever side used them.
+    completions = [c for g in groups for c in g.completions]
+    mean_len = float(np.mean([len(c.tokens) for c in completions]))
+    mean_prompt = float(np.mean([len(g.prompt_tokens) for g in groups]))
+    ctx.meter.add_sampler(seconds=step_wall - t_train if split.colocated else step_wall,
+                          devices=len(split.sampler) * jax.process_count(),
+                          tokens=data.sampled_tokens, context_len=mean_prompt + mean_len / 2)
+    ctx.meter.add_trainer(seconds=t_train if split.colocated else step_wall,
+                          devices=len(split.trainer), tokens=info["seq_tokens"],
+                          context_len=info["seq_len"] / 2)
+    return ctx.record(
+        "train", step, **step_metrics, **{f"batch_{k}": v for k, v in info.items()},
+        reward_mean=float(rewards.mean()), pass_rate_train=float(correct.mean()),
+        truncation_rate=np.mean([c.finish_reason == "truncated" for c in completions]),
+        interruption_rate=np.mean([c.interrupted for c in completions]),
+        mean_completion_len=mean_len, **_per_domain_train(groups, correct), **roll,
+        trainer_wait_frac=roll["wait_s"] / max(step_wall, 1e-9),
+        reward_timeouts=data.timeouts, reward_errors=data.errors,
+        retired_prompts=ctx.curriculum.num_retired, policy_version=step, train_s=t_train,
+        step_s=step_wall, samples_per_s=len(completions) / max(step_wall, 1e-9))
+
+
+def _evaluate(ctx: _Run, step: int, params) -> None:
+    """Evaluate `params` as `step` and write its record, unless a stop signal cuts the
+    evaluation short."""
+    cfg, checkpoints, sampling = ctx.cfg, ctx.checkpoints, ctx.sampling
+    hosts, host = jax.process_count(), jax.process_index()
+    with phase(f"evaluation of step {step}"):
+        result = evaluate(sampling.engine, params, ctx.validation[host::hosts],
+                          tokenizer=ctx.tokenizer, k=cfg.eval.k, verifier=ctx.verifiers,
+                          pool=ctx.pool, driver_kwargs=sampling.driver_kwargs, version=step,
+                          seed=sampling.seed,
+                          should_stop=lambda: checkpoints.stop_signal is not None)
+        if result is None:
+            log.warning("%s: evaluation of step %d stopped unfinished; no record written "
+                        "(a resumed run evaluates step %d again if it was due)",
+                        checkpoints.stop_signal or "stop signal", step, step)
+            return
+        rec = ctx.record("eval", step, compute=ctx.meter.compute(), **result)
+        ctx.forecaster.submit(rec)
+    domains = "".join(f", {d} {r:.3f}" for d, r in result.get("per_domain", {}).items())
+    log.info("eval step %d: pass rate %.3f%s (%d prompts x %d)", step, result["pass_rate"],
+             domains, result["num_prompts"], cfg.eval.k)
+    ctx.bar.set_eval(step, rec["pass_rate"])
+
+
+def _write_forecasts(ctx: _Run, done: list) -> None:
+    for fields in done:
+        ctx.bar.set_forecast(ctx.record("forecast", **fields))
+
+
+def _meta(ctx: _Run, state) -> dict:
+    """The checkpoint's host-side state. Collective: every host's data cursor goes in."""
+    return {"policy_version": int(state.step), "curriculum": ctx.curriculum.to_dict(),
+            "data": allgather_objects(ctx.sampling.feed.state_dict()),
+            "compute": ctx.meter.state_dict()}
+
+
+def _finish(ctx: _Run, state, last: dict, stopped_by: Optional[str], fit: bool) -> RunResult:
+    """A finished run's export and final save; then, however the run ended, the last
+    forecasts, the sampler's stop, the pending checkpoint writes, and the fit."""
+    cfg, checkpoints = ctx.cfg, ctx.checkpoints
+    main = jax.process_index() == 0
     model_dir = None
     if stopped_by is None:  # finished: the policy for transformers, then the last checkpoint
         # Export first: a run that a re-run finds complete then always has its model/.
-        model_dir = _export(state.params, model_cfg, tokenizer, cfg)
+        model_dir = _export(state.params, ctx.model_cfg, ctx.tokenizer, cfg)
         with phase(f"saving step {int(state.step)}"):
-            checkpoints.save(int(state.step), state, meta_now)
-    write_forecasts(forecaster.finish(timeout=None if stopped_by is None else 0.0))
-    bar.close()
-    rollouts.stop()
+            checkpoints.save(int(state.step), state, lambda: _meta(ctx, state))
+    _write_forecasts(ctx, ctx.forecaster.finish(timeout=None if stopped_by is None else 0.0))
+    ctx.bar.close()
+    ctx.sampling.rollouts.stop()
     with phase("waiting for checkpoint writes"):
         checkpoints.wait()
     result = RunResult(cfg.workdir, int(state.step), last,

@@ -1,9 +1,10 @@
 """The loop of a reward verifier child process (rewards/pool.py, `processes=True`).
 
-A module of its own, outside the `scalerl_jax.rewards` package: a spawned child imports the
-module of its entry point before it can report ready, and the package would import SymPy and
-math-verify (about 1 s), paid again at every restart after a timeout even for a verifier that
-needs neither. Here the child imports only what unpickling its first verifier needs.
+A spawned child imports the module of its entry point, and the packages above it, before it
+can report ready. `scalerl_jax.rewards` resolves its names lazily, so that import costs nothing;
+eager, it would import SymPy and math-verify (about 1 s), paid again at every restart after a
+timeout even for a verifier that needs neither. Here the child imports only what unpickling its
+first verifier needs. Keep this module to the standard library.
 
 Memory: before it imports anything heavy the child caps its own address space (RLIMIT_AS, soft
 and hard, so nothing in the child can raise it again). A verifier that needs more gets a
