@@ -1,7 +1,8 @@
 """The training loop, top to bottom: run directory, meshes, data, initial policy (SFT warm-up),
 state and step, resume, sampler, loop, fit. `_run` reads as that list; each phase is a function
 below it, in the order they run, and `_Run` holds what the start-up opened for the loop, the
-evaluations and the end of the run.
+evaluations and the end of the run. One responsibility, the order of a run, keeps it at ~550
+lines: its phases share `_Run` and read best in one file, top to bottom.
 
 Every host runs this same program. Each host samples its own share of every step's prompts on
 its sampler devices (train/pipeline.py: PipelineRL-k, ppo_off_policy or sync, all by admission
