@@ -10,7 +10,7 @@ $(STAMP): setup.py
 	$(PY) -m pip install -q -e '.[hf,dev]'
 	touch $(STAMP)
 
-.PHONY: setup run test lint docs bench fetch-model
+.PHONY: setup run test test-fast test-fast-coverage lint typecheck docs bench fetch-model
 setup: $(STAMP)
 
 run: $(STAMP)
@@ -19,9 +19,27 @@ run: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --durations=15 tests
 
+# A few quick tests from every test area (the list and how it was chosen: tests/fast.txt).
+FAST_TESTS = $(shell sed -e '/^\#/d' -e '/^$$/d' tests/fast.txt)
+test-fast: $(STAMP)
+	@echo "pytest: the $(words $(FAST_TESTS)) quick tests of tests/fast.txt"
+	@$(PY) -m pytest -q $(FAST_TESTS)
+
+# test-fast under coverage, then the package modules none of whose functions ran.
+test-fast-coverage: $(STAMP)
+	rm -f .coverage .coverage.*
+	@echo "coverage run -m pytest: the $(words $(FAST_TESTS)) quick tests of tests/fast.txt"
+	@$(PY) -m coverage run -m pytest -q $(FAST_TESTS)
+	$(PY) -m coverage combine -q
+	$(PY) tools/check_fast_coverage.py
+
 # pyflakes, pycodestyle and bugbear over everything (settings and reasons: pyproject.toml).
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+
+# mypy on the package (settings and the modules it skips, with reasons: pyproject.toml).
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
 
 # The HTML pages of docs/ (Sphinx + MyST); a warning (a broken link, a docstring reST cannot
 # read) fails the build. -E re-reads every page: an edited docstring changes no page file.

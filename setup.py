@@ -52,6 +52,8 @@ setup(
             "nbformat>=5.9",
             "ipykernel>=6.29",
             "ruff==0.17.6",  # `make lint` (pyproject.toml [tool.ruff]); pinned: rules change
+            "mypy==2.4.1",  # `make typecheck` (pyproject.toml [tool.mypy]); pinned, like ruff
+            "coverage==7.17.5",  # `make test-fast-coverage`
             # `make docs` (docs/conf.py); pinned, since -W turns any new warning into a failure.
             "sphinx==8.2.3",
             "myst-parser==4.0.1",

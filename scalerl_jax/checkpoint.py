@@ -104,13 +104,14 @@ def from_nested(nested: dict, like):
                 raise KeyError(f"checkpoint has no entry {jax.tree_util.keystr(path)}")
             node = node[name]
         leaves.append(node)
-    return treedef.unflatten(leaves)
+    return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
 def _describe_error(step_dir: str, err: BaseException) -> str:
     """An Orbax/TensorStore read error as 'FILE: what', finding the file when the error does
     not say it (json.JSONDecodeError carries no file name)."""
-    chain, e = [], err
+    chain: list[str] = []
+    e: Optional[BaseException] = err
     while e is not None and len(chain) < 5:
         chain.append(f"{type(e).__name__}: {e}")
         e = e.__cause__ or e.__context__

@@ -96,16 +96,17 @@ def load_model(*, hf_checkpoint: Optional[str] = None, workdir: Optional[str] = 
     from scalerl_jax import mesh as mesh_lib
     from scalerl_jax.config import MeshConfig, from_dict
     from scalerl_jax.train import state as state_lib
-    from scalerl_jax.train.trainer import load_tokenizer
+    from scalerl_jax.train.trainer import load_tokenizer as load_run_tokenizer
 
-    config = os.path.join(workdir, "config.json")
+    # workdir is set here: exactly one of the two was given (checked above).
+    config = os.path.join(workdir, "config.json")  # type: ignore[arg-type]
     if not os.path.isfile(config):
         raise EvalError(f"--workdir {workdir}: no config.json there (not a run directory)")
     with open(config) as f:
         run_cfg = from_dict(RunConfig, json.load(f))
     if dtype is not None:  # the stored params keep the run's dtype: the sampler casts them
         run_cfg = dataclasses.replace(run_cfg, model=run_cfg.model.replace(compute_dtype=dtype))
-    directory = os.path.join(workdir, "checkpoints")
+    directory = os.path.join(workdir, "checkpoints")  # type: ignore[arg-type]
     if not os.path.isdir(directory):
         raise EvalError(f"--workdir {workdir}: no checkpoints/ there")
     checkpoints = ckpt_lib.Checkpointer(directory, save_every=1, keep=1 << 30)
@@ -121,7 +122,7 @@ def load_model(*, hf_checkpoint: Optional[str] = None, workdir: Optional[str] = 
             state, _ = checkpoints.restore(abstract, step=chosen)  # named step: nothing moved
     finally:
         checkpoints.close()
-    return Model(run_cfg.model, state.params, load_tokenizer(run_cfg),
+    return Model(run_cfg.model, state.params, load_run_tokenizer(run_cfg),
                  f"{workdir} step {chosen}", run_cfg, chosen)
 
 
@@ -129,6 +130,7 @@ def load_problems(data: DataConfig, tokenizer, num_prompts: Optional[int], *,
                   validation: bool = False) -> list[Problem]:
     """The first `num_prompts` problems of `data.source` in file order, or with `validation`
     the run's held-out split (in the trainer's order), formatted by `data`."""
+    rows: list[tuple[str, ...]]
     if validation:
         rows = [(p.prompt_id, p.problem, p.answer)
                 for p in PromptSource(data, tokenizer).validation()]
@@ -250,9 +252,10 @@ def summarize(records: list, mode: Mode, scored, stats: dict, seconds: float,
     if mode.k == 1:
         out["pass@1"], out["pass@1_se"] = rate_and_se(correct[:, 0].astype(np.float64))
     else:
-        out[f"mean@{mode.k}"], out[f"mean@{mode.k}_se"] = rate_and_se(correct.mean(axis=1))
+        out[f"mean@{mode.k}"], out[f"mean@{mode.k}_se"] = rate_and_se(
+            np.asarray(correct.mean(axis=1)))
         out[f"pass@{mode.k}"], out[f"pass@{mode.k}_se"] = rate_and_se(
-            correct.any(axis=1).astype(np.float64))
+            np.asarray(correct.any(axis=1), np.float64))
     if verifier_name == "math":
         out["no_answer"] = sum(r["extracted"] is None for r in records)
     out.update(truncated=sum(r["finish_reason"] == "truncated" for r in records),

@@ -68,7 +68,8 @@ class Watchdog:
         write.setblocking(False)  # the C handler must never block
         self._sockets = (read, write)
         self._previous_fd = signal.set_wakeup_fd(write.fileno(), warn_on_full_buffer=False)
-        self._thread = threading.Thread(target=self._run, name="stop-watchdog", daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(read,), name="stop-watchdog",
+                                        daemon=True)
         self._thread.start()
         return self
 
@@ -79,12 +80,12 @@ class Watchdog:
         signal.set_wakeup_fd(self._previous_fd)
         read, write = self._sockets
         write.close()  # the reader sees end-of-file and returns
-        self._thread.join(timeout=5.0)
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
         read.close()
         self._sockets = None
 
-    def _run(self) -> None:
-        read = self._sockets[0]
+    def _run(self, read: socket.socket) -> None:
         first: Optional[int] = None
         deadline: Optional[float] = None
         while not self._closed.is_set():
@@ -99,7 +100,8 @@ class Watchdog:
                 return
             if data is None:  # the first signal's grace is over and the process still runs
                 deadline = None
-                self._after_grace(first)
+                # A timeout needs a deadline, which is only set together with `first`.
+                self._after_grace(first)  # type: ignore[arg-type]
                 continue
             for signum in data:
                 if signum not in STOP_SIGNALS:

@@ -29,7 +29,7 @@ TRAINER_AXES = ("data", "expert", "fsdp", "tensor")
 SAMPLER_AXES = ("data", "tensor")
 
 # Logical axis -> mesh axis (or tuple of axes, or None). The single source of truth.
-RULES: dict[str, object] = {
+RULES: dict[str, Optional[str | tuple[str, ...]]] = {
     "batch": ("data", "expert", "fsdp"),
     "vocab": "tensor",
     "embed": "fsdp",

@@ -248,7 +248,7 @@ def read_metrics(path_or_run_dir: str | os.PathLike) -> MetricsLog:
 def get_path(record: dict, key_path: str) -> Any:
     """record['a']['b'] for key_path 'a.b'; KeyError naming the missing part and what is there."""
     node: Any = record
-    walked = []
+    walked: list[str] = []
     for part in key_path.split("."):
         if not isinstance(node, dict) or part not in node:
             where = ".".join(walked) or "<top level>"

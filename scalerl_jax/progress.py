@@ -132,9 +132,12 @@ def _auto_enabled(stream) -> bool:
 
 
 def _zero_width(stream) -> bool:
+    fd = _fd(stream)
+    if fd is None:
+        return False
     try:
-        return os.get_terminal_size(_fd(stream)).columns == 0
-    except (OSError, TypeError):
+        return os.get_terminal_size(fd).columns == 0
+    except OSError:
         return False
 
 
@@ -178,7 +181,7 @@ class Progress:
         self._forecast: Optional[str] = None
         now, self._tokens, self._updates = time.monotonic(), 0.0, 0
         self._marks = collections.deque([(now, self.step, 0.0, 0)], maxlen=window + 1)
-        self._logged = (now, None)  # (time, step) of the last plain line
+        self._logged: tuple[float, Optional[int]] = (now, None)  # (time, step): last plain line
         self.bar = None
         if self.enabled:
             # A terminal reporting 0 columns (a fresh pty, some IDE consoles) would make tqdm

@@ -87,7 +87,7 @@ class Tracker:
         self._writers: dict[str, Any] = {}
         self._purge: dict[str, int] = {}
         self._wandb_axes: set[str] = set()
-        self.wandb = None
+        self.wandb: Any = None  # a wandb Run when asked for
         if enabled and wandb_project:
             self.wandb = _init_wandb(self.workdir, wandb_project, wandb_name, wandb_kwargs or {})
 
@@ -130,7 +130,7 @@ class Tracker:
                 continue
             writer = self._writer(COMPUTE_RUN)
             for tag, rate in rates.items():
-                writer.add_scalar(f"{tag}_vs_{suffix}", rate, int(round(value * scale)))
+                writer.add_scalar(f"{tag}_vs_{suffix}", rate, int(round(float(value) * scale)))
 
     def _writer(self, run: str):
         if run not in self._writers:

@@ -51,7 +51,7 @@ def _apply(obj: Any, tree: dict, prefix: str) -> Any:
     cls = type(obj)
     fields = {f.name for f in dataclasses.fields(cls)}
     hints = typing.get_type_hints(cls)
-    changes = {}
+    changes: dict[str, Any] = {}
     for name, sub in tree.items():
         key = prefix + name
         if name not in fields:
@@ -77,7 +77,7 @@ def _apply(obj: Any, tree: dict, prefix: str) -> Any:
             if section is None:
                 raise ConfigError(f"override {key}: {name!r} is not a section")
             try:
-                current = section()
+                current = section()  # type: ignore[operator]  # a dataclass class
             except TypeError:
                 raise ConfigError(f"override {key}: {name!r} is unset and has no defaults; set "
                                   f"it in a recipe") from None
@@ -93,7 +93,7 @@ def _named_sections(hint: Any) -> Optional[type]:
     if typing.get_origin(hint) is tuple and len(args) == 2 and args[1] is Ellipsis and \
             dataclasses.is_dataclass(args[0]) and \
             "name" in {f.name for f in dataclasses.fields(args[0])}:
-        return args[0]
+        return args[0]  # type: ignore[return-value]  # a class: tuple[X, ...] holds types
     return None
 
 

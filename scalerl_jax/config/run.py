@@ -112,6 +112,6 @@ def field_defaults(cls=None, prefix: str = "") -> dict:
             continue
         if dataclasses.is_dataclass(value):
             out.update(field_defaults(type(value), path + "."))
-            value = dataclasses.asdict(value)
+            value = dataclasses.asdict(value)  # type: ignore[arg-type]  # a default, not a class
         out[path] = json.loads(json.dumps(value))
     return out

@@ -210,16 +210,16 @@ def get_field(record: Any, path: str) -> Any:
     return value
 
 
-def _as_text(value: Any, field: str, numbers_ok: bool) -> tuple[Optional[str], Optional[str]]:
-    """(text, None) or (None, reason)."""
+def _as_text(value: Any, field: str, numbers_ok: bool) -> tuple[str, Optional[str]]:
+    """(text, None) or ("", reason)."""
     if value is _MISSING or value is None:
-        return None, f"missing {field!r}"
+        return "", f"missing {field!r}"
     if isinstance(value, str):
-        return (value, None) if value.strip() else (None, f"empty {field!r}")
+        return (value, None) if value.strip() else ("", f"empty {field!r}")
     if numbers_ok and isinstance(value, (int, float)) and not isinstance(value, bool) \
             and value == value:
         return str(value), None
-    return None, f"wrong type of {field!r} ({type(value).__name__})"
+    return "", f"wrong type of {field!r} ({type(value).__name__})"
 
 
 def _prompt_id(record: Any, id_field: Optional[str], problem: str) -> str:
@@ -239,7 +239,10 @@ def parse_records(records: Iterator[tuple[str, Any]], prompt_field: str, answer_
     `read_answer(field text)` gives the row's answer (an answer format, data/answers.py; None:
     the text itself); it or `check_answer(answer)` raising ValueError marks a row bad (e.g. no
     "#### N" in a GSM8K solution, a code domain's malformed test spec)."""
-    rows, seen, bad, examples = [], set(), Counter(), []
+    rows: list[Row] = []
+    seen: set[str] = set()
+    bad: Counter[str] = Counter()
+    examples: list[tuple[str, str]] = []
     n = duplicates = 0
     for where, record in records:
         n += 1

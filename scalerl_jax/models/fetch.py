@@ -28,7 +28,7 @@ import shutil
 import subprocess
 import sys
 import zipfile
-from typing import NamedTuple, Optional
+from typing import Any, NamedTuple, Optional
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +190,7 @@ def _convert(path: str, out: str) -> None:
     import transformers
 
     directory, name = os.path.split(os.path.abspath(path))
-    kwargs = {"gguf_file": name}
+    kwargs: dict[str, Any] = {"gguf_file": name}
     if hasattr(transformers, "GgufConfig"):  # newer transformers may keep the blocks packed
         kwargs["quantization_config"] = transformers.GgufConfig(dequantize=True)
     try:
@@ -202,9 +202,9 @@ def _convert(path: str, out: str) -> None:
     # the same architecture from the config without `quantization_config` and hand it the
     # dequantised tensors. On the meta device and with assign=True the tensors are moved, not
     # copied, so the host holds one copy of the model.
-    config = loaded.config.to_dict()
-    config.pop("quantization_config", None)
-    config = type(loaded.config).from_dict(config)
+    fields = loaded.config.to_dict()
+    fields.pop("quantization_config", None)
+    config = type(loaded.config).from_dict(fields)
     with torch.device("meta"):
         plain = transformers.AutoModelForCausalLM.from_config(config)
     state = loaded.state_dict()

@@ -373,7 +373,8 @@ def dot_product_attention(q, k, v, segment_ids, implementation: str):
     Causality goes in as `is_causal` (cuDNN then skips the tiles above the diagonal); the
     public API has no segment ids, so packed segments and padding go in as a boolean mask,
     which cuDNN reads as a bias. GQA is native: k, v keep their KV heads."""
-    return jax.nn.dot_product_attention(q, k, v, mask=segment_mask(segment_ids), is_causal=True,
+    # `implementation` is one of jax's names ("xla", "cudnn"): ModelConfig checks it.
+    return jax.nn.dot_product_attention(q, k, v, mask=segment_mask(segment_ids), is_causal=True,  # type: ignore[call-overload]
                                         implementation=implementation)
 
 

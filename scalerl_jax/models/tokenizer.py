@@ -78,7 +78,8 @@ class _SPBackend:
         return ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool) -> str:
-        out, run = [], []
+        out: list[str] = []
+        run: list[int] = []
         for i in map(int, ids):
             if self.sp.is_control(i):
                 out.append(self.sp.decode(run))
@@ -142,7 +143,7 @@ class Tokenizer:
             if tok is not None and self.token_to_id(tok) is None:
                 raise TokenizerError(f"{field}={tok!r} is not in the vocabulary")
         self._extra_eos = tuple(int(i) for i in extra_eos_ids)
-        self._template = None
+        self._template: Any = None  # a jinja2 Template, compiled on first use
 
     # -- ids -----------------------------------------------------------------------------------
     @property
@@ -170,7 +171,8 @@ class Tokenizer:
         masked out anyway, so any valid id works."""
         for tok in (self.pad_token, self.eos_token):
             if tok is not None:
-                return self.token_to_id(tok)
+                # __init__ refused pad and eos tokens that are not in the vocabulary.
+                return self.token_to_id(tok)  # type: ignore[return-value]
         return 0
 
     def token_to_id(self, token: str) -> Optional[int]:
@@ -225,7 +227,9 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 
 def copy_tokenizer_files(source: Optional[str], dest: str) -> None:
     """Copy the TOKENIZER_FILES that `source` (an HF directory, or None) has into `dest`."""
-    for name in TOKENIZER_FILES if source else ():
+    if not source:
+        return
+    for name in TOKENIZER_FILES:
         if os.path.exists(os.path.join(source, name)):
             shutil.copy(os.path.join(source, name), dest)
 
@@ -246,6 +250,7 @@ def load_tokenizer(path) -> Tokenizer:
         file = path
     else:
         raise TokenizerError(f"tokenizer path {path} does not exist")
+    backend: _HFBackend | _SPBackend
     if file.endswith(".json"):
         backend = _HFBackend(file)
     elif file.endswith(".model"):

@@ -74,7 +74,8 @@ def _shard_elements(shape: tuple, axes: tuple, mesh_items: tuple) -> int:
     from scalerl_jax.mesh import logical_to_spec
 
     mesh_shape = dict(mesh_items)
-    spec = logical_to_spec(axes, _MeshShape(mesh_shape))
+    # Duck-typed: logical_to_spec reads only the mesh's shape.
+    spec = logical_to_spec(axes, _MeshShape(mesh_shape))  # type: ignore[arg-type]
     n = math.prod(shape)
     for dim, entry in zip(shape, spec):
         names = () if entry is None else ((entry,) if isinstance(entry, str) else tuple(entry))
@@ -355,7 +356,7 @@ class Layout:
     trainer_per_host: int
     colocated: bool
     trainer_mesh: tuple  # (data, fsdp, tensor) over all hosts' trainer chips
-    sampler_mesh: tuple  # (data, tensor) of each host's replica
+    sampler_mesh: tuple[int, int]  # (data, tensor) of each host's replica
     micro_batches: int
     remat: bool
     slots: int  # decode slots per sampler replica

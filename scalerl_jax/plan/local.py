@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from typing import Optional
+from typing import Any, Optional
 
 from scalerl_jax.config import RunConfig
 from scalerl_jax.plan.estimate import (GIB, SamplerMemory, TrainerMemory, per_shard,
@@ -116,7 +116,7 @@ class LocalPlan:
     trainer_devices: int  # per host
     sampler_devices: int
     trainer_mesh: dict  # data, fsdp, tensor (and expert) over all hosts' trainer devices
-    sampler_mesh: tuple  # (data, tensor) of this host's replica
+    sampler_mesh: tuple[int, int]  # (data, tensor) of this host's replica
     trainer: TrainerMemory
     sampler: SamplerMemory
 
@@ -203,8 +203,11 @@ def _length_options(cfg: RunConfig):
     new = s.max_new_tokens // 2
     while new >= 64:
         f = new / s.max_new_tokens
-        think = dict(think_min=max(1, int(s.think_min * f)), think_max=max(1, int(s.think_max * f)),
-                     answer_budget=int(s.answer_budget * f)) if s.interruptions else {}
+        think: dict[str, Any] = {}
+        if s.interruptions:
+            think = dict(think_min=max(1, int(s.think_min * f)),
+                         think_max=max(1, int(s.think_max * f)),
+                         answer_budget=int(s.answer_budget * f))
         yield dataclasses.replace(s, max_new_tokens=new, **think,
                                   max_target_length=s.max_prefill_length + new + room)
         new //= 2

@@ -92,9 +92,10 @@ def testbed_mix(**overrides) -> RunConfig:
         data=dataclasses.replace(base.data, source="mixture", num_validation=200, domains=(
             DomainConfig("math", MIX_MATH, verifier="exact"),
             DomainConfig("code", MIX_CODE, verifier="code"))),
-        sft=dataclasses.replace(
+        # testbed() has an SFT stage.
+        sft=dataclasses.replace(  # type: ignore[type-var]
             base.sft, source=f"{MIX_MATH}&direct=0.7|{MIX_CODE[len('synthetic:'):]}&direct=0.7",
-            steps=400, optim=dataclasses.replace(base.sft.optim, total_steps=400)),
+            steps=400, optim=dataclasses.replace(base.sft.optim, total_steps=400)),  # type: ignore[union-attr]
         workdir="runs/testbed-mix")
     return dataclasses.replace(cfg, **overrides) if overrides else cfg
 

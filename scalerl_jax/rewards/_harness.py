@@ -41,7 +41,7 @@ class CandidateFailed(BaseException):
         _FAILURES.append(self)
 
 
-_FAILURES = []
+_FAILURES: list[CandidateFailed] = []
 
 
 def _proxy(name):

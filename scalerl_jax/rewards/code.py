@@ -360,7 +360,8 @@ class _Run:
         if spec.mode == "call":
             outcome = self._call(i, deadline)
         else:
-            outcome = self._assert(i, deadline)
+            # An assert-mode spec started self.harness in __init__.
+            outcome = self._assert(self.harness, i, deadline)  # type: ignore[arg-type]
         self.program.request({"op": "unload"}, deadline)
         return outcome
 
@@ -390,17 +391,17 @@ class _Run:
                                         f"{shown[:60]}", shown)
         return TestOutcome("ok", "", shown)
 
-    def _assert(self, i: int, deadline: float) -> TestOutcome:
+    def _assert(self, harness: Process, i: int, deadline: float) -> TestOutcome:
         """Relay the harness's calls to the program until the harness gives its verdict."""
-        msg = self.harness.request({"run": i}, deadline)
+        msg = harness.request({"run": i}, deadline)
         while msg is not None and "verdict" not in msg:
             if msg.get("op") != "call":
-                self.harness.broken = True
+                harness.broken = True
                 return TestOutcome("crash", "the test harness sent an unknown message")
             answer = self.program.request(msg, deadline)
             if answer is None:
                 return self._failed(answer, deadline)
-            msg = self.harness.request(answer, deadline)
+            msg = harness.request(answer, deadline)
         if msg is None:
             return self._failed(None, deadline)
         status = str(msg["verdict"])

@@ -83,7 +83,8 @@ def _innermost(content: str) -> str:
 def _boxes(text: str):
     """[(start, end, content)] of the top-level boxes; content None for a box left open (a
     truncated one swallows the rest of the text). Each character is scanned once."""
-    out, i = [], 0
+    out: list[tuple[int, int, Optional[str]]] = []
+    i = 0
     while True:
         m = _BOX_RE.search(text, i)
         if m is None:
@@ -283,7 +284,7 @@ def extract_answer(completion: str, require_close: bool = False) -> Optional[str
     if boxed is not NO_BOX:
         answer, end = boxed
         later = phrase is not None and phrase[1] >= end and re.search(r"\d", phrase[0])
-        return phrase[0] if later else answer
+        return phrase[0] if later else answer  # type: ignore[index]  # later: phrase is set
     if phrase:
         return phrase[0]
     return _last_line_math(text) or standalone_number(text)

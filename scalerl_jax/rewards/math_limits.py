@@ -53,7 +53,8 @@ _COMMAND_RE = re.compile(r"\\[a-zA-Z]+")
 def exponents(s: str) -> list[tuple[int, str]]:
     """(index of `^`, exponent text: `{...}` or one token) of each power in `s` outside
     exponents."""
-    out, i = [], 0
+    out: list[tuple[int, str]] = []
+    i = 0
     while True:
         i = s.find("^", i)
         if i < 0:

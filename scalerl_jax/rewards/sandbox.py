@@ -42,7 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Optional
+from typing import IO, Optional, cast
 
 from scalerl_jax.rewards import _inside
 
@@ -220,14 +220,17 @@ class Process:
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.DEVNULL, cwd=cwd, env=env,
                                      start_new_session=True, close_fds=True)
+        # Both pipes exist: they were asked for above.
+        self.stdin = cast(IO[bytes], self.proc.stdin)
+        self.stdout = cast(IO[bytes], self.proc.stdout)
         self.buf, self.broken = b"", False
         self.sel = selectors.DefaultSelector()
-        self.sel.register(self.proc.stdout, selectors.EVENT_READ)
+        self.sel.register(self.stdout, selectors.EVENT_READ)
         self.send({**job, "site_packages": list(_SITE_PACKAGES)})
 
     def send(self, msg: dict) -> bool:
         try:
-            _inside.write_all(self.proc.stdin.fileno(), _inside.dumps(msg))
+            _inside.write_all(self.stdin.fileno(), _inside.dumps(msg))
             return True
         except OSError:
             return False
@@ -240,7 +243,7 @@ class Process:
             if remaining <= 0 or len(self.buf) > self.max_line or not self.sel.select(remaining):
                 self.broken = True
                 break
-            chunk = os.read(self.proc.stdout.fileno(), 1 << 16)
+            chunk = os.read(self.stdout.fileno(), 1 << 16)
             if not chunk:
                 self.broken = True
                 break
@@ -278,7 +281,7 @@ class Process:
             os.killpg(self.proc.pid, signal.SIGKILL)  # before the reap: the id is still ours
         self.proc.wait()
         self.sel.close()
-        for stream in (self.proc.stdin, self.proc.stdout):
+        for stream in (self.stdin, self.stdout):
             with contextlib.suppress(OSError):
                 stream.close()
         if self.workdir is not None:

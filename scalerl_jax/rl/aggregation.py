@@ -66,7 +66,7 @@ def check_aggregation_args(mask_shape: tuple, prompt_index_shape: Optional[tuple
 
 
 def _positive_int(x) -> bool:
-    return isinstance(x, (int, np.integer)) and not isinstance(x, bool) and x > 0
+    return bool(isinstance(x, (int, np.integer)) and not isinstance(x, bool) and x > 0)
 
 
 def token_weights(mask: jax.Array, prompt_index: Optional[jax.Array] = None, *,
@@ -108,7 +108,8 @@ def token_weights(mask: jax.Array, prompt_index: Optional[jax.Array] = None, *,
                        * jnp.maximum(n_rows, one).astype(jnp.float32))
     elif aggregation == "prompt":
         normaliser = metrics["prompts"]
-        w_row = 1.0 / (jnp.maximum(prompt_tokens_of_row, one).astype(jnp.float32)
+        # Set above: aggregation='prompt' is refused without prompt_index.
+        w_row = 1.0 / (jnp.maximum(prompt_tokens_of_row, one).astype(jnp.float32)  # type: ignore[arg-type]
                        * jnp.maximum(normaliser, one).astype(jnp.float32))
     else:  # constant
         length = jnp.shape(mask)[1] if max_length is None else max_length

@@ -46,7 +46,7 @@ class NoPositiveResampling:
         if isinstance(threshold, bool) or not (isinstance(threshold, numbers.Real)
                                                 and 0 < threshold <= 1):
             raise ValueError(f"threshold={threshold!r}: must be in (0, 1]")
-        self.threshold = float(threshold)
+        self.threshold: float = float(threshold)
         # id -> [observations, latest pass rate, sum of pass rates, retired]
         self._stats: dict[PromptId, list] = {}
 

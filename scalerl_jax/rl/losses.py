@@ -64,7 +64,7 @@ max over counted tokens of the ratio the objective uses), ``kl`` / ``entropy`` w
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -424,8 +424,8 @@ def tis_loss(logp, behaviour_logp, advantages, mask, prompt_index=None, *, aggre
                    kl_estimator=kl_estimator, entropy=entropy, entropy_coef=entropy_coef)
 
 
-_LOSSES = {"cispo": cispo_loss, "grpo": grpo_loss, "dapo": dapo_loss, "gspo": gspo_loss,
-           "tis": tis_loss}
+_LOSSES: dict[str, Callable[..., Any]] = {
+    "cispo": cispo_loss, "grpo": grpo_loss, "dapo": dapo_loss, "gspo": gspo_loss, "tis": tis_loss}
 
 
 def policy_loss(objective: str, logp, behaviour_logp, advantages, mask, prompt_index=None, *,

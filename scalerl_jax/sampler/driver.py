@@ -57,7 +57,7 @@ import logging
 import queue
 import threading
 import time
-from typing import Callable, Iterable, Optional, Sequence
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 import jax
 import numpy as np
@@ -149,7 +149,7 @@ class Driver:
 
         self._params = engine.load_params(params)
         self.version = int(version)
-        self._pending = None
+        self._pending: Optional[tuple[Any, int]] = None  # (params, version) not yet applied
         self._lock = threading.Lock()
         self._state = engine.init_decode_state()
         self._slots: list[Optional[Sample]] = [None] * engine.max_concurrent_decodes
@@ -158,13 +158,14 @@ class Driver:
         self._dispatch_ahead = (engine.decode_steps_per_call == 1 if dispatch_ahead is None
                                 else bool(dispatch_ahead))
         self._calls = 0  # generate calls dispatched
-        self._in_flight = None  # (ResultTokens on device, params version, call number)
+        # (ResultTokens on device, params version, call number)
+        self._in_flight: Optional[tuple[Any, int, int]] = None
 
         self._thread: Optional[threading.Thread] = None
         self._stop = threading.Event()
         self._finished = threading.Event()
         self._error: Optional[BaseException] = None
-        self.stats = dict.fromkeys(
+        self.stats: dict[str, float] = dict.fromkeys(
             ("prompts", "groups", "completions", "finish_eos", "finish_interrupted",
              "finish_truncated", "interrupted", "truncated_prompts", "prefills", "prefill_calls",
              "generate_calls", "decode_steps", "slot_steps", "tokens", "forced_tokens",

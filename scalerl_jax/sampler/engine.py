@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import NamedTuple, Optional, Sequence
+from typing import Any, NamedTuple, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -135,17 +135,19 @@ class Engine:
         slot = mesh_lib.named(mesh, "cache_batch", shape=(b,))
         slot2 = mesh_lib.named(mesh, "cache_batch", None, shape=(b, 2))
         layers = model_cfg.num_layers
+        # DecodeState and Prefix double as pytrees of the matching shardings.
         self.state_shardings = DecodeState(
             cache=KVCache((mesh_lib.named(mesh, *KEY_AXES, shape=kshape),) * layers,
                           (mesh_lib.named(mesh, *VALUE_AXES, shape=vshape),) * layers),
-            lengths=slot,
-            next_token=slot, active=slot, rng=slot2,
-            queue=mesh_lib.named(mesh, "cache_batch", None, shape=(b, q)), queue_len=slot)
+            lengths=slot,  # type: ignore[arg-type]
+            next_token=slot, active=slot, rng=slot2,  # type: ignore[arg-type]
+            queue=mesh_lib.named(mesh, "cache_batch", None, shape=(b, q)),  # type: ignore[arg-type]
+            queue_len=slot)  # type: ignore[arg-type]
         self._replicated = NamedSharding(mesh, PartitionSpec())
 
         st, rep = self.state_shardings, self._replicated
         self._init = jax.jit(self._traced("init_decode_state", self._init_impl), out_shardings=st)
-        self._flat_params = (None, [])  # (params object, its leaves): see _leaves
+        self._flat_params: tuple[Any, list] = (None, [])  # (params object, its leaves): _leaves
         self._generate = jax.jit(self._traced("generate", self._generate_flat),
                                  in_shardings=(jax.tree.leaves(self.param_shardings), st),
                                  out_shardings=(st, rep), donate_argnums=(1,),
@@ -215,7 +217,8 @@ class Engine:
         k = mesh_lib.named(self._mesh, None, *KEY_AXES[1:], shape=kshape)
         v = mesh_lib.named(self._mesh, None, *VALUE_AXES[1:], shape=vshape)
         layers = self.model_cfg.num_layers
-        return Prefix(KVCache((k,) * layers, (v,) * layers), self._replicated, self._replicated)
+        return Prefix(KVCache((k,) * layers, (v,) * layers),
+                      self._replicated, self._replicated)  # type: ignore[arg-type]
 
     def prefill(self, params, padded_tokens, true_length: int) -> Prefix:
         """padded_tokens: [T] int (T <= max_prefill_length, one compile per T: pad to buckets);
@@ -225,7 +228,8 @@ class Engine:
                               f"{np.shape(padded_tokens)}")
         return self.prefill_batch(params, np.asarray(padded_tokens)[None], [true_length])
 
-    def prefill_batch(self, params, padded_tokens, true_lengths: Sequence[int]) -> Prefix:
+    def prefill_batch(self, params, padded_tokens,
+                      true_lengths: Sequence[int] | np.ndarray) -> Prefix:
         """N prompts padded to one length in one forward pass -> a Prefix whose row n is
         prompt n. padded_tokens: [N, T] int (one compile per (N, T): pad N and T to buckets);
         true_lengths: [N] numbers of real tokens, each in [1, T]."""

@@ -26,7 +26,7 @@ captures, step 1 falls back to full replication on every trainer device (correct
 from __future__ import annotations
 
 import logging
-from typing import Optional
+from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
@@ -122,7 +122,8 @@ def _local_spec(x, local: int) -> PartitionSpec:
 def make_groups(sizes: list, budget: Optional[int]) -> list[list[int]]:
     """Consecutive indices whose sizes add up to at most `budget` (None: one group); an item
     larger than the budget is a group of its own."""
-    groups, total = [], 0
+    groups: list[list[int]] = []
+    total = 0
     for i, n in enumerate(sizes):
         if not groups or (budget is not None and total + n > budget):
             groups.append([])
@@ -158,7 +159,7 @@ class WeightSync:
         self.groups: list[list[int]] = []
         self.largest_group_bytes = 0
         self._gathers: dict = {}  # (specs, dtypes) -> jitted cast + gather; layers share one
-        self._specs = None
+        self._specs: Any = None  # one PartitionSpec per leaf, from the first sync on
         self._shapes = None
 
     @classmethod

@@ -59,7 +59,8 @@ class Recommendation:
     def clear(self) -> bool:
         """The best's interval lies above the runner-up's prediction."""
         best, second = self.best, self.runner_up
-        return best is not None and (second is None or best.lo > second.predicted)
+        # Ranked options have a prediction and its interval.
+        return best is not None and (second is None or best.lo > second.predicted)  # type: ignore[operator]
 
 
 def recommend(candidates: Sequence[Candidate], budget: float, spec: FitSpec = FitSpec(), *,
@@ -101,7 +102,7 @@ def summary(rec: Recommendation, x_label: str) -> str:
     text = (f"at a budget of {rec.budget:.4g} {x_label}, {best.candidate.label} is predicted "
             f"to reach {best.predicted:.3f} [{best.lo:.3f}, {best.hi:.3f}] ({pct})")
     if second is not None:
-        gap = best.predicted - second.predicted
+        gap = best.predicted - second.predicted  # type: ignore[operator]  # both ranked
         text += (f", {gap:+.3f} above {second.candidate.label} ({second.predicted:.3f}); "
                  + ("a clear choice" if rec.clear else
                     "within the uncertainty: run both longer or add seeds before committing"))

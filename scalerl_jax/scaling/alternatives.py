@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Union
+from typing import ClassVar, Literal, Union
 
 import jax
 import jax.numpy as jnp
@@ -30,7 +30,7 @@ class PowerLawFit:
     rmse: float
     n_points: int
     note: str = ""
-    ok = True
+    ok: ClassVar[Literal[True]] = True
 
     def predict(self, C):
         return self.A - np.exp(self.log_D - self.B * np.log(np.asarray(C, np.float64)))
@@ -42,7 +42,7 @@ class LogLinearFit:
     E: float
     rmse: float
     n_points: int
-    ok = True
+    ok: ClassVar[Literal[True]] = True
 
     def predict(self, C):
         return 1.0 - np.exp(self.E - self.k * np.log(np.asarray(C, np.float64)))

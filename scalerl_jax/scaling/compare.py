@@ -50,7 +50,7 @@ def compare_fits(curve_a: Curve, curve_b: Curve, spec: FitSpec = FitSpec(), *,
         if not fit.ok:
             return FitFailure(reason=f"cannot compare {names[0]} with {names[1]}: {name} has no "
                                      f"fit ({fit.reason})", n_points=fit.n_points)
-    As = (fit_a.A, fit_b.A)
+    As = (fit_a.A, fit_b.A)  # type: ignore[union-attr]  # both ok: checked just above
     gap = As[0] - As[1]
     if abs(gap) > margin:
         winner = names[0] if gap > 0 else names[1]
@@ -64,7 +64,7 @@ def compare_fits(curve_a: Curve, curve_b: Curve, spec: FitSpec = FitSpec(), *,
             return Comparison(names=names, A=As, rule="B", A_shared=shared,
                               summary=f"A agree within {margin}; refit of {name} at A = "
                                       f"{shared:.3f} failed: {fit.reason}")
-    Bs = (refits[0].B, refits[1].B)
+    Bs = (refits[0].B, refits[1].B)  # type: ignore[union-attr]  # both ok: checked just above
     winner = names[0] if Bs[0] > Bs[1] else names[1]
     return Comparison(names=names, A=As, rule="B", A_shared=shared, B_refit=Bs, winner=winner,
                       refits=tuple(refits),
@@ -111,7 +111,7 @@ def decide(curve_a: Curve, curve_b: Curve, spec: FitSpec = FitSpec(), *, fit_a: 
         intervals = tuple(None if b is None else b.intervals.get("A") for b in (boot_a, boot_b))
         got = next((b.level for b in (boot_a, boot_b) if b is not None), None)
     else:
-        values, log = c.B_refit, True
+        values, log = c.B_refit, True  # type: ignore[assignment]  # rule B has its refits
         boots = [bootstrap_fit(curve, spec, refit, n_boot=n_boot, level=level, seed=seed,
                                method=method) if n_boot else None
                  for curve, refit in zip((curve_a, curve_b), c.refits)]
@@ -120,7 +120,7 @@ def decide(curve_a: Curve, curve_b: Curve, spec: FitSpec = FitSpec(), *, fit_a: 
     win, lose = (0, 1) if first_wins else (1, 0)
     amount = values[win] / values[lose] if log else values[win] - values[lose]
     halves = [_half(iv, log) for iv in intervals]
-    span = None if None in halves else float(np.hypot(*halves))
+    span = None if None in halves else float(np.hypot(*halves))  # type: ignore[arg-type]
     interval, clear = None, None
     if span is not None:
         if log:

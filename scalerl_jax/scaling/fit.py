@@ -11,7 +11,7 @@ whose reason says why the data cannot support a fit (never numbers for a degener
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Union
+from typing import ClassVar, Literal, Optional, Union
 
 import numpy as np
 
@@ -46,13 +46,13 @@ class Curve:
 
     @property
     def seeds(self) -> np.ndarray:
-        return np.unique(self.seed)
+        return np.unique(self.seed)  # type: ignore[arg-type]  # None becomes zeros in __post_init__
 
     def initial_value(self) -> tuple[float, float]:
         """(x, y) of each seed's first finite evaluation, averaged over seeds: the measured R0."""
         ok = np.isfinite(self.x) & np.isfinite(self.y)
-        firsts = [np.flatnonzero(ok & (self.seed == s))[:1] for s in self.seeds]
-        firsts = np.concatenate(firsts).astype(int)
+        firsts = np.concatenate([np.flatnonzero(ok & (self.seed == s))[:1]
+                                 for s in self.seeds]).astype(int)
         if not len(firsts):
             raise ValueError(f"Curve {self.name!r}: no finite evaluation to measure R0 from")
         return float(np.mean(self.x[firsts])), float(np.mean(self.y[firsts]))
@@ -109,7 +109,8 @@ class SigmoidFit:
     r0_mode: str  # "measured" | "free" | "given"
     fixed: tuple = ()  # names of parameters held fixed, e.g. ("A",) in a comparison refit
     procedure: str = "optax"
-    ok = True
+    # A class constant, not a field: `if not fit.ok` tells the checker which of FitResult it is.
+    ok: ClassVar[Literal[True]] = True
 
     def predict(self, C):
         return sigmoid_law(np.asarray(C, np.float64), self.A, self.B, self.C_mid, self.R0)
@@ -119,7 +120,7 @@ class SigmoidFit:
 class FitFailure:
     reason: str
     n_points: int
-    ok = False
+    ok: ClassVar[Literal[False]] = False
 
 
 FitResult = Union[SigmoidFit, FitFailure]

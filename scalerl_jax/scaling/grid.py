@@ -23,14 +23,14 @@ def fit_grid(x: np.ndarray, y: np.ndarray, w: np.ndarray, *, R0: float,
              steps: int = 20, explore_steps: int = 20, polish_steps: int = 20,
              lr: float = 0.05) -> dict:
     """One curve x, y, w [m]; R0 NaN = free. Returns fit_sigmoid_batch's dict for one curve."""
-    a_grid = np.asarray(PAPER_A_GRID if a_grid is None else a_grid, np.float64)
-    cmid_grid = np.asarray(PAPER_CMID_GRID if cmid_grid is None else cmid_grid, np.float64)
-    if a_grid.ndim != 1 or cmid_grid.ndim != 1 or len(a_grid) < 2 or len(cmid_grid) < 2:
-        raise ValueError(f"grid procedure: a_grid ({a_grid.shape}) and cmid_grid "
-                         f"({cmid_grid.shape}) must be 1-D with >= 2 values")
-    if a_grid.max() > 1 or cmid_grid.min() <= 0:
-        raise ValueError(f"grid procedure: need A <= 1 (max {a_grid.max()}) and C_mid > 0 "
-                         f"(min {cmid_grid.min()})")
+    a_values = np.asarray(PAPER_A_GRID if a_grid is None else a_grid, np.float64)
+    cmid_values = np.asarray(PAPER_CMID_GRID if cmid_grid is None else cmid_grid, np.float64)
+    if a_values.ndim != 1 or cmid_values.ndim != 1 or len(a_values) < 2 or len(cmid_values) < 2:
+        raise ValueError(f"grid procedure: a_grid ({a_values.shape}) and cmid_grid "
+                         f"({cmid_values.shape}) must be 1-D with >= 2 values")
+    if a_values.max() > 1 or cmid_values.min() <= 0:
+        raise ValueError(f"grid procedure: need A <= 1 (max {a_values.max()}) and C_mid > 0 "
+                         f"(min {cmid_values.min()})")
     r0_free = not np.isfinite(R0)
     free = np.array([[False, True, False, r0_free]])
     on = w > 0
@@ -39,7 +39,7 @@ def fit_grid(x: np.ndarray, y: np.ndarray, w: np.ndarray, *, R0: float,
     nan = np.full(1, np.nan)
     if reason is not None:
         return {**{k: nan for k in PARAMS + ("rmse", "rmse_before")}, "reasons": [reason]}
-    aa, cc = (g.ravel() for g in np.meshgrid(a_grid, cmid_grid, indexing="ij"))
+    aa, cc = (g.ravel() for g in np.meshgrid(a_values, cmid_values, indexing="ij"))
     n = len(aa)
     tile = lambda v: np.broadcast_to(v, (n, len(v)))  # noqa: E731
     out = fit_sigmoid_batch(tile(x), tile(y), tile(w), A=aa, C_mid=cc, R0=R0, steps=steps,
@@ -51,8 +51,8 @@ def fit_grid(x: np.ndarray, y: np.ndarray, w: np.ndarray, *, R0: float,
     reason = checks.fit_reasons(one, free, xw[on].min(keepdims=True), xw[on].max(keepdims=True),
                                 one["rmse"], one["rmse_before"])[0]
     if reason is None:
-        reason = _edge_reason("A", one["A"][0], a_grid) or _edge_reason("C_mid", one["C_mid"][0],
-                                                                         cmid_grid)
+        reason = _edge_reason("A", one["A"][0], a_values) or _edge_reason("C_mid", one["C_mid"][0],
+                                                                         cmid_values)
     if reason is not None:
         one = {k: nan for k in one}
     one["reasons"] = [reason]

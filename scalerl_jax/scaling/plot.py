@@ -115,7 +115,7 @@ def run_figure(curve: Curve, spec: FitSpec, fit: FitResult, *,
         ax.axhline(fit.A, color="C0", ls="--", lw=1, alpha=0.7, label=f"asymptote A = {fit.A:.3f}")
         ax.axhline(fit.R0, color="0.4", ls=":", lw=1, label=f"R0 = {fit.R0:.3f} ({fit.r0_mode})")
     if spec.fit_end is not None:
-        check = f": RMSE after it {extrap.rmse:.4f}" if at_end else ""
+        check = f": RMSE after it {extrap.rmse:.4f}" if at_end else ""  # type: ignore[union-attr]
         ax.axvline(spec.fit_end, color="C3", lw=1.2, ls="--", zorder=3,
                    label=f"fit end = {readable(spec.fit_end)}{check}")
     if target:
@@ -156,12 +156,12 @@ def spread_labels(values: Sequence[float], gap: float,
     """Positions for labels at `values` at least `gap` apart, each as near its value as that
     allows (stacked upwards, then the stack centred on the values it labels, then moved inside
     `bounds` (lo, hi) where it sticks out)."""
-    values = np.asarray(values, np.float64)
-    order = np.argsort(values)
-    pos = values[order].copy()
+    at = np.asarray(values, np.float64)
+    order = np.argsort(at)
+    pos = at[order].copy()
     for i in range(1, len(pos)):
         pos[i] = max(pos[i], pos[i - 1] + gap)
-    pos -= (pos - values[order]).mean()
+    pos -= (pos - at[order]).mean()
     if bounds is not None and len(pos):
         pos -= max(pos[-1] - bounds[1], 0.0)
         pos += max(bounds[0] - pos[0], 0.0)

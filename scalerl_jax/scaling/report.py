@@ -19,7 +19,7 @@ from scalerl_jax.scaling import alternatives, plot
 from scalerl_jax.scaling.bootstrap import Bootstrap, bootstrap_fit, fit_seeds, seed_spread
 from scalerl_jax.scaling.compare import (Comparison, Decision, Extrapolation, compare_fits,
                                          decide, extrapolate)
-from scalerl_jax.scaling.fit import Curve, FitFailure, FitResult, FitSpec, fit_curve
+from scalerl_jax.scaling.fit import Curve, FitFailure, FitResult, FitSpec, SigmoidFit, fit_curve
 
 
 def _seed_dirs(run_dir: str) -> list:
@@ -81,14 +81,14 @@ class RunAnalysis:
     fit: FitResult
     target: float
     boot: Optional[Bootstrap] = None
-    extrap: Optional[object] = None  # Extrapolation or FitFailure
+    extrap: Optional[Extrapolation | FitFailure] = None
     per_seed: Optional[dict] = None
     alternatives: dict = dataclasses.field(default_factory=dict)
     notes: list = dataclasses.field(default_factory=list)
     domains: dict = dataclasses.field(default_factory=dict)  # domain -> its RunAnalysis
     spec: FitSpec = FitSpec()
 
-    def at_target(self) -> Optional[tuple]:
+    def at_target(self) -> Optional[tuple[float, float, float]]:
         """(R, lo, hi) predicted at the target compute; lo/hi NaN without a bootstrap."""
         if not self.fit.ok:
             return None
@@ -163,7 +163,7 @@ def _extrap_text(a: RunAnalysis) -> str:
     return f"fit <= {plot.readable(e.split)}: RMSE {e.rmse:.4f}, end err {e.final_err:+.4f}{cover}"
 
 
-def _x_fitted(fit: FitResult) -> str:
+def _x_fitted(fit: SigmoidFit) -> str:
     lo, hi = fit.x_range
     return f"{plot.readable(lo)}-{plot.readable(hi)}"
 
@@ -190,7 +190,7 @@ def format_table(analyses: Sequence[RunAnalysis]) -> str:
         if not f.ok:
             rows.append([a.curve.name, str(f.n_points), f"no fit: {f.reason}"])
             continue
-        r, lo, hi = a.at_target()
+        r, lo, hi = a.at_target()  # type: ignore[misc]  # a fit: never None
         pred = f"{r:.3f}" + (f" [{lo:.3f}, {hi:.3f}]" if np.isfinite(lo) else "")
         rows.append([a.curve.name, str(f.n_points), _x_fitted(f),
                      _interval(f, a.boot, "A", ".3f"), _interval(f, a.boot, "B", ".2f"),

@@ -12,6 +12,7 @@ fitted) and its comparison rule (A fixed at a shared value) from the same code.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -137,7 +138,7 @@ def fit_sigmoid_batch(x, y, w=None, *, A=None, B=None, C_mid=None, R0=None, step
         steps=steps, explore_steps=explore_steps, polish_steps=polish_steps,
         k=min(num_inits, n_b * n_c), lr=lr, n_b=n_b, n_c=n_c)
     p, rmse, rmse_before = (np.asarray(a, np.float64) for a in (p, rmse, rmse_before))
-    out = {name: p[:, i] for i, name in enumerate(PARAMS)}
+    out: dict[str, Any] = {name: p[:, i] for i, name in enumerate(PARAMS)}
     out["rmse"], out["rmse_before"] = rmse, rmse_before
     if not check:
         out["reasons"] = reasons

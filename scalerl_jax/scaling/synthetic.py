@@ -30,7 +30,7 @@ TOLERANCE = {"A": 0.01, "B": 0.15, "C_mid": 0.10}  # absolute, absolute, relativ
 
 
 def make_curves(n_curves: int, *, n_points: int = 100, noise: float = 0.005, span: float = 8.0,
-                r0_range: tuple = (0.15, 0.35), seed: int = 0) -> tuple:
+                r0_range: tuple[float, float] = (0.15, 0.35), seed: int = 0) -> tuple:
     """Curves cycling through Table 1. Returns x, y [n_curves, n_points], measured R0 [n_curves]
     and the truth {"A", "B", "C_mid", "R0"} (arrays [n_curves])."""
     rng = np.random.default_rng(seed)

@@ -67,7 +67,7 @@ def check_layout(batch: TrainBatch) -> None:
     if pidx.size and (pidx.max() >= batch.num_prompts or pidx.min() < -1):
         raise ValueError(f"TrainBatch.prompt_index spans [{pidx.min()}, {pidx.max()}]; must lie "
                          f"in [-1, num_prompts={batch.num_prompts})")
-    micro_of = {}
+    micro_of: dict[int, int] = {}
     for m, row in zip(*np.nonzero(pidx >= 0)):
         p = int(pidx[m, row])
         if micro_of.setdefault(p, m) != m:
@@ -127,10 +127,10 @@ def from_groups(groups: Sequence[Group], rewards: Sequence[Sequence[float]], *,
         raise ValueError(f"from_groups: {len(groups)} groups but {len(rewards)} reward lists")
     if len(groups) > num_prompts:
         raise ValueError(f"from_groups: {len(groups)} groups exceed num_prompts={num_prompts}")
-    for i, (g, r) in enumerate(zip(groups, rewards)):
-        if len(r) != len(g.completions):
+    for i, (g, group_rewards) in enumerate(zip(groups, rewards)):
+        if len(group_rewards) != len(g.completions):
             raise ValueError(f"from_groups: group {i} ({g.prompt_id!r}) has "
-                             f"{len(g.completions)} completions but {len(r)} rewards")
+                             f"{len(g.completions)} completions but {len(group_rewards)} rewards")
         if len(g.prompt_tokens) == 0:
             raise ValueError(f"from_groups: group {i} ({g.prompt_id!r}) has an empty prompt; "
                              "the first completion token needs a token before it")

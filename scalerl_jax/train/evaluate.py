@@ -35,7 +35,7 @@ def score_groups(groups: Sequence[Group], *, tokenizer: Any,
     is then checked by its domain's, with one `pool.score` call per domain present."""
     verifiers = verifier if isinstance(verifier, Mapping) else None
     if verifiers is None or len(verifiers) == 1 and not any(map(group_domain, groups)):
-        one = verifier if verifiers is None else next(iter(verifiers.values()))
+        one = next(iter(verifier.values())) if isinstance(verifier, Mapping) else verifier
         items = [(tokenizer.decode(c.tokens, skip_special_tokens=True), g.metadata["answer"])
                  for g in groups for c in g.completions]
         return pool.score(one, items)
@@ -89,7 +89,7 @@ def sample_groups(engine, params, prompts: Sequence[SamplerPrompt], *, k: int,
     stopped = False
     with phase(label, total=len(prompts) * k, unit="completions") as shown:
         while driver.step():
-            shown.update(driver.stats["completions"])
+            shown.update(int(driver.stats["completions"]))
             if should_stop is not None and should_stop():
                 stopped = True
                 break

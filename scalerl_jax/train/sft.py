@@ -76,11 +76,11 @@ def load_demonstrations(sft: SFTConfig, data: DataConfig, exclude: Iterable[Prom
             raise DataError(f"SFTConfig.source={source!r}: {e}") from None
         demos, bad = [Demo(r.prompt_id, r.prompt, r.completion) for r in rows], 0
     else:
-        rows, stats = parse_records(read_records(source, "train"), sft.prompt_field,
-                                    sft.completion_field, data.id_field,
-                                    read_answer=completion_writer(sft.completion_format))
+        records, stats = parse_records(read_records(source, "train"), sft.prompt_field,
+                                       sft.completion_field, data.id_field,
+                                       read_answer=completion_writer(sft.completion_format))
         check_bad_fraction(stats, source, data.max_bad_fraction)
-        demos, bad = [Demo(*r) for r in rows], stats.num_bad
+        demos, bad = [Demo(*r) for r in records], stats.num_bad
     ids = {p.prompt_id for p in exclude}
     problems = {p.problem for p in exclude}
     kept = [d for d in demos if d.prompt_id not in ids and d.problem not in problems]

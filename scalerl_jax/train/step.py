@@ -286,5 +286,5 @@ def make_train_step(graphdef, abstract_state: TrainState, mesh, *, model_cfg: Mo
             batch = put_batch(batch, mesh)
         return jitted(state, batch)
 
-    train_step.jitted = jitted
+    train_step.jitted = jitted  # type: ignore[attr-defined]  # the compiled step, for lowering
     return train_step

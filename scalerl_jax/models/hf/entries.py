@@ -29,7 +29,7 @@ class Entry:
     # holds `{e}` and groups/perm describe one expert's tensor. `fused` = (name, part, parts):
     # the transformers-5 in-memory layout, [E, parts * n, m] with this weight at rows part * n.
     experts: int = 0
-    fused: Optional[tuple] = None
+    fused: Optional[tuple[str, int, int]] = None
     expert: int = -1  # export only: this HF tensor is expert `expert` of our param
     # (i, n): ours is the i-th of n equal pieces of the HF tensor's last axis (Llama-4's fused
     # gate_up_proj); groups describe the piece.
@@ -90,7 +90,8 @@ def decoder_entries(cfg: ModelConfig, ffn: str,
             Entry(p + "self_attn.o_proj.weight", us + ("attn", "o"), ((d,), (h, hd)), (1, 2, 0)),
         ]
         if cfg.is_moe_layer(i):
-            entries += moe_entries(cfg, p + ffn, us + ("mlp",))
+            # A family with MoE layers passes moe_entries; config_from_hf refuses the others.
+            entries += moe_entries(cfg, p + ffn, us + ("mlp",))  # type: ignore[misc]
         else:
             entries += mlp_entries(p + ffn, us + ("mlp",), d, f)
         if cfg.qkv_bias:

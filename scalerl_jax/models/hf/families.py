@@ -47,7 +47,7 @@ def _architecture(hf: dict) -> str:
     if arch not in SUPPORTED_ARCHITECTURES:
         raise HFError(f"unsupported architecture {arch!r} (config.json architectures={archs}, "
                       f"model_type={hf.get('model_type')!r}); supported: {SUPPORTED_ARCHITECTURES}")
-    return arch
+    return str(arch)  # one of SUPPORTED_ARCHITECTURES
 
 
 def config_from_hf(path_or_dict, **overrides) -> ModelConfig:

@@ -12,7 +12,7 @@ import glob
 import json
 import math
 import os
-from typing import Optional
+from typing import Any, Optional
 
 import jax
 import ml_dtypes  # noqa: F401 - registers bfloat16 with numpy: safetensors' numpy reader needs it
@@ -33,7 +33,7 @@ def _layout(entry: Entry, files: dict) -> str:
         return "plain"
     if entry.hf_name.format(e=0) in files:
         return "split"
-    if entry.fused[0] in files:
+    if entry.fused[0] in files:  # type: ignore[index]  # set on every expert entry
         return "fused"
     return "missing"
 
@@ -46,7 +46,7 @@ def _read_expert_slice(handles, files, entry: Entry, index: tuple, dtype) -> np.
         parts = [_read_slice(handles[files[one.hf_name]], one, index[1:], dtype)
                  for one in entry.per_expert()[lo:hi]]
         return np.stack(parts) if parts else np.zeros((0,) + entry.shape[1:], dtype)
-    name, part, _ = entry.fused
+    name, part, _ = entry.fused  # type: ignore[misc]  # set on every expert entry
     n = entry.hf_shape[0]
     block = np.asarray(handles[files[name]].get_slice(name)[lo:hi, part * n:(part + 1) * n])
     split = [s for g in entry.groups for s in g]
@@ -63,7 +63,7 @@ def _is_ignorable(name: str, cfg: ModelConfig) -> bool:
 def _read_slice(handle, entry: Entry, index: tuple, dtype) -> np.ndarray:
     """Our-layout block `index` of `entry`, read from the checkpoint without reading the rest."""
     ranges = [sl.indices(n)[:2] for sl, n in zip(index, entry.shape)]
-    split_ranges = [None] * len(ranges)
+    split_ranges: list[Any] = [None] * len(ranges)
     for i, p in enumerate(entry.perm):
         split_ranges[p] = ranges[i]
     hf_index, block_shape, post, k = [], [], [], 0
@@ -161,7 +161,8 @@ def _dtype_name(dtype) -> str:
 
 
 def _check_names_and_shapes(entries, files, handles, cfg, path) -> None:
-    plain, expected = [], set()
+    plain: list[Entry] = []
+    expected: set[str] = set()
     for e in entries:
         layout = _layout(e, files)
         if layout == "missing":

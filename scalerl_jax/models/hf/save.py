@@ -71,7 +71,8 @@ def export(params, cfg: ModelConfig, out_dir, max_shard_bytes: int = 5_000_000_0
         if e.part:
             pieces.setdefault(e.hf_name, []).append(e)
     entries = [e for e in entries if not e.part or e.part[0] == 0]
-    shards, size = [[]], 0
+    shards: list[list[tuple[Entry, Any]]] = [[]]
+    size = 0
     for e in entries:
         nbytes = math.prod(e.hf_shape) * dt.itemsize
         if shards[-1] and size + nbytes > max_shard_bytes:
