@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import json
 import random
-from typing import NamedTuple, Optional, Sequence
+from typing import Callable, NamedTuple, Optional, Sequence
 
 
 class SyntheticRow(NamedTuple):
@@ -164,8 +164,9 @@ def _count(rng, min_len: int = 4, max_len: int = 10, alphabet: str = "abcd"):
     return f"count {letter}:{word}=", str(word.count(letter)), ",".join(running) or "0"
 
 
-_TASKS = {"addition": _addition, "arithmetic": _arithmetic, "reverse": _reverse, "count": _count,
-          "chain": _chain, "countup": _countup, "pycode": _pycode}
+_TASKS: dict[str, Callable[..., tuple]] = {
+    "addition": _addition, "arithmetic": _arithmetic, "reverse": _reverse, "count": _count,
+    "chain": _chain, "countup": _countup, "pycode": _pycode}
 TASKS = tuple(_TASKS)
 
 

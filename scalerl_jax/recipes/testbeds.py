@@ -14,21 +14,28 @@ from scalerl_jax.recipes.paper import scalerl
 def testbed(**overrides) -> RunConfig:
     """The embedded CPU default: a supervised warm-up, then ScaleRL, then the scaling fit.
 
-    Task `countup` (data/synthetic.py): "457+6=", 3-digit plus one digit. The warm-up's
-    demonstrations either count on, "<think>458,459,460,461,462,463</think>463", or (60% of them)
-    answer from memory, "<think></think>463". A 4-layer, 0.9M-parameter model with a character
-    vocabulary (a digit is one token, so a slip is one wrong token; `</think>` is one token the
-    sampler can force) copies both styles in 300 steps; counting on is right about 60% of the
-    time and memory about 10%, so the base policy passes ~15%. RL then raises it to ~50% within
-    a few minutes by learning to count on, and do it right, with every piece of the recipe on:
-    CISPO, prompt aggregation, batch advantage normalisation, zero-variance filtering,
-    no-positive-resampling, PipelineRL-8 with in-flight weight updates, and interruptions
-    (a thinking budget of 40-44 tokens sits above the longest correct thought, 36, so only
-    rambling samples are cut, as the paper's 10k-12k of 12k does).
+    Task `countup` (data/synthetic.py): "457+6=", up to 3 digits plus one digit. 30% of the
+    warm-up's demonstrations count on with the count still to go,
+    "<think>458:5,459:4,460:3,461:2,462:1,463:0</think>463", 70% answer from memory,
+    "<think></think>461" (an estimate within 3, right one time in seven). A 4-layer,
+    0.9M-parameter model with a character vocabulary (a digit is one token, so a slip is one
+    wrong token; `</think>` is one token the sampler can force) copies both styles in 300 steps:
+    it counts on ~30% of the time, and a count is often slipped (a digit of the prompt copied
+    wrong, a step lost), so the base policy passes ~25%. RL then teaches it two things at once:
+    to count on (the habit, one token's choice) and to count right (the skill, every token of
+    the count), with every piece of the recipe on: CISPO, prompt aggregation, batch advantage
+    normalisation, zero-variance filtering, no-positive-resampling, PipelineRL-8 with in-flight
+    weight updates, and interruptions (a thinking budget of 56-60 tokens sits above the longest
+    correct thought, so only rambling samples are cut, as the paper's 10k-12k of 12k does).
 
-    Learning rate: 5e-5 (Adam moves every weight by ~lr per step; at 1e-4 and above this small
-    model's pass rate fell in sync and pipeline mode alike). Validation: 256 held-out prompts x 4
-    samples every 20 steps (standard error ~0.02, reported as `pass_rate_se`).
+    Learning rate 6e-6, chosen for a predictable curve (bench/predictability.py, issue 25). The
+    habit is learnt at a speed set by the learning rate, the skill slowly whatever it is (the
+    same creep at 2e-5, 4e-5 and 8e-5). At 2e-5 the habit was learnt within ~15% of the compute
+    and the skill's creep ran alone after it, so the curve was two phases and a sigmoid fitted on
+    its first half under-predicted the end by 0.03-0.05; at 6e-6 the habit takes about half of
+    the compute, the two overlap, and the curve bends once (seed 0: 0.248 at step 0, 0.69 at
+    step 180, 0.736 at 360; the half-compute fit predicted 0.744). Validation: 400 held-out
+    prompts x 4 samples every 18 steps (standard error ~0.02, reported as `pass_rate_se`).
     """
     from scalerl_jax.data.synthetic import CharTokenizer
 
@@ -44,7 +51,7 @@ def testbed(**overrides) -> RunConfig:
                               think_max=60, answer_budget=4,
                               interruption_phrase="time is up. </think>"),
         loss=LossConfig(),
-        optim=OptimConfig(learning_rate=2e-5, warmup_steps=10, eps=1e-8, logprob_chunk=None),
+        optim=OptimConfig(learning_rate=6e-6, warmup_steps=10, eps=1e-8, logprob_chunk=None),
         pipeline=PipelineConfig(mode="pipeline", max_lag=8, prompts_per_step=16,
                                 generations_per_prompt=8, seq_bucket=16),
         data=DataConfig(source=problems, template="{prompt}", num_validation=400),

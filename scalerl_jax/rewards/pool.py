@@ -181,11 +181,12 @@ class RewardPool:
     def _start_thread(self) -> threading.Event:
         ready = threading.Event()
         if self.processes:
-            target, args = self._process_worker, (ready,)
+            thread = threading.Thread(target=self._process_worker, args=(ready,), daemon=True,
+                                      name="reward-worker")
         else:
-            target, args = self._thread_worker, ()
+            thread = threading.Thread(target=self._thread_worker, daemon=True,
+                                      name="reward-worker")
             ready.set()
-        thread = threading.Thread(target=target, args=args, daemon=True, name="reward-worker")
         self._threads.append(thread)
         thread.start()
         return ready
@@ -195,8 +196,9 @@ class RewardPool:
         for task in tasks:
             if task.done or task.abandoned:
                 continue
-            running = task.started is not None
-            if running and now - task.started <= self.timeout_s:
+            started = task.started
+            running = started is not None
+            if started is not None and now - started <= self.timeout_s:
                 continue
             if not running and now <= call_deadline:
                 continue

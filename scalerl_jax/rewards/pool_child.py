@@ -55,7 +55,7 @@ def child_main(conn, memory_mb=None) -> None:
             continue
         conn.send("go")
         try:
-            result = ("ok", bool(verifier(completion, reference)))
+            result: tuple[str, object] = ("ok", bool(verifier(completion, reference)))
         except MemoryError as e:
             conn.send(("oom", _describe(e) + f" (over the {memory_mb} MiB limit)"))
             return

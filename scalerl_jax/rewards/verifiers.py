@@ -4,7 +4,7 @@ at load time, and whether the reward pool runs verifiers in child processes."""
 import functools
 import importlib
 import logging
-from typing import Callable, Optional
+from typing import Callable, Optional, cast
 
 from scalerl_jax.config import ConfigError, DataConfig
 from scalerl_jax.rewards.pool import Verifier
@@ -89,7 +89,10 @@ def domain_verifiers(data: DataConfig, custom: Optional[str] = None,
         if name == "code":
             from scalerl_jax.rewards.sandbox import describe
             log.info(describe(code_isolation))
-            verifiers[domain] = functools.partial(verifiers[domain], isolation=code_isolation)
+            # The named "code" verifier is rewards.code.verify_code, which takes `isolation`
+            # beside the (completion, reference) of every verifier.
+            code = cast(Callable[..., bool], verifiers[domain])
+            verifiers[domain] = functools.partial(code, isolation=code_isolation)
     return verifiers
 
 

@@ -110,8 +110,8 @@ class _Design:
         self.mask = window_mask(curve, spec)
         self.x, self.y, _ = padded(curve, self.mask)
         self.m = len(curve.x)
-        self.chains = [np.flatnonzero(self.mask & (curve.seed == s))
-                       for s in np.unique(curve.seed[self.mask])]
+        seed = np.asarray(curve.seed)  # Curve fills it in (zeros for a single run)
+        self.chains = [np.flatnonzero(self.mask & (seed == s)) for s in np.unique(seed[self.mask])]
         self.r0, _ = r0_value(curve, spec)
         self.r0_measured = spec.r0 == "measured"
         self.A = fit.A if "A" in fit.fixed else None
@@ -220,7 +220,7 @@ def bootstrap_fit(curve: Curve, spec: FitSpec, fit: SigmoidFit, *, n_boot: int =
         rho_mean = float(rho.mean())
     else:
         w = np.zeros((n_boot, design.x.shape[1]))
-        w[:, :design.m] = resample_weights(design.mask, curve.seed, n_boot, block, rng)
+        w[:, :design.m] = resample_weights(design.mask, np.asarray(curve.seed), n_boot, block, rng)
         out = design.refit(np.broadcast_to(design.y, w.shape), w, np.full(n_boot, design.r0))
         spread = out["rmse"]
     ok = np.all([np.isfinite(out[k]) for k in ("A", "B", "C_mid", "R0")], axis=0)

@@ -29,9 +29,11 @@ import dataclasses
 import logging
 import math
 import multiprocessing
+import multiprocessing.process
 import os
 import threading
 import time
+from multiprocessing.connection import Connection
 from typing import Callable, Optional, Sequence
 
 import numpy as np
@@ -52,8 +54,8 @@ def is_stable(history: Sequence[Optional[float]], margin: float = A_MARGIN,
               window: int = STABLE_WINDOW) -> bool:
     """True when the last `window` forecasts all have an A (None: that forecast had no fit) and
     those A lie within `margin` of each other (max - min < margin)."""
-    last = list(history)[-window:]
-    if len(last) < window or any(a is None or not math.isfinite(a) for a in last):
+    last = [a for a in list(history)[-window:] if a is not None and math.isfinite(a)]
+    if len(last) < window:
         return False
     return max(last) - min(last) < margin
 
@@ -165,26 +167,30 @@ class ProcessRunner:
     def __init__(self, nice: int = 10, start_timeout_s: float = 600.0):
         self.nice, self.start_timeout_s = nice, start_timeout_s
         self._ctx = multiprocessing.get_context("spawn")
-        self._proc = self._conn = None
+        self._proc: Optional[multiprocessing.process.BaseProcess] = None
+        self._conn: Optional[Connection] = None
 
     def _start(self) -> None:
         from scalerl_jax.scaling.forecast_child import child_main
-        self._conn, child_conn = self._ctx.Pipe()
-        self._proc = self._ctx.Process(target=child_main,
-                                       args=(child_conn, self.nice, f"{__name__}:forecast"),
-                                       daemon=True, name="scalerl-forecast")
-        self._proc.start()
+        conn, child_conn = self._ctx.Pipe()
+        proc = self._ctx.Process(target=child_main,
+                                 args=(child_conn, self.nice, f"{__name__}:forecast"),
+                                 daemon=True, name="scalerl-forecast")
+        self._conn, self._proc = conn, proc
+        proc.start()
         child_conn.close()
-        if not self._conn.poll(self.start_timeout_s) or self._conn.recv() != "ready":
+        if not conn.poll(self.start_timeout_s) or conn.recv() != "ready":
             self.close()
             raise RuntimeError(f"the forecast child did not start in {self.start_timeout_s} s")
 
     def __call__(self, x, y, **kwargs) -> dict:
-        if self._proc is None or not self._proc.is_alive():
+        if self._proc is None or not self._proc.is_alive() or self._conn is None:
             self._start()
+        conn = self._conn
+        assert conn is not None  # _start set it or raised
         try:
-            self._conn.send((np.asarray(x), np.asarray(y), kwargs))
-            status, value = self._conn.recv()
+            conn.send((np.asarray(x), np.asarray(y), kwargs))
+            status, value = conn.recv()
         except (EOFError, OSError, BrokenPipeError) as err:
             code = self._proc.exitcode if self._proc is not None else None
             self.close()
@@ -336,6 +342,7 @@ class Forecaster:
                 if self._stop:
                     return
                 job, self._pending, self._running = self._pending, None, True
+                assert job is not None  # the wait above ends on a job or on stop
             t0 = time.monotonic()
             try:
                 fields = self._run(job.x, job.y, budget=job.budget, target=self.target,

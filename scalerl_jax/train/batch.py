@@ -104,11 +104,12 @@ def _shaped_rewards(groups, rewards, loss_cfg, correct):
     return flat + np.asarray(pen, np.float32)
 
 
-def from_groups(groups: Sequence[Group], rewards: Sequence[Sequence[float]], *,
+def from_groups(groups: Sequence[Group], rewards: Sequence[Sequence[float]] | np.ndarray, *,
                 loss_cfg: LossConfig, num_prompts: int, micro_batches: int = 1,
                 rows_per_micro: Optional[int] = None, row_multiple: int = 1,
                 seq_bucket: int = 128, max_seq_len: Optional[int] = None, pad_id: int = 0,
-                correct: Optional[Sequence[Sequence[bool]]] = None) -> tuple[TrainBatch, dict]:
+                correct: Optional[Sequence[Sequence[bool]] | np.ndarray] = None
+                ) -> tuple[TrainBatch, dict]:
     """Assemble a padded numpy TrainBatch from scored groups.
 
     rewards[i][j] is the reward of groups[i].completions[j]. Advantages come from

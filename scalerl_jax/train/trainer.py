@@ -43,7 +43,7 @@ from scalerl_jax import checkpoint as ckpt_lib
 from scalerl_jax import mesh as mesh_lib
 from scalerl_jax import metrics as metrics_lib
 from scalerl_jax import rundir
-from scalerl_jax.config import ConfigError, RunConfig, field_defaults
+from scalerl_jax.config import ConfigError, RunConfig, SFTConfig, field_defaults
 from scalerl_jax.data.mixture import open_source
 from scalerl_jax.interrupt import Watchdog
 from scalerl_jax.models.tokenizer import copy_tokenizer_files
@@ -259,7 +259,7 @@ def _open_policy(cfg: RunConfig, tokenizer, cleanup: contextlib.ExitStack, train
     if restored is None:
         init = cfg.hf_checkpoint
         if cfg.sft is not None:
-            init = _warm_up(cfg, trainer_mesh, tokenizer, source.validation(), tracker)
+            init = _warm_up(cfg, cfg.sft, trainer_mesh, tokenizer, source.validation(), tracker)
         model_cfg, graphdef, state = state_lib.create_train_state(
             cfg.model, cfg.optim, trainer_mesh, seed=cfg.seed, hf_checkpoint=init)
         meta = {}
@@ -366,7 +366,7 @@ def _collect(ctx: _Run, step: int, version: int, tokens_seen: int):
     cfg, driver = ctx.cfg, ctx.sampling.driver
     local, roll = ctx.sampling.rollouts.take(step, version)
     scored = score_groups(local, tokenizer=ctx.tokenizer, verifier=ctx.verifiers, pool=ctx.pool)
-    sampled, tokens_seen = driver.stats["tokens"] - tokens_seen, driver.stats["tokens"]
+    sampled, tokens_seen = int(driver.stats["tokens"]) - tokens_seen, int(driver.stats["tokens"])
     data = _share(local, scored, sampled, cfg.pipeline.generations_per_prompt)
     if cfg.pipeline.no_positive_resampling:
         ctx.curriculum.update([g.prompt_id for g in data.groups], data.correct.mean(axis=1))
@@ -507,22 +507,23 @@ def _check_not_diverged(skipped_in_a_row: int, cfg: RunConfig, step: int, m: dic
             "or check the data")
 
 
-def _warm_up(cfg: RunConfig, mesh, tokenizer, validation, tracker: Tracker) -> str:
+def _warm_up(cfg: RunConfig, sft: SFTConfig, mesh, tokenizer, validation,
+             tracker: Tracker) -> str:
     """The SFT stage (reused when WORKDIR/sft is complete); returns its HF model directory."""
     out = os.path.join(cfg.workdir, "sft")
     if sft_lib.is_done(out):
         return sft_lib.model_dir(out)
     tracker.purge("sft", 0)
-    with Progress("sft", cfg.sft.steps, fields=SFT_FIELDS, tokens_key="tokens",
+    with Progress("sft", sft.steps, fields=SFT_FIELDS, tokens_key="tokens",
                   enabled=None if jax.process_index() == 0 else False) as bar, \
-            phase("SFT warm-up", total=cfg.sft.steps, unit="steps") as shown:
+            phase("SFT warm-up", total=sft.steps, unit="steps") as shown:
         def on_step(step, metrics):
             bar.update(step, metrics)
             shown.update(step)
             tracker.write({"event": "sft", "step": step, **metrics})
-        return sft_lib.run_sft(cfg.sft, cfg.model, cfg.data, mesh, tokenizer, out_dir=out,
+        return sft_lib.run_sft(sft, cfg.model, cfg.data, mesh, tokenizer, out_dir=out,
                                seed=cfg.seed, exclude=validation, hf_checkpoint=cfg.hf_checkpoint,
-                               logprob_chunk=cfg.sft.optim.logprob_chunk, on_step=on_step)
+                               logprob_chunk=sft.optim.logprob_chunk, on_step=on_step)
 
 
 def _export(params, model_cfg, tokenizer, cfg: RunConfig) -> str:
