@@ -36,6 +36,7 @@ test-fast-coverage: $(STAMP)
 # pyflakes, pycodestyle and bugbear over everything (settings and reasons: pyproject.toml).
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 # mypy on the package (settings and the modules it skips, with reasons: pyproject.toml).
 typecheck: $(STAMP)

@@ -3,8 +3,9 @@ from setuptools import find_packages, setup
 setup(
     name="scalerl_jax",
     version="0.1.0",
-    description=("JAX/TPU-native ScaleRL: CISPO training, PipelineRL sampling, RL scaling-curve "
-                 "fitting."),
+    description=(
+        "JAX/TPU-native ScaleRL: CISPO training, PipelineRL sampling, RL scaling-curve fitting."
+    ),
     python_requires=">=3.11",
     packages=find_packages(include=["scalerl_jax", "scalerl_jax.*"]),
     install_requires=[

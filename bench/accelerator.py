@@ -23,6 +23,7 @@ the one-GPU machines. Each part prints one JSON line:
 * sync: `WeightSync.for_engine` of the trainer's fp32 params into the sampler's shardings and
   dtypes (median of 5 after a warm-up).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -66,15 +67,26 @@ def bench_peak(args, device) -> dict:
     x = jax.device_put(jnp.ones(((args.copy_mib << 20) // 4,), jnp.float32), device)
     double = jax.jit(lambda v: v * 2)
     bandwidth = 2.0 * x.nbytes / best_seconds(lambda: double(x))
-    return {"part": "peak", "device": str(device.device_kind), "platform": device.platform,
-            "bf16_matmul_tflops": round(flops / 1e12, 2), "n": args.peak_n,
-            "hbm_gb_s": round(bandwidth / 1e9, 1), "copy_mib": args.copy_mib}
+    return {
+        "part": "peak",
+        "device": str(device.device_kind),
+        "platform": device.platform,
+        "bf16_matmul_tflops": round(flops / 1e12, 2),
+        "n": args.peak_n,
+        "hbm_gb_s": round(bandwidth / 1e9, 1),
+        "copy_mib": args.copy_mib,
+    }
 
 
 def model_config(args):
-    return presets.get(args.preset, param_dtype="float32", compute_dtype="bfloat16",
-                       fp32_head=True, attention_impl=args.attention,
-                       max_position_embeddings=max(args.seq, args.prompt + args.new + 1))
+    return presets.get(
+        args.preset,
+        param_dtype="float32",
+        compute_dtype="bfloat16",
+        fp32_head=True,
+        attention_impl=args.attention,
+        max_position_embeddings=max(args.seq, args.prompt + args.new + 1),
+    )
 
 
 def bench_train(args, cfg, device, peak_flops: float):
@@ -97,35 +109,58 @@ def bench_train(args, cfg, device, peak_flops: float):
     dt = float(np.median(times))
     tokens = args.rows * args.seq
     flops = num_flops_per_token(cfg, args.seq, training=True) * tokens / dt
-    out = {"part": "train", "preset": cfg.name, "params_M": round(cfg.num_params() / 1e6, 1),
-           "rows": args.rows, "seq": args.seq, "attention": args.attention,
-           "compile_s": round(compile_s, 1), "step_s": round(dt, 4),
-           "step_s_rounds": [round(x, 4) for x in times], "tokens_per_s": round(tokens / dt, 1),
-           "model_tflops": round(flops / 1e12, 3), "mfu": round(flops / peak_flops, 3),
-           "loss": float(metrics["loss"])}
+    out = {
+        "part": "train",
+        "preset": cfg.name,
+        "params_M": round(cfg.num_params() / 1e6, 1),
+        "rows": args.rows,
+        "seq": args.seq,
+        "attention": args.attention,
+        "compile_s": round(compile_s, 1),
+        "step_s": round(dt, 4),
+        "step_s_rounds": [round(x, 4) for x in times],
+        "tokens_per_s": round(tokens / dt, 1),
+        "model_tflops": round(flops / 1e12, 3),
+        "mfu": round(flops / peak_flops, 3),
+        "loss": float(metrics["loss"]),
+    }
     if mem is not None:
-        out["memory_GiB"] = {k: round(getattr(mem, f"{k}_size_in_bytes") / GIB, 3)
-                             for k in ("argument", "output", "alias", "temp")}
+        out["memory_GiB"] = {
+            k: round(getattr(mem, f"{k}_size_in_bytes") / GIB, 3)
+            for k in ("argument", "output", "alias", "temp")
+        }
     return out, mesh, state.params
 
 
 def bench_decode(args, cfg, device, slots: int, bandwidth: float):
     """-> (JSON dict, engine)."""
     mesh = Mesh(np.array([device]).reshape(1, 1), ("data", "tensor"))
-    scfg = SamplerConfig(max_concurrent_decodes=slots, max_prefill_length=args.prompt,
-                         max_target_length=args.prompt + args.new + 1, max_new_tokens=args.new,
-                         interruptions=False, decode_steps_per_call=args.steps_per_call)
+    scfg = SamplerConfig(
+        max_concurrent_decodes=slots,
+        max_prefill_length=args.prompt,
+        max_target_length=args.prompt + args.new + 1,
+        max_new_tokens=args.new,
+        interruptions=False,
+        decode_steps_per_call=args.steps_per_call,
+    )
     engine = Engine(cfg, mesh, scfg)
     rng = np.random.default_rng(0)
-    params = engine.load_params(jax.tree.map(
-        lambda a: (rng.normal(0, 0.02, a.shape)).astype(a.dtype), engine.abstract_params))
+    params = engine.load_params(
+        jax.tree.map(
+            lambda a: (rng.normal(0, 0.02, a.shape)).astype(a.dtype), engine.abstract_params
+        )
+    )
     prompt = rng.integers(1, cfg.vocab_size, (1, args.prompt))
     prefix = engine.prefill_batch(params, prompt, [args.prompt])
     engine.precompile(params, [args.prompt])
 
     def filled():
-        return engine.bulk_insert(prefix, engine.init_decode_state(), range(slots),
-                                  keys=rng.integers(0, 2 ** 31, (slots, 2)))
+        return engine.bulk_insert(
+            prefix,
+            engine.init_decode_state(),
+            range(slots),
+            keys=rng.integers(0, 2**31, (slots, 2)),
+        )
 
     k = args.steps_per_call
     calls = args.new // k
@@ -142,16 +177,29 @@ def bench_decode(args, cfg, device, slots: int, bandwidth: float):
     step_s = float(np.median(times)) / k
     weight_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
     mean_len = args.prompt + args.new / 2
-    kv_bytes = (2 * cfg.num_layers * cfg.num_kv_heads * cfg.dim_per_head * slots * mean_len
-                * jnp.dtype(engine.cache_dtype).itemsize)
+    kv_bytes = (
+        2
+        * cfg.num_layers
+        * cfg.num_kv_heads
+        * cfg.dim_per_head
+        * slots
+        * mean_len
+        * jnp.dtype(engine.cache_dtype).itemsize
+    )
     roofline = slots / ((weight_bytes + kv_bytes) / bandwidth)
-    return {"part": "decode", "slots": slots, "prompt": args.prompt, "new": args.new,
-            "steps_per_call": k, "step_ms": round(step_s * 1e3, 3),
-            "tokens_per_s": round(slots / step_s, 1),
-            "weight_GiB": round(weight_bytes / GIB, 3),
-            "kv_read_GiB_per_step": round(kv_bytes / GIB, 3),
-            "roofline_tokens_per_s": round(roofline, 1),
-            "of_roofline": round(slots / step_s / roofline, 3)}, engine
+    return {
+        "part": "decode",
+        "slots": slots,
+        "prompt": args.prompt,
+        "new": args.new,
+        "steps_per_call": k,
+        "step_ms": round(step_s * 1e3, 3),
+        "tokens_per_s": round(slots / step_s, 1),
+        "weight_GiB": round(weight_bytes / GIB, 3),
+        "kv_read_GiB_per_step": round(kv_bytes / GIB, 3),
+        "roofline_tokens_per_s": round(roofline, 1),
+        "of_roofline": round(slots / step_s / roofline, 3),
+    }, engine
 
 
 def bench_sync(trainer_mesh, engine, params) -> dict:
@@ -163,9 +211,13 @@ def bench_sync(trainer_mesh, engine, params) -> dict:
         jax.block_until_ready(sync(params))
         times.append(time.perf_counter() - t)
     nbytes = sum(x.nbytes for x in jax.tree.leaves(params))
-    return {"part": "sync", "trainer_GiB_fp32": round(nbytes / GIB, 3),
-            "groups": len(sync.groups), "sync_s": round(float(np.median(times)), 4),
-            "sync_s_rounds": [round(x, 4) for x in times]}
+    return {
+        "part": "sync",
+        "trainer_GiB_fp32": round(nbytes / GIB, 3),
+        "groups": len(sync.groups),
+        "sync_s": round(float(np.median(times)), 4),
+        "sync_s_rounds": [round(x, 4) for x in times],
+    }
 
 
 def main(argv=None) -> list[dict]:

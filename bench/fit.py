@@ -13,6 +13,7 @@ SciPy with bounds (trust-region reflective) for the same constraints as ours (A 
 C_mid > 0). --threads 1 (default) runs XLA on one thread, like SciPy; 0 keeps XLA's default.
 Agreement: the two optima match (|dA| < 1e-3, |dB| < 0.01, |dC_mid| < 0.5%) where SciPy converged.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,8 +35,10 @@ def _threads_from_argv() -> int:
 
 
 if _threads_from_argv() == 1:
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen="
-                               "false intra_op_parallelism_threads=1").strip()
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen="
+        "false intra_op_parallelism_threads=1"
+    ).strip()
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
@@ -68,8 +71,11 @@ def scipy_loop(x, y, r0, bounds: bool) -> tuple[dict, float]:
 def agreement(ours: dict, ref: dict) -> tuple[float, float]:
     """(fraction of converged SciPy fits matched, fraction where our RMSE is not worse)."""
     conv = np.isfinite(ref["A"]) & (ref["A"] <= 1) & (ref["B"] > 0) & (ref["C_mid"] > 0)
-    same = ((np.abs(ours["A"] - ref["A"]) < 1e-3) & (np.abs(ours["B"] - ref["B"]) < 0.01)
-            & (np.abs(ours["C_mid"] / ref["C_mid"] - 1) < 0.005))
+    same = (
+        (np.abs(ours["A"] - ref["A"]) < 1e-3)
+        & (np.abs(ours["B"] - ref["B"]) < 0.01)
+        & (np.abs(ours["C_mid"] / ref["C_mid"] - 1) < 0.005)
+    )
     not_worse = ours["rmse"] <= ref["rmse"] * (1 + 1e-4) + 1e-7
     return float(same[conv].mean()), float(not_worse[conv].mean())
 
@@ -85,12 +91,15 @@ def main() -> None:
     p.add_argument("--no-bounds", action="store_true", help="skip the (slow) bounded SciPy loop")
     args = p.parse_args()
 
-    x, y, r0, truth = make_curves(args.curves, n_points=args.points, noise=args.noise,
-                                  seed=args.seed)
+    x, y, r0, truth = make_curves(
+        args.curves, n_points=args.points, noise=args.noise, seed=args.seed
+    )
     threads = "1 XLA thread" if args.threads == 1 else "XLA default threads"
-    print(f"{args.curves} curves x {args.points} points, noise {args.noise}, "
-          f"{jax.devices()[0].platform}, {threads}, {os.cpu_count()} CPUs, "
-          f"load average {os.getloadavg()[0]:.1f}")
+    print(
+        f"{args.curves} curves x {args.points} points, noise {args.noise}, "
+        f"{jax.devices()[0].platform}, {threads}, {os.cpu_count()} CPUs, "
+        f"load average {os.getloadavg()[0]:.1f}"
+    )
     t0 = time.perf_counter()
     ours = fit_sigmoid_batch(x, y, R0=r0)
     first = time.perf_counter() - t0
@@ -105,27 +114,38 @@ def main() -> None:
         lm, t = scipy_loop(x, y, r0, bounds=False)
         lm_ts.append(t)
     ratios = np.array(lm_ts) / np.array(ours_ts)
-    rows = [("optax batched (one call)", ours, min(ours_ts)),
-            ("scipy curve_fit loop (LM)", lm, min(lm_ts))]
+    rows = [
+        ("optax batched (one call)", ours, min(ours_ts)),
+        ("scipy curve_fit loop (LM)", lm, min(lm_ts)),
+    ]
     if not args.no_bounds:
         trf, trf_t = scipy_loop(x, y, r0, bounds=True)
         rows.append(("scipy curve_fit loop (bounds, TRF)", trf, trf_t))
 
     print(f"optax first call (compile + run): {first:.2f} s")
-    print("per round (optax s, scipy LM s, ratio): " + "; ".join(
-        f"{o:.3f}, {t:.2f}, {r:.1f}x" for o, t, r in zip(ours_ts, lm_ts, ratios)))
-    print(f"speed-up over the SciPy LM loop: median {np.median(ratios):.1f}x "
-          f"(range {ratios.min():.1f}-{ratios.max():.1f}x)")
-    print(f"{'method':36s} {'time s':>8s} {'success':>8s} {'A ok':>6s} {'B ok':>6s} "
-          f"{'C ok':>6s} {'no fit':>6s}")
+    print(
+        "per round (optax s, scipy LM s, ratio): "
+        + "; ".join(f"{o:.3f}, {t:.2f}, {r:.1f}x" for o, t, r in zip(ours_ts, lm_ts, ratios))
+    )
+    print(
+        f"speed-up over the SciPy LM loop: median {np.median(ratios):.1f}x "
+        f"(range {ratios.min():.1f}-{ratios.max():.1f}x)"
+    )
+    print(
+        f"{'method':36s} {'time s':>8s} {'success':>8s} {'A ok':>6s} {'B ok':>6s} "
+        f"{'C ok':>6s} {'no fit':>6s}"
+    )
     for name, res, t in rows:
         ok = within_tolerance(res, truth)
         failed = int(np.sum(~np.isfinite(res["A"])))
-        print(f"{name:36s} {t:8.3f} {ok['all'].mean():8.3f} {ok['A'].mean():6.3f} "
-              f"{ok['B'].mean():6.3f} {ok['C_mid'].mean():6.3f} {failed:6d}")
+        print(
+            f"{name:36s} {t:8.3f} {ok['all'].mean():8.3f} {ok['A'].mean():6.3f} "
+            f"{ok['B'].mean():6.3f} {ok['C_mid'].mean():6.3f} {failed:6d}"
+        )
     same, not_worse = agreement(ours, lm)
-    print(f"agreement with converged LM fits: same optimum {same:.3f}, RMSE not worse "
-          f"{not_worse:.3f}")
+    print(
+        f"agreement with converged LM fits: same optimum {same:.3f}, RMSE not worse {not_worse:.3f}"
+    )
 
 
 if __name__ == "__main__":

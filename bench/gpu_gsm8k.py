@@ -48,6 +48,7 @@ Evaluation here: every GSM8K test problem once (`EVAL_OVERRIDES`) every `--eval-
 (default 10 of `--steps` 20); any eval key on the command line drops the recipe's accelerator
 eval group (1,319 x 4 every 20 steps) as a whole.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -65,12 +66,18 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 from scalerl_jax.models.fetch import sha256  # noqa: E402  (stdlib only: no jax needed here)
+
 STAGE = "/tmp/gpu_gsm8k"
 PACK_A, PACK_B = os.path.join(HERE, "out", "gpu_a"), os.path.join(HERE, "out", "gpu_b")
 DATA = os.path.join(ROOT, "..", "shared", "data", "gsm8k", "train.jsonl")
 # Pure-Python packages the project imports that the GPU image (KINDS.md) does not hold.
-WHEELS = ("gguf==0.19.0", "math-verify==0.9.0", "latex2sympy2_extended==1.11.0",
-          "antlr4-python3-runtime==4.13.2", "tensorboardX==2.6.5")
+WHEELS = (
+    "gguf==0.19.0",
+    "math-verify==0.9.0",
+    "latex2sympy2_extended==1.11.0",
+    "antlr4-python3-runtime==4.13.2",
+    "tensorboardX==2.6.5",
+)
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # Evaluation in this call: every GSM8K test problem once (standard error ~0.013). Setting any
 # eval key drops the recipe's accelerator eval group (1,319 x 4 every 20 steps) as a whole.
@@ -82,6 +89,7 @@ def pack(args) -> None:
     """Split the cached GGUF into bench/out/gpu_a and gpu_b with the data and the wheels."""
     sys.path.insert(0, ROOT)
     from scalerl_jax.models import fetch
+
     gguf = args.gguf or os.path.join(fetch.cache_root(), "gguf", GGUF_NAME)
     if not os.path.isfile(gguf):
         raise SystemExit(f"gpu_gsm8k.py: {gguf} is not there: `make -s fetch-model` gets it")
@@ -98,11 +106,30 @@ def pack(args) -> None:
     with open(os.path.join(PACK_A, "manifest.json"), "w") as f:
         json.dump({"gguf": os.path.basename(gguf), "bytes": size, "sha256": sha256(gguf)}, f)
     wheels = os.path.join(PACK_B, "wheels")
-    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps",
-                    "--only-binary=:all:", "-d", wheels, *WHEELS], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--no-deps",
+            "--only-binary=:all:",
+            "-d",
+            wheels,
+            *WHEELS,
+        ],
+        check=True,
+    )
     for d in (PACK_A, PACK_B):
-        mib = sum(os.path.getsize(p) for p in glob.glob(os.path.join(d, "**"), recursive=True)
-                  if os.path.isfile(p)) / 2 ** 20
+        mib = (
+            sum(
+                os.path.getsize(p)
+                for p in glob.glob(os.path.join(d, "**"), recursive=True)
+                if os.path.isfile(p)
+            )
+            / 2**20
+        )
         print(f"{os.path.relpath(d, ROOT)}: {mib:.1f} MiB")
 
 
@@ -139,18 +166,42 @@ def unpack(args) -> tuple[str, str]:
                 with open(os.path.join(STAGE, f"model.gguf.{i}"), "rb") as src:
                     shutil.copyfileobj(src, dst, 1 << 22)
     if sha256(gguf) != manifest["sha256"]:
-        raise SystemExit(f"gpu_gsm8k.py: {gguf} does not match the pack's sha256 (a part is "
-                         "missing: run `stage` with bench/out/gpu_a first)")
+        raise SystemExit(
+            f"gpu_gsm8k.py: {gguf} does not match the pack's sha256 (a part is "
+            "missing: run `stage` with bench/out/gpu_a first)"
+        )
     site = os.path.join(STAGE, "site")
     wheels = glob.glob(os.path.join(STAGE, "wheels", "*.whl"))
     if wheels and not os.path.isdir(site):
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
-                        "--no-compile", "--target", site, *wheels], check=True)
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        p for p in (site, os.environ.get("PYTHONPATH")) if p)
-    done = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "fetch_model.py"),
-                           "--gguf", gguf, "--cache", os.path.join(STAGE, "cache")],
-                          capture_output=True, text=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--no-index",
+                "--no-deps",
+                "--no-compile",
+                "--target",
+                site,
+                *wheels,
+            ],
+            check=True,
+        )
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (site, os.environ.get("PYTHONPATH")) if p)
+    done = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "experiments", "fetch_model.py"),
+            "--gguf",
+            gguf,
+            "--cache",
+            os.path.join(STAGE, "cache"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     if done.returncode:
         raise SystemExit(f"gpu_gsm8k.py: conversion failed:\n{done.stderr[-3000:]}")
     return done.stdout.strip().splitlines()[-1], os.path.join(STAGE, "train.jsonl")
@@ -174,15 +225,23 @@ def one_device_env() -> dict:
     """The environment for the child processes, without a forced host device count (a test
     session's 8 fake CPU devices): the run is the one-device run a GPU machine makes."""
     env = dict(os.environ)
-    flags = [f for f in env.get("XLA_FLAGS", "").split()
-             if not f.startswith("--xla_force_host_platform_device_count")]
+    flags = [
+        f
+        for f in env.get("XLA_FLAGS", "").split()
+        if not f.startswith("--xla_force_host_platform_device_count")
+    ]
     env["XLA_FLAGS"] = " ".join(flags)
     return env
 
 
 def measure_peak(n: int) -> dict:
-    done = subprocess.run([sys.executable, "-c", PEAK_CODE.format(bench=HERE, n=n)],
-                          capture_output=True, text=True, cwd=ROOT, env=one_device_env())
+    done = subprocess.run(
+        [sys.executable, "-c", PEAK_CODE.format(bench=HERE, n=n)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=one_device_env(),
+    )
     if done.returncode:
         raise SystemExit(f"gpu_gsm8k.py: the peak measurement failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -190,23 +249,40 @@ def measure_peak(n: int) -> dict:
 
 def gpu_name() -> str | None:
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version",
-                              "--format=csv,noheader"], capture_output=True, text=True,
-                             timeout=30)
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() or None
 
 
 def run_command(args, checkpoint, data) -> list:
-    cmd = [sys.executable, os.path.join(ROOT, "experiments", "run.py"), "--recipe", args.recipe,
-           "--steps", str(args.steps), "--workdir", args.workdir, "--colocate", "--no-fit"]
+    cmd = [
+        sys.executable,
+        os.path.join(ROOT, "experiments", "run.py"),
+        "--recipe",
+        args.recipe,
+        "--steps",
+        str(args.steps),
+        "--workdir",
+        args.workdir,
+        "--colocate",
+        "--no-fit",
+    ]
     if checkpoint:
         cmd += ["--hf-checkpoint", checkpoint]
     if data:
         cmd += ["--data", data]
-    return cmd + [f"eval.every_steps={args.eval_every}"] + EVAL_OVERRIDES * (
-        not args.smoke) + list(args.overrides)
+    return (
+        cmd
+        + [f"eval.every_steps={args.eval_every}"]
+        + EVAL_OVERRIDES * (not args.smoke)
+        + list(args.overrides)
+    )
 
 
 def run_with_budget(cmd: list, budget_s: float, log_path: str) -> dict:
@@ -214,8 +290,14 @@ def run_with_budget(cmd: list, budget_s: float, log_path: str) -> dict:
     exits), then SIGKILL after 60 s more."""
     t0, started = time.perf_counter(), time.time()
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                                start_new_session=True, env=one_device_env())
+        proc = subprocess.Popen(
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            start_new_session=True,
+            env=one_device_env(),
+        )
         stopped = None
         try:
             proc.wait(timeout=max(budget_s, 1))
@@ -227,8 +309,12 @@ def run_with_budget(cmd: list, budget_s: float, log_path: str) -> dict:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-    return dict(returncode=proc.returncode, wall_s=time.perf_counter() - t0, stopped=stopped,
-                started=started)
+    return dict(
+        returncode=proc.returncode,
+        wall_s=time.perf_counter() - t0,
+        stopped=stopped,
+        started=started,
+    )
 
 
 def read_records(path: str) -> list:
@@ -250,50 +336,74 @@ def summarise(records: list, peak: dict) -> dict:
     peak_flops = peak.get(dtype) or peak.get("bfloat16")
     evals = [r for r in records if r.get("event") == "eval"]
     trains = [r for r in records if r.get("event") == "train"]
-    out = dict(model=model.get("name"), compute_dtype=dtype, peak_tflops=peak_flops / 1e12,
-               steps_done=max((r["step"] for r in trains), default=0),
-               evals=[dict(step=r["step"], pass_rate=r["pass_rate"], k=r.get("k"),
-                           num_prompts=r.get("num_prompts"),
-                           eval_s=r.get("eval_seconds")) for r in evals])
+    out = dict(
+        model=model.get("name"),
+        compute_dtype=dtype,
+        peak_tflops=peak_flops / 1e12,
+        steps_done=max((r["step"] for r in trains), default=0),
+        evals=[
+            dict(
+                step=r["step"],
+                pass_rate=r["pass_rate"],
+                k=r.get("k"),
+                num_prompts=r.get("num_prompts"),
+                eval_s=r.get("eval_seconds"),
+            )
+            for r in evals
+        ],
+    )
     if evals:
         out["start_pass_rate"], out["start_step"] = evals[0]["pass_rate"], evals[0]["step"]
         out["end_pass_rate"], out["end_step"] = evals[-1]["pass_rate"], evals[-1]["step"]
     if len(evals) >= 2:
         first, last = evals[0], evals[-1]
         span = last["wall_s"] - (last.get("eval_seconds") or 0.0) - first["wall_s"]
-        d = {k: last["compute"][k] - first["compute"][k]
-             for k in ("sampler_tokens", "trainer_tokens", "sampler_flops", "trainer_flops")}
-        out.update(rl_span_s=span, sampled_tokens=d["sampler_tokens"],
-                   trainer_tokens=d["trainer_tokens"],
-                   sampled_tok_s=d["sampler_tokens"] / span,
-                   trainer_tok_s=d["trainer_tokens"] / span,
-                   loop_mfu=(d["sampler_flops"] + d["trainer_flops"]) / span / peak_flops)
+        d = {
+            k: last["compute"][k] - first["compute"][k]
+            for k in ("sampler_tokens", "trainer_tokens", "sampler_flops", "trainer_flops")
+        }
+        out.update(
+            rl_span_s=span,
+            sampled_tokens=d["sampler_tokens"],
+            trainer_tokens=d["trainer_tokens"],
+            sampled_tok_s=d["sampler_tokens"] / span,
+            trainer_tok_s=d["trainer_tokens"] / span,
+            loop_mfu=(d["sampler_flops"] + d["trainer_flops"]) / span / peak_flops,
+        )
         steady = [r for r in trains if r["step"] > trains[0]["step"]] if trains else []
         train_s = sum(r.get("train_s", 0.0) for r in steady)
         tokens = sum(r.get("batch_seq_tokens", 0.0) for r in steady)
         if steady and train_s > 0 and d["trainer_tokens"] > 0:
             per_token = d["trainer_flops"] / d["trainer_tokens"]
-            out.update(steady_steps=len(steady),
-                       step_s_median=statistics.median(r["step_s"] for r in steady),
-                       train_s_median=statistics.median(r["train_s"] for r in steady),
-                       steady_trainer_tok_s=tokens / train_s,
-                       steady_trainer_mfu=tokens / train_s * per_token / peak_flops)
+            out.update(
+                steady_steps=len(steady),
+                step_s_median=statistics.median(r["step_s"] for r in steady),
+                train_s_median=statistics.median(r["train_s"] for r in steady),
+                steady_trainer_tok_s=tokens / train_s,
+                steady_trainer_mfu=tokens / train_s * per_token / peak_flops,
+            )
     return out
 
 
 def table_row(s: dict, device: str) -> str:
     if "end_pass_rate" not in s:
         return f"| gsm8k on {device} | `python bench/gpu_gsm8k.py run` | no evaluation recorded |"
-    text = (f"{device}: pass rate {s['start_pass_rate']:.3f} (step {s['start_step']}) -> "
-            f"{s['end_pass_rate']:.3f} (step {s['end_step']})")
+    text = (
+        f"{device}: pass rate {s['start_pass_rate']:.3f} (step {s['start_step']}) -> "
+        f"{s['end_pass_rate']:.3f} (step {s['end_step']})"
+    )
     if "loop_mfu" in s:
-        text += (f"; {s['sampled_tok_s']:,.0f} sampled + {s['trainer_tok_s']:,.0f} trained "
-                 f"tok/s over {s['rl_span_s']:.0f} s of RL, loop MFU {100 * s['loop_mfu']:.1f}% "
-                 f"of {s['peak_tflops']:.0f} TFLOP/s {s['compute_dtype']}")
+        text += (
+            f"; {s['sampled_tok_s']:,.0f} sampled + {s['trainer_tok_s']:,.0f} trained "
+            f"tok/s over {s['rl_span_s']:.0f} s of RL, loop MFU {100 * s['loop_mfu']:.1f}% "
+            f"of {s['peak_tflops']:.0f} TFLOP/s {s['compute_dtype']}"
+        )
     if "steady_trainer_mfu" in s:
-        text += (f"; train step {s['train_s_median']:.2f} s, "
-                 f"{s['steady_trainer_tok_s']:,.0f} tok/s, "
-                 f"MFU {100 * s['steady_trainer_mfu']:.1f}%")
+        text += (
+            f"; train step {s['train_s_median']:.2f} s, "
+            f"{s['steady_trainer_tok_s']:,.0f} tok/s, "
+            f"MFU {100 * s['steady_trainer_mfu']:.1f}%"
+        )
     return f"| gsm8k on {device} | `python bench/gpu_gsm8k.py run` | {text} |"
 
 
@@ -302,9 +412,14 @@ def run(args) -> dict:
     if args.smoke:  # CPU: the embedded testbed recipe, no model files, a tiny evaluation
         args.recipe, checkpoint, data = "testbed", None, None
         args.steps, args.eval_every, args.peak_n = 2, 2, 256
-        args.overrides = ["sft=none", "eval.num_prompts=8", "eval.k=1",
-                          "pipeline.prompts_per_step=2", "pipeline.generations_per_prompt=2",
-                          "sampler.max_concurrent_decodes=4"] + list(args.overrides)
+        args.overrides = [
+            "sft=none",
+            "eval.num_prompts=8",
+            "eval.k=1",
+            "pipeline.prompts_per_step=2",
+            "pipeline.generations_per_prompt=2",
+            "sampler.max_concurrent_decodes=4",
+        ] + list(args.overrides)
     elif args.checkpoint:
         checkpoint, data = args.checkpoint, args.data
     elif os.path.isfile(os.path.join(STAGE, "manifest.json")) and not args.dry_run:
@@ -312,6 +427,7 @@ def run(args) -> dict:
     else:
         sys.path.insert(0, ROOT)
         from scalerl_jax.models import fetch
+
         gguf = os.path.join(fetch.cache_root(), "gguf", GGUF_NAME)
         checkpoint = fetch.converted_dir(gguf) if os.path.isfile(gguf) else "SMOLLM2_DIR"
         data = args.data
@@ -333,8 +449,10 @@ def run(args) -> dict:
     if not os.path.isfile(metrics_path):
         with open(log_path) as f:
             tail = f.read()[-3000:]
-        raise SystemExit(f"gpu_gsm8k.py: no metrics.jsonl (run.py exit {res['returncode']}, "
-                         f"{res['stopped'] or 'not stopped'}); its output ends:\n{tail}")
+        raise SystemExit(
+            f"gpu_gsm8k.py: no metrics.jsonl (run.py exit {res['returncode']}, "
+            f"{res['stopped'] or 'not stopped'}); its output ends:\n{tail}"
+        )
     records = read_records(metrics_path)
     summary = dict(device=device, peak=peak, run=res, **summarise(records, peak))
     first_run = next((r for r in records if r.get("event") == "run"), None)
@@ -352,25 +470,40 @@ def run(args) -> dict:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("action", choices=("run", "pack", "stage"))
-    p.add_argument("overrides", nargs="*", metavar="KEY.PATH=VALUE",
-                   help="more config overrides for experiments/run.py")
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="KEY.PATH=VALUE",
+        help="more config overrides for experiments/run.py",
+    )
     p.add_argument("--recipe", default="gsm8k")
-    p.add_argument("--checkpoint", help="HF checkpoint directory (default: the staged pack, "
-                   "else the converted SmolLM2 of `make -s fetch-model`)")
+    p.add_argument(
+        "--checkpoint",
+        help="HF checkpoint directory (default: the staged pack, "
+        "else the converted SmolLM2 of `make -s fetch-model`)",
+    )
     p.add_argument("--data", default=DATA)
     p.add_argument("--gguf", help="pack: this GGUF file instead of the cached SmolLM2")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--eval-every", type=int, default=10)
-    p.add_argument("--budget-s", type=float, default=450.0,
-                   help="the whole call's wall-clock budget, peak and conversion included")
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        default=450.0,
+        help="the whole call's wall-clock budget, peak and conversion included",
+    )
     p.add_argument("--peak-n", type=int, default=8192)
     p.add_argument("--workdir", help=f"run directory (default: {STAGE}/run; removed first)")
     p.add_argument("--out", help="write summary.json, metrics.jsonl and run.log here")
-    p.add_argument("--smoke", action="store_true",
-                   help="CPU check of the plumbing: recipe testbed, 2 steps, tiny evaluation")
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="CPU check of the plumbing: recipe testbed, 2 steps, tiny evaluation",
+    )
     p.add_argument("--dry-run", action="store_true", help="print run.py's command and exit")
     args = p.parse_intermixed_args(argv)
     return {"run": run, "pack": pack, "stage": stage}[args.action](args)

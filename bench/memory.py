@@ -18,6 +18,7 @@ XLA's CPU buffer assignment is not the GPU's or the TPU's (fusion differs, no re
 pass under memory pressure), so these are an upper-bound-style reference for the planner's
 arithmetic (`plan.estimate`), printed beside it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,8 +30,9 @@ import time
 # forward as early as it can, so remat shows no saving at all in the analysis (measured: the
 # same temp bytes with and without remat). The memory-minimising scheduler is the behaviour
 # GPU and TPU schedulers aim for. Set before jax is imported.
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                           " --xla_cpu_enable_concurrency_optimized_scheduler=false").strip()
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_cpu_enable_concurrency_optimized_scheduler=false"
+).strip()
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -64,13 +66,17 @@ def _abstract_batch(mesh, rows: int, t: int, num_prompts: int) -> TrainBatch:
         return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
 
     i32, f32 = jnp.int32, jnp.float32
-    return TrainBatch(tokens=s(i32, (1, rows, t), token), targets=s(i32, (1, rows, t), token),
-                      positions=s(i32, (1, rows, t), token),
-                      segment_ids=s(i32, (1, rows, t), token),
-                      loss_mask=s(jnp.bool_, (1, rows, t), token),
-                      behaviour_logp=s(f32, (1, rows, t), token),
-                      advantages=s(f32, (1, rows), row), prompt_index=s(i32, (1, rows), row),
-                      num_prompts=num_prompts)
+    return TrainBatch(
+        tokens=s(i32, (1, rows, t), token),
+        targets=s(i32, (1, rows, t), token),
+        positions=s(i32, (1, rows, t), token),
+        segment_ids=s(i32, (1, rows, t), token),
+        loss_mask=s(jnp.bool_, (1, rows, t), token),
+        behaviour_logp=s(f32, (1, rows, t), token),
+        advantages=s(f32, (1, rows), row),
+        prompt_index=s(i32, (1, rows), row),
+        num_prompts=num_prompts,
+    )
 
 
 def train_memory(cfg, layers: int, remat: str, fsdp: int) -> dict:
@@ -79,8 +85,15 @@ def train_memory(cfg, layers: int, remat: str, fsdp: int) -> dict:
     model = cfg.model.replace(num_layers=layers, **policy)
     mesh = mesh_lib.trainer_mesh(MeshConfig(fsdp=fsdp), jax.devices()[:fsdp])
     graphdef, abstract = state_lib.abstract_train_state(model, cfg.optim, mesh)
-    step = make_train_step(graphdef, abstract, mesh, model_cfg=model, loss_cfg=cfg.loss,
-                           optim_cfg=cfg.optim, num_prompts=1)
+    step = make_train_step(
+        graphdef,
+        abstract,
+        mesh,
+        model_cfg=model,
+        loss_cfg=cfg.loss,
+        optim_cfg=cfg.optim,
+        num_prompts=1,
+    )
     t = estimate.seq_len(cfg)
     batch = _abstract_batch(mesh, fsdp, t, num_prompts=1)
     start = time.perf_counter()
@@ -101,8 +114,9 @@ def sampler_memory(cfg, layers: int) -> dict:
     # lowering hook), abstract only.
     state = state_lib.with_shardings(jax.eval_shape(engine._init), engine.state_shardings)
     start = time.perf_counter()
-    compiled = engine._generate.lower(jax.tree.leaves(params), state,
-                                      engine.max_target_length).compile()
+    compiled = engine._generate.lower(
+        jax.tree.leaves(params), state, engine.max_target_length
+    ).compile()
     out = _analysis(compiled)
     out.update(compile_s=round(time.perf_counter() - start, 1))
     return out
@@ -115,8 +129,11 @@ def _fit(rows: list[dict], depths: list[int], full: int) -> dict:
     fit = {}
     for k in FIELDS + ("peak",):
         slope = (r1[k] - r0[k]) / (d1 - d0)
-        fit[k] = {"per_layer": slope, "intercept": r0[k] - slope * d0,
-                  "at_full": r0[k] + slope * (full - d0)}
+        fit[k] = {
+            "per_layer": slope,
+            "intercept": r0[k] - slope * d0,
+            "at_full": r0[k] + slope * (full - d0),
+        }
     return fit
 
 
@@ -129,49 +146,95 @@ def planner_train(cfg, remat: str, fsdp: int) -> dict:
     rows = cfg.pipeline.prompts_per_step * cfg.pipeline.generations_per_prompt
     shape = {"data": 1, "fsdp": fsdp, "tensor": 1}
     mem = estimate.trainer_memory(cfg, shape, rows // fsdp, remat != "none", 1)
-    return {"params": mem.params, "optimizer": mem.optimizer, "gradients": mem.gradients,
-            "activations": mem.activations, "peak": mem.peak}
+    return {
+        "params": mem.params,
+        "optimizer": mem.optimizer,
+        "gradients": mem.gradients,
+        "activations": mem.activations,
+        "peak": mem.peak,
+    }
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--part", choices=("train", "sampler", "all"), default="all")
     p.add_argument("--layers", type=int, nargs="+", default=[2, 4])
-    p.add_argument("--remat", nargs="+", default=["none", "full", "dots_no_batch", "attn_out"],
-                   choices=("none", "full", "dots", "dots_no_batch", "attn_out"))
+    p.add_argument(
+        "--remat",
+        nargs="+",
+        default=["none", "full", "dots_no_batch", "attn_out"],
+        choices=("none", "full", "dots", "dots_no_batch", "attn_out"),
+    )
     p.add_argument("--fsdp", type=int, default=1, help="fake CPU devices: set XLA_FLAGS too")
     p.add_argument("--model", default=recipes.DEFAULT_MODEL)
     args = p.parse_args()
     cfg = recipes.scalerl(args.model)
     full = cfg.model.num_layers
-    head = {"model": cfg.model.name, "layers_full": full, "seq": estimate.seq_len(cfg),
-            "slots": cfg.sampler.max_concurrent_decodes,
-            "cache_len": cfg.sampler.max_target_length, "fsdp": args.fsdp,
-            "devices": len(jax.devices())}
+    head = {
+        "model": cfg.model.name,
+        "layers_full": full,
+        "seq": estimate.seq_len(cfg),
+        "slots": cfg.sampler.max_concurrent_decodes,
+        "cache_len": cfg.sampler.max_target_length,
+        "fsdp": args.fsdp,
+        "devices": len(jax.devices()),
+    }
     print(json.dumps(head))
     if args.part in ("train", "all"):
         for remat in args.remat:
             rows = [train_memory(cfg, n, remat, args.fsdp) for n in args.layers]
             for n, r in zip(args.layers, rows):
-                print(json.dumps({"part": "train", "remat": remat, "layers": n,
-                                  **{k: _gib(v) if k != "compile_s" else v
-                                     for k, v in r.items()}}))
+                print(
+                    json.dumps(
+                        {
+                            "part": "train",
+                            "remat": remat,
+                            "layers": n,
+                            **{k: _gib(v) if k != "compile_s" else v for k, v in r.items()},
+                        }
+                    )
+                )
             fit = _fit(rows, args.layers, full) if len(args.layers) > 1 else {}
-            print(json.dumps({"part": "train", "remat": remat, "fit_GiB": {
-                k: {a: _gib(b) for a, b in v.items()} for k, v in fit.items()},
-                "planner_GiB": {k: _gib(v) for k, v in planner_train(cfg, remat,
-                                                                      args.fsdp).items()}}))
+            print(
+                json.dumps(
+                    {
+                        "part": "train",
+                        "remat": remat,
+                        "fit_GiB": {k: {a: _gib(b) for a, b in v.items()} for k, v in fit.items()},
+                        "planner_GiB": {
+                            k: _gib(v) for k, v in planner_train(cfg, remat, args.fsdp).items()
+                        },
+                    }
+                )
+            )
     if args.part in ("sampler", "all") and args.fsdp == 1:
         rows = [sampler_memory(cfg, n) for n in args.layers]
         for n, r in zip(args.layers, rows):
-            print(json.dumps({"part": "sampler", "layers": n,
-                              **{k: _gib(v) if k != "compile_s" else v for k, v in r.items()}}))
+            print(
+                json.dumps(
+                    {
+                        "part": "sampler",
+                        "layers": n,
+                        **{k: _gib(v) if k != "compile_s" else v for k, v in r.items()},
+                    }
+                )
+            )
         fit = _fit(rows, args.layers, full) if len(args.layers) > 1 else {}
         mem = estimate.sampler_memory(cfg, 1, 1, cfg.sampler.max_concurrent_decodes)
-        print(json.dumps({"part": "sampler", "fit_GiB": {
-            k: {a: _gib(b) for a, b in v.items()} for k, v in fit.items()},
-            "planner_GiB": {"params": _gib(mem.params), "kv_cache": _gib(mem.kv_cache),
-                            "working": _gib(mem.working), "peak": _gib(mem.peak)}}))
+        print(
+            json.dumps(
+                {
+                    "part": "sampler",
+                    "fit_GiB": {k: {a: _gib(b) for a, b in v.items()} for k, v in fit.items()},
+                    "planner_GiB": {
+                        "params": _gib(mem.params),
+                        "kv_cache": _gib(mem.kv_cache),
+                        "working": _gib(mem.working),
+                        "peak": _gib(mem.peak),
+                    },
+                }
+            )
+        )
 
 
 if __name__ == "__main__":

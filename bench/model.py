@@ -9,6 +9,7 @@ the useful work: the masked-out upper half of the attention scores is not counte
     python bench/model.py --seq 1024 --batch 1
     python bench/model.py --preset qwen2.5-0.5b --dtype bfloat16   # on an accelerator
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,9 +28,17 @@ from scalerl_jax.config import ModelConfig  # noqa: E402
 from scalerl_jax.models import presets, transformer  # noqa: E402
 
 # ~200M parameters, Llama-3 shaped (GQA 4:1, SwiGLU), 32k vocabulary.
-MID = ModelConfig(name="mid-200m", vocab_size=32000, hidden_size=1024, intermediate_size=2816,
-                  num_layers=12, num_heads=16, num_kv_heads=4, rope_theta=500000.0,
-                  max_position_embeddings=8192)
+MID = ModelConfig(
+    name="mid-200m",
+    vocab_size=32000,
+    hidden_size=1024,
+    intermediate_size=2816,
+    num_layers=12,
+    num_heads=16,
+    num_kv_heads=4,
+    rope_theta=500000.0,
+    max_position_embeddings=8192,
+)
 
 
 def timed(fn, repeats: int = 1) -> tuple[float, float]:
@@ -51,12 +60,13 @@ def matmul_peak(dtype, n: int, repeats: int) -> tuple[float, float]:
     dot = jax.jit(lambda a, b: jnp.dot(a, b, preferred_element_type=dtype))
     dot(a, b).block_until_ready()
     wall, cpu = timed(lambda: dot(a, b), repeats)
-    return 2 * n ** 3 / wall, 2 * n ** 3 / cpu
+    return 2 * n**3 / wall, 2 * n**3 / cpu
 
 
 def train_step_fn(graphdef):
     """Loss and gradients of next-token cross-entropy: the work of one training step minus the
     optimizer update (which is O(N), not O(N·T))."""
+
     def loss_fn(params, tokens):
         model = nnx.merge(graphdef, params)
         logits = model.logits(model(tokens[:, :-1]))
@@ -69,8 +79,9 @@ def train_step_fn(graphdef):
 def compiled_step(cfg: ModelConfig, batch: int, seq: int):
     """(run_step, compile seconds): one fwd+bwd of random params on a fixed random batch."""
     graphdef, params = random_params(cfg)
-    tokens = jnp.asarray(np.random.RandomState(1).randint(
-        0, cfg.vocab_size, (batch, seq + 1)), jnp.int32)
+    tokens = jnp.asarray(
+        np.random.RandomState(1).randint(0, cfg.vocab_size, (batch, seq + 1)), jnp.int32
+    )
     step = train_step_fn(graphdef)
     run_step = lambda: step(params, tokens)  # noqa: E731
     return run_step, timed(run_step)[0]
@@ -93,8 +104,9 @@ def mfu_rounds(run_step, flops: float, dtype, peak_n: int, steps: int) -> list:
 
 def random_params(cfg: ModelConfig, seed: int = 0):
     # Host-side numpy init: the benchmark measures the step, not parameter creation.
-    graphdef, params = nnx.split(nnx.eval_shape(
-        lambda: transformer.Transformer(cfg, nnx.Rngs(params=0))))
+    graphdef, params = nnx.split(
+        nnx.eval_shape(lambda: transformer.Transformer(cfg, nnx.Rngs(params=0)))
+    )
     rng = np.random.RandomState(seed)
     for path, v in nnx.to_flat_state(params):
         shape = v.get_value().shape
@@ -111,8 +123,12 @@ def main():
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--dtype", default="float32", help="param and compute dtype")
     p.add_argument("--steps", type=int, default=5, help="timed rounds (the median is reported)")
-    p.add_argument("--attention-chunk", type=int, default=None,
-                   help="override ModelConfig.attention_chunk (0: unchunked attention)")
+    p.add_argument(
+        "--attention-chunk",
+        type=int,
+        default=None,
+        help="override ModelConfig.attention_chunk (0: unchunked attention)",
+    )
     p.add_argument("--peak-n", type=int, default=2048, help="matmul size for the peak")
     args = p.parse_args()
 
@@ -133,20 +149,33 @@ def main():
     mfu_cpu = median([r[1] for r in rounds])
     achieved = model_flops / step_s
     rows = [
-        ("device", f"{jax.devices()[0].device_kind} x{jax.device_count()} "
-                   f"({os.cpu_count()} host cores)"),
-        ("model", f"{cfg.name}: {cfg.num_params() / 1e6:.0f}M params, {cfg.num_layers} layers, "
-                  f"d={cfg.hidden_size}, {args.dtype}"),
+        (
+            "device",
+            f"{jax.devices()[0].device_kind} x{jax.device_count()} ({os.cpu_count()} host cores)",
+        ),
+        (
+            "model",
+            f"{cfg.name}: {cfg.num_params() / 1e6:.0f}M params, {cfg.num_layers} layers, "
+            f"d={cfg.hidden_size}, {args.dtype}",
+        ),
         ("batch x seq", f"{args.batch} x {args.seq} (attention_chunk {cfg.attention_chunk})"),
         ("compile", f"{compile_s:.1f} s"),
         ("fwd+bwd step", f"{step_s * 1e3:.0f} ms"),
         ("tokens/s", f"{n_tokens / step_s:,.1f}"),
         ("model TFLOP/s", f"{achieved / 1e12:.3f}"),
         (f"matmul peak ({args.peak_n}^3)", f"{peak / 1e12:.3f} TFLOP/s"),
-        ("MFU (wall)", f"{100 * mfu:.1f}% (median of {len(rounds)} rounds: "
-                       + ", ".join(f"{100 * r[0]:.0f}%" for r in rounds) + ")"),
-        ("MFU (CPU time)", f"{100 * mfu_cpu:.1f}% (rounds: "
-                           + ", ".join(f"{100 * r[1]:.0f}%" for r in rounds) + ")"),
+        (
+            "MFU (wall)",
+            f"{100 * mfu:.1f}% (median of {len(rounds)} rounds: "
+            + ", ".join(f"{100 * r[0]:.0f}%" for r in rounds)
+            + ")",
+        ),
+        (
+            "MFU (CPU time)",
+            f"{100 * mfu_cpu:.1f}% (rounds: "
+            + ", ".join(f"{100 * r[1]:.0f}%" for r in rounds)
+            + ")",
+        ),
     ]
     width = max(len(k) for k, _ in rows)
     for k, v in rows:

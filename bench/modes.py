@@ -17,6 +17,7 @@ mode, from each run's metrics.jsonl:
 Results go to stdout and bench/out/modes.json. The modes run one after the other on the same
 machine, so quote ratios from one invocation.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,8 +36,14 @@ from scalerl_jax.metrics import read_metrics  # noqa: E402
 
 
 def run(workdir: str, *args: str) -> None:
-    cmd = [sys.executable, os.path.join(ROOT, "experiments", "run.py"), "--workdir", workdir,
-           "--no-fit", *args]
+    cmd = [
+        sys.executable,
+        os.path.join(ROOT, "experiments", "run.py"),
+        "--workdir",
+        workdir,
+        "--no-fit",
+        *args,
+    ]
     print("$", " ".join(cmd[1:]), flush=True)
     subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
 
@@ -54,14 +61,16 @@ def summarise(workdir: str, target: float) -> dict:
     samples = sum(r["samples_per_s"] * r["step_s"] for r in train)  # generations per step
     reached = next((e for e in evals[1:] if e["pass_rate"] >= target), None)
     return {
-        "steps": len(train), "rl_seconds": clock[train[-1]["step"]],
+        "steps": len(train),
+        "rl_seconds": clock[train[-1]["step"]],
         "samples_per_s": samples / clock[train[-1]["step"]],
         "sampler_busy": 1.0 - float(np.mean([r["sampler_idle_frac"] for r in train])),
         "trainer_busy": 1.0 - float(np.mean([r["trainer_wait_frac"] for r in train])),
         "staleness_mean": float(np.mean([r["staleness_mean"] for r in train])),
         "staleness_max": int(max(r["staleness_max"] for r in train)),
         "stale_groups": int(sum(r["stale_groups"] for r in train)),
-        "base_pass_rate": evals[0]["pass_rate"], "final_pass_rate": evals[-1]["pass_rate"],
+        "base_pass_rate": evals[0]["pass_rate"],
+        "final_pass_rate": evals[-1]["pass_rate"],
         "target_step": reached["step"] if reached else None,
         "target_seconds": clock[reached["step"]] if reached else None,
     }
@@ -89,22 +98,41 @@ def main(argv=None) -> int:
         run(workdir, f"pipeline.mode={mode}", *common)
         results[mode] = summarise(workdir, args.target)
     load = os.getloadavg()
-    header = ("mode", "samples/s", "sampler busy", "trainer busy", "staleness mean/max",
-              f"time to {args.target}", "base -> final")
+    header = (
+        "mode",
+        "samples/s",
+        "sampler busy",
+        "trainer busy",
+        "staleness mean/max",
+        f"time to {args.target}",
+        "base -> final",
+    )
     rows = [header]
     for mode, r in results.items():
-        reach = (f"{r['target_seconds']:.0f} s (step {r['target_step']})"
-                 if r["target_step"] else "not reached")
-        rows.append((mode, f"{r['samples_per_s']:.1f}", f"{r['sampler_busy']:.2f}",
-                     f"{r['trainer_busy']:.2f}",
-                     f"{r['staleness_mean']:.1f} / {r['staleness_max']}", reach,
-                     f"{r['base_pass_rate']:.3f} -> {r['final_pass_rate']:.3f}"))
+        reach = (
+            f"{r['target_seconds']:.0f} s (step {r['target_step']})"
+            if r["target_step"]
+            else "not reached"
+        )
+        rows.append(
+            (
+                mode,
+                f"{r['samples_per_s']:.1f}",
+                f"{r['sampler_busy']:.2f}",
+                f"{r['trainer_busy']:.2f}",
+                f"{r['staleness_mean']:.1f} / {r['staleness_max']}",
+                reach,
+                f"{r['base_pass_rate']:.3f} -> {r['final_pass_rate']:.3f}",
+            )
+        )
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(header))]
     for row in rows:
         print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)))
     if "pipeline" in results and "sync" in results:
-        print(f"pipeline / sync samples/s: "
-              f"x{results['pipeline']['samples_per_s'] / results['sync']['samples_per_s']:.2f}")
+        print(
+            f"pipeline / sync samples/s: "
+            f"x{results['pipeline']['samples_per_s'] / results['sync']['samples_per_s']:.2f}"
+        )
     print(f"load average: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
     with open(os.path.join(args.out, "modes.json"), "w") as f:
         json.dump({"args": vars(args), "results": results, "loadavg": load}, f, indent=2)

@@ -11,6 +11,7 @@ peak, step, peak and the median round).
     .venv/bin/python bench/moe.py                      # 16 experts top-2, d=512, seq 512, fp32
     python bench/moe.py --experts 64 --top-k 8 --dtype bfloat16   # on an accelerator
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,16 +30,30 @@ from scalerl_jax.models import transformer  # noqa: E402
 
 
 def configs(args) -> tuple[ModelConfig, ModelConfig]:
-    base = dict(vocab_size=32000, hidden_size=args.hidden, num_layers=args.layers,
-                num_heads=args.hidden // 64, num_kv_heads=max(1, args.hidden // 256),
-                rope_theta=500000.0, max_position_embeddings=8192, param_dtype=args.dtype,
-                compute_dtype=args.dtype)
-    moe = ModelConfig(name=f"moe-{args.experts}x{args.expert_size}-top{args.top_k}",
-                      intermediate_size=args.expert_size, num_experts=args.experts,
-                      experts_per_token=args.top_k, moe_intermediate_size=args.expert_size,
-                      **base)
-    dense = ModelConfig(name=f"dense-{args.top_k * args.expert_size}",
-                        intermediate_size=args.top_k * args.expert_size, **base)
+    base = dict(
+        vocab_size=32000,
+        hidden_size=args.hidden,
+        num_layers=args.layers,
+        num_heads=args.hidden // 64,
+        num_kv_heads=max(1, args.hidden // 256),
+        rope_theta=500000.0,
+        max_position_embeddings=8192,
+        param_dtype=args.dtype,
+        compute_dtype=args.dtype,
+    )
+    moe = ModelConfig(
+        name=f"moe-{args.experts}x{args.expert_size}-top{args.top_k}",
+        intermediate_size=args.expert_size,
+        num_experts=args.experts,
+        experts_per_token=args.top_k,
+        moe_intermediate_size=args.expert_size,
+        **base,
+    )
+    dense = ModelConfig(
+        name=f"dense-{args.top_k * args.expert_size}",
+        intermediate_size=args.top_k * args.expert_size,
+        **base,
+    )
     return moe, dense
 
 
@@ -48,9 +63,15 @@ def measure(cfg: ModelConfig, args, dtype) -> dict:
     flops = transformer.num_flops_per_token(cfg, args.seq, training=True) * n_tokens
     rounds = mfu_rounds(run_step, flops, dtype, args.peak_n, args.steps)
     mfu, _, step_s, _ = sorted(rounds)[len(rounds) // 2]
-    return dict(cfg=cfg, compile_s=compile_s, step_s=step_s, tokens_s=n_tokens / step_s,
-                mfu=mfu, mfu_cpu=sorted(r[1] for r in rounds)[len(rounds) // 2],
-                tflops=flops / step_s / 1e12)
+    return dict(
+        cfg=cfg,
+        compile_s=compile_s,
+        step_s=step_s,
+        tokens_s=n_tokens / step_s,
+        mfu=mfu,
+        mfu_cpu=sorted(r[1] for r in rounds)[len(rounds) // 2],
+        tflops=flops / step_s / 1e12,
+    )
 
 
 def main():
@@ -67,16 +88,22 @@ def main():
     p.add_argument("--peak-n", type=int, default=2048, help="matmul size for the peak")
     args = p.parse_args()
     dtype = jnp.dtype(args.dtype)
-    print(f"device {jax.devices()[0].device_kind} x{jax.device_count()} "
-          f"({os.cpu_count()} host cores); batch x seq {args.batch} x {args.seq}, {args.dtype}")
+    print(
+        f"device {jax.devices()[0].device_kind} x{jax.device_count()} "
+        f"({os.cpu_count()} host cores); batch x seq {args.batch} x {args.seq}, {args.dtype}"
+    )
     results = [measure(cfg, args, dtype) for cfg in configs(args)]
-    print(f"{'model':<26} {'total':>8} {'active':>8} {'compile':>8} {'step':>8} "
-          f"{'tokens/s':>9} {'TFLOP/s':>8} {'MFU':>6} {'MFU cpu':>8}")
+    print(
+        f"{'model':<26} {'total':>8} {'active':>8} {'compile':>8} {'step':>8} "
+        f"{'tokens/s':>9} {'TFLOP/s':>8} {'MFU':>6} {'MFU cpu':>8}"
+    )
     for r in results:
         c = r["cfg"]
-        print(f"{c.name:<26} {c.num_params() / 1e6:>7.1f}M {c.num_params(active=True) / 1e6:>7.1f}M"
-              f" {r['compile_s']:>7.1f}s {r['step_s'] * 1e3:>6.0f}ms {r['tokens_s']:>9.1f} "
-              f"{r['tflops']:>8.3f} {100 * r['mfu']:>5.1f}% {100 * r['mfu_cpu']:>7.1f}%")
+        print(
+            f"{c.name:<26} {c.num_params() / 1e6:>7.1f}M {c.num_params(active=True) / 1e6:>7.1f}M"
+            f" {r['compile_s']:>7.1f}s {r['step_s'] * 1e3:>6.0f}ms {r['tokens_s']:>9.1f} "
+            f"{r['tflops']:>8.3f} {100 * r['mfu']:>5.1f}% {100 * r['mfu_cpu']:>7.1f}%"
+        )
     moe, dense = results
     print(f"MoE / dense tokens/s: x{moe['tokens_s'] / dense['tokens_s']:.2f}")
 

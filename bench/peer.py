@@ -27,6 +27,7 @@ The driver runs our side and tunix's script (`--tunix-script`, with `--tunix-pyt
 a separate virtualenv) as alternating subprocesses, so both see the same machine load, and prints
 the per-round ratios, their medians and the load average before each run.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,17 +46,27 @@ PROMPT, GEN, BATCH = 64, 256, 32
 
 def model_config():
     from scalerl_jax.config import ModelConfig
-    return ModelConfig(name="peer-qwen2-8m", vocab_size=SHAPE["vocab"],
-                       hidden_size=SHAPE["hidden"], intermediate_size=SHAPE["mlp"],
-                       num_layers=SHAPE["layers"], num_heads=SHAPE["heads"],
-                       num_kv_heads=SHAPE["kv_heads"], head_dim=SHAPE["head_dim"],
-                       qkv_bias=True, rope_theta=1e6, max_position_embeddings=PROMPT + GEN)
+
+    return ModelConfig(
+        name="peer-qwen2-8m",
+        vocab_size=SHAPE["vocab"],
+        hidden_size=SHAPE["hidden"],
+        intermediate_size=SHAPE["mlp"],
+        num_layers=SHAPE["layers"],
+        num_heads=SHAPE["heads"],
+        num_kv_heads=SHAPE["kv_heads"],
+        head_dim=SHAPE["head_dim"],
+        qkv_bias=True,
+        rope_theta=1e6,
+        max_position_embeddings=PROMPT + GEN,
+    )
 
 
 def random_params(engine):
     """N(0, 1/fan_in) weights like tunix_bench's re-drawn init, norm scales at 1."""
     import jax
     import numpy as np
+
     rng = np.random.default_rng(0)
 
     def init(path, a):
@@ -63,6 +74,7 @@ def random_params(engine):
             return np.ones(a.shape, a.dtype)
         fan_in = a.shape[0] if a.ndim >= 2 else 1
         return (rng.normal(0, 1, a.shape) / np.sqrt(fan_in)).astype(a.dtype)
+
     return engine.load_params(jax.tree.map_with_path(init, engine.abstract_params))
 
 
@@ -77,10 +89,15 @@ def sampler_setup(steps_per_call: int):
     from scalerl_jax.sampler import Driver, Engine, Prompt
 
     mesh = Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("data", "tensor"))
-    cfg = SamplerConfig(max_concurrent_decodes=BATCH, max_prefill_length=PROMPT,
-                        max_target_length=PROMPT + GEN, max_new_tokens=GEN,
-                        interruptions=False, temperature=1.0,
-                        decode_steps_per_call=steps_per_call)
+    cfg = SamplerConfig(
+        max_concurrent_decodes=BATCH,
+        max_prefill_length=PROMPT,
+        max_target_length=PROMPT + GEN,
+        max_new_tokens=GEN,
+        interruptions=False,
+        temperature=1.0,
+        decode_steps_per_call=steps_per_call,
+    )
     engine = Engine(model_config(), mesh, cfg)
     params = random_params(engine)
     Driver(engine, params, [Prompt("w", [1] * PROMPT)], group_size=1, eos_ids=[]).precompile()
@@ -95,8 +112,9 @@ def sampler_call(engine, params, seed: int, **driver_kwargs):
     from scalerl_jax.sampler import Driver, Prompt
 
     r = np.random.default_rng(seed)
-    ps = [Prompt(f"p{seed}-{i}", r.integers(1, SHAPE["vocab"], PROMPT).tolist())
-          for i in range(BATCH)]
+    ps = [
+        Prompt(f"p{seed}-{i}", r.integers(1, SHAPE["vocab"], PROMPT).tolist()) for i in range(BATCH)
+    ]
     driver = Driver(engine, params, ps, group_size=1, eos_ids=[], seed=seed, **driver_kwargs)
     t0 = time.perf_counter()
     driver.run()
@@ -117,17 +135,25 @@ def bench_sampler_k(args, steps_per_call: int, mixed: bool = True) -> dict:
     full = []
     for i in range(args.sample_iters):
         wall, driver = sampler_call(engine, params, i + 1)
-        full.append(dict(wall_s=wall, tokens=int(driver.stats["tokens"]),
-                         host_s=driver.stats["time_host"],
-                         prefill_s=driver.stats["time_prefill"]))
+        full.append(
+            dict(
+                wall_s=wall,
+                tokens=int(driver.stats["tokens"]),
+                host_s=driver.stats["time_host"],
+                prefill_s=driver.stats["time_prefill"],
+            )
+        )
     tokens = sum(r["tokens"] for r in full)
     wall = sum(r["wall_s"] for r in full)
-    out = dict(steps_per_call=steps_per_call, decode_tok_s=round(tokens / wall, 1),
-               call_s=[round(r["wall_s"], 3) for r in full],
-               tokens_per_call=[r["tokens"] for r in full],
-               step_ms=round(1e3 * wall / (GEN * len(full)), 2),
-               host_frac=round(sum(r["host_s"] for r in full) / wall, 3),
-               prefill_frac=round(sum(r["prefill_s"] for r in full) / wall, 3))
+    out = dict(
+        steps_per_call=steps_per_call,
+        decode_tok_s=round(tokens / wall, 1),
+        call_s=[round(r["wall_s"], 3) for r in full],
+        tokens_per_call=[r["tokens"] for r in full],
+        step_ms=round(1e3 * wall / (GEN * len(full)), 2),
+        host_frac=round(sum(r["host_s"] for r in full) / wall, 3),
+        prefill_frac=round(sum(r["prefill_s"] for r in full) / wall, 3),
+    )
     if args.mixed_steps and mixed:
         out["mixed"] = bench_mixed(args, engine, params)
     return out
@@ -141,8 +167,10 @@ def bench_driver_ab(rounds: int, what: str) -> dict:
     import dataclasses
 
     cfg, engine, params = sampler_setup(1)
-    off, on = {"dispatch": ({"dispatch_ahead": False}, {"dispatch_ahead": True}),
-               "prefill": ({"cfg": dataclasses.replace(cfg, prefill_batch_tokens=0)}, {})}[what]
+    off, on = {
+        "dispatch": ({"dispatch_ahead": False}, {"dispatch_ahead": True}),
+        "prefill": ({"cfg": dataclasses.replace(cfg, prefill_batch_tokens=0)}, {}),
+    }[what]
 
     def tok_s(seed, kwargs):
         wall, driver = sampler_call(engine, params, seed, **kwargs)
@@ -151,8 +179,11 @@ def bench_driver_ab(rounds: int, what: str) -> dict:
     tok_s(0, off)
     tok_s(0, on)
     res = [(tok_s(i + 1, off), tok_s(i + 1, on)) for i in range(rounds)]
-    return dict(off_tok_s=[round(a) for a, _ in res], on_tok_s=[round(b) for _, b in res],
-                ratio_median=round(statistics.median(b / a for a, b in res), 3))
+    return dict(
+        off_tok_s=[round(a) for a, _ in res],
+        on_tok_s=[round(b) for _, b in res],
+        ratio_median=round(statistics.median(b / a for a, b in res), 3),
+    )
 
 
 def bench_mixed(args, engine, params) -> dict:
@@ -170,8 +201,14 @@ def bench_mixed(args, engine, params) -> dict:
             yield Prompt(f"m{i}", r.integers(1, SHAPE["vocab"], PROMPT).tolist())
 
     lengths = []
-    driver = Driver(engine, params, stream(), group_size=1, eos_ids=list(range(args.eos)),
-                    on_group=lambda g: lengths.extend(len(c.tokens) for c in g.completions))
+    driver = Driver(
+        engine,
+        params,
+        stream(),
+        group_size=1,
+        eos_ids=list(range(args.eos)),
+        on_group=lambda g: lengths.extend(len(c.tokens) for c in g.completions),
+    )
     while driver.stats["decode_steps"] < GEN:  # past the first wave of (all long) completions
         driver.step()
     before, n_before = dict(driver.stats), len(lengths)
@@ -181,29 +218,52 @@ def bench_mixed(args, engine, params) -> dict:
     wall = time.perf_counter() - t0
     d = {k: driver.stats[k] - before[k] for k in before}
     done = lengths[n_before:]
-    return dict(eos_ids=args.eos, decode_steps=d["decode_steps"],
-                useful_tok_s=round(d["tokens"] / wall, 1),
-                utilisation=round(d["tokens"] / d["slot_steps"], 3),
-                completions=len(done), mean_len=round(float(np.mean(done)), 1),
-                min_len=int(np.min(done)), max_len=int(np.max(done)), wall_s=round(wall, 2))
+    return dict(
+        eos_ids=args.eos,
+        decode_steps=d["decode_steps"],
+        useful_tok_s=round(d["tokens"] / wall, 1),
+        utilisation=round(d["tokens"] / d["slot_steps"], 3),
+        completions=len(done),
+        mean_len=round(float(np.mean(done)), 1),
+        min_len=int(np.min(done)),
+        max_len=int(np.max(done)),
+        wall_s=round(wall, 2),
+    )
 
 
 def bench_train(args) -> dict:
     sys.path.insert(0, HERE)
     import train_step
-    ns = argparse.Namespace(layers=SHAPE["layers"], d=SHAPE["hidden"], ffn=SHAPE["mlp"],
-                            heads=SHAPE["heads"], kv_heads=SHAPE["kv_heads"],
-                            vocab=SHAPE["vocab"], seq=PROMPT + GEN, rows=BATCH,
-                            dtype="float32", chunk=512, remat=False, steps=args.train_iters,
-                            peak_n=2048)
+
+    ns = argparse.Namespace(
+        layers=SHAPE["layers"],
+        d=SHAPE["hidden"],
+        ffn=SHAPE["mlp"],
+        heads=SHAPE["heads"],
+        kv_heads=SHAPE["kv_heads"],
+        vocab=SHAPE["vocab"],
+        seq=PROMPT + GEN,
+        rows=BATCH,
+        dtype="float32",
+        chunk=512,
+        remat=False,
+        steps=args.train_iters,
+        peak_n=2048,
+    )
     r = train_step.bench_step(ns)
-    return dict(tok_s=r["tokens_per_s"], step_s=r["step_s"], mfu=r["mfu_vs_matmul_peak"],
-                mfu_cpu=r["mfu_cpu_time"], params_M=r["params_M"])
+    return dict(
+        tok_s=r["tokens_per_s"],
+        step_s=r["step_s"],
+        mfu=r["mfu_vs_matmul_peak"],
+        mfu_cpu=r["mfu_cpu_time"],
+        params_M=r["params_M"],
+    )
 
 
 def run_ours(args) -> dict:
     sys.path.insert(0, ROOT)
     import jax
+
     res = dict(devices=f"{jax.devices()[0].platform} x1")
     if args.dispatch_ab or args.prefill_ab:
         for what, rounds in (("dispatch", args.dispatch_ab), ("prefill", args.prefill_ab)):
@@ -236,24 +296,46 @@ def run_sub(cmd, label) -> dict:
 
 
 def drive(args):
-    ours_cmd = [sys.executable, os.path.abspath(__file__), "ours",
-                "--sample-iters", str(args.sample_iters), "--train-iters", str(args.train_iters),
-                "--steps-per-call", str(args.steps_per_call), "--eos", str(args.eos),
-                "--mixed-steps", str(args.mixed_steps), "--only", args.only] + (
-                    ["--no-train"] if args.no_train else [])
+    ours_cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "ours",
+        "--sample-iters",
+        str(args.sample_iters),
+        "--train-iters",
+        str(args.train_iters),
+        "--steps-per-call",
+        str(args.steps_per_call),
+        "--eos",
+        str(args.eos),
+        "--mixed-steps",
+        str(args.mixed_steps),
+        "--only",
+        args.only,
+    ] + (["--no-train"] if args.no_train else [])
     sample_iters = 1 if args.only == "update" else args.sample_iters  # its script needs >= 1
-    tunix_cmd = [args.tunix_python, args.tunix_script, "--grpo-steps", "0",
-                 "--no-prefill-probe", "--sample-iters", str(sample_iters),
-                 "--train-iters", str(1 if args.no_train else args.train_iters)]
+    tunix_cmd = [
+        args.tunix_python,
+        args.tunix_script,
+        "--grpo-steps",
+        "0",
+        "--no-prefill-probe",
+        "--sample-iters",
+        str(sample_iters),
+        "--train-iters",
+        str(1 if args.no_train else args.train_iters),
+    ]
     rounds = []
     for i in range(args.rounds):
         o = run_sub(ours_cmd, "ours")
         t = run_sub(tunix_cmd, "tunix")
         r = dict(round=i, load_ours=o["_load"], load_tunix=t["_load"])
         if "sampler" in o:  # absent with --only update
-            r.update(ours_tok_s=o["sampler"]["decode_tok_s"],
-                     tunix_tok_s=t["sampler"]["decode_tok_s"],
-                     ours_step_ms=o["sampler"]["step_ms"])
+            r.update(
+                ours_tok_s=o["sampler"]["decode_tok_s"],
+                tunix_tok_s=t["sampler"]["decode_tok_s"],
+                ours_step_ms=o["sampler"]["step_ms"],
+            )
             r["sampler_ratio"] = r["ours_tok_s"] / r["tunix_tok_s"]
         for key, extra in o.get("sampler", {}).items():  # further decode_steps_per_call settings
             if key.startswith("steps_per_call_"):
@@ -273,30 +355,41 @@ def drive(args):
             r["ours_mfu"] = o["train_update"]["mfu"]
             r["ours_mfu_cpu"] = o["train_update"]["mfu_cpu"]
         rounds.append(r)
-        print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()}),
-              flush=True)
-    med = {k: round(statistics.median(r[k] for r in rounds), 3)
-           for k in rounds[0] if k != "round"}
+        print(
+            json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()}),
+            flush=True,
+        )
+    med = {k: round(statistics.median(r[k] for r in rounds), 3) for k in rounds[0] if k != "round"}
     print("median over rounds: " + json.dumps(med))
     ks = str(args.steps_per_call).split(",")
-    print(f"load average {min(min(r['load_ours'], r['load_tunix']) for r in rounds):.1f}-"
-          f"{max(max(r['load_ours'], r['load_tunix']) for r in rounds):.1f}")
+    print(
+        f"load average {min(min(r['load_ours'], r['load_tunix']) for r in rounds):.1f}-"
+        f"{max(max(r['load_ours'], r['load_tunix']) for r in rounds):.1f}"
+    )
     if "sampler_ratio" in med:
-        print(f"sampler (32 x 64 prompt, 256 new), decode_steps_per_call {ks[0]}: ours "
-              f"{med['ours_tok_s']:.0f} tok/s vs tunix {med['tunix_tok_s']:.0f} -> "
-              f"x{med['sampler_ratio']:.2f}")
-    for k in (ks[1:] if "sampler_ratio" in med else []):
-        print(f"  decode_steps_per_call {k}: ours {med[f'ours_tok_s_k{k}']:.0f} tok/s -> "
-              f"x{med[f'sampler_ratio_k{k}']:.2f}")
+        print(
+            f"sampler (32 x 64 prompt, 256 new), decode_steps_per_call {ks[0]}: ours "
+            f"{med['ours_tok_s']:.0f} tok/s vs tunix {med['tunix_tok_s']:.0f} -> "
+            f"x{med['sampler_ratio']:.2f}"
+        )
+    for k in ks[1:] if "sampler_ratio" in med else []:
+        print(
+            f"  decode_steps_per_call {k}: ours {med[f'ours_tok_s_k{k}']:.0f} tok/s -> "
+            f"x{med[f'sampler_ratio_k{k}']:.2f}"
+        )
     if "mixed_ratio" in med:
-        print(f"mixed lengths (mean {med['mixed_mean_len']:.0f} of max {GEN}): useful tok/s ours "
-              f"{med['mixed_ours']:.0f} vs tunix {med['mixed_tunix']:.0f} (decodes to the "
-              f"longest) -> x{med['mixed_ratio']:.2f}")
+        print(
+            f"mixed lengths (mean {med['mixed_mean_len']:.0f} of max {GEN}): useful tok/s ours "
+            f"{med['mixed_ours']:.0f} vs tunix {med['mixed_tunix']:.0f} (decodes to the "
+            f"longest) -> x{med['mixed_ratio']:.2f}"
+        )
     if "train_ratio" in med:
-        print(f"train update (32 x 320): ours {med['ours_train_tok_s']:.0f} tok/s vs tunix "
-              f"{med['tunix_train_tok_s']:.0f} -> x{med['train_ratio']:.2f}; ours MFU "
-              f"{med['ours_mfu']:.2f} of the run's matmul peak (CPU time "
-              f"{med['ours_mfu_cpu']:.2f})")
+        print(
+            f"train update (32 x 320): ours {med['ours_train_tok_s']:.0f} tok/s vs tunix "
+            f"{med['tunix_train_tok_s']:.0f} -> x{med['train_ratio']:.2f}; ours MFU "
+            f"{med['ours_mfu']:.2f} of the run's matmul peak (CPU time "
+            f"{med['ours_mfu_cpu']:.2f})"
+        )
 
 
 def main():
@@ -305,27 +398,51 @@ def main():
     p.add_argument("--rounds", type=int, default=3, help="alternations of ours / tunix")
     p.add_argument("--sample-iters", type=int, default=2, help="timed sampler calls per run")
     p.add_argument("--train-iters", type=int, default=3, help="timed update steps per run")
-    p.add_argument("--steps-per-call", default="1,4",
-                   help="our decode steps fused per generate() call: the first is the headline "
-                        "(and the mixed run's), further comma-separated values are measured in "
-                        "the same process (1 is the SamplerConfig default)")
-    p.add_argument("--mixed-steps", type=int, default=512,
-                   help="timed decode steps of the mixed-length run (0: skip it)")
-    p.add_argument("--eos", type=int, default=64,
-                   help="EOS ids among the 8,192 in the mixed run: mean length ~8192/eos")
+    p.add_argument(
+        "--steps-per-call",
+        default="1,4",
+        help="our decode steps fused per generate() call: the first is the headline "
+        "(and the mixed run's), further comma-separated values are measured in "
+        "the same process (1 is the SamplerConfig default)",
+    )
+    p.add_argument(
+        "--mixed-steps",
+        type=int,
+        default=512,
+        help="timed decode steps of the mixed-length run (0: skip it)",
+    )
+    p.add_argument(
+        "--eos",
+        type=int,
+        default=64,
+        help="EOS ids among the 8,192 in the mixed run: mean length ~8192/eos",
+    )
     p.add_argument("--no-train", action="store_true", help="sampler only")
-    p.add_argument("--only", choices=("all", "update"), default="all",
-                   help="update: the train update only (tunix's script still runs its sampler: "
-                        "one warm-up and one timed call, not reported)")
-    p.add_argument("--dispatch-ab", type=int, default=0,
-                   help="with 'ours': only alternate this many sampler calls with the driver's "
-                        "dispatch ahead and in lockstep (one decode step per call)")
-    p.add_argument("--prefill-ab", type=int, default=0,
-                   help="with 'ours': only alternate this many sampler calls with the first "
-                        "fill's prompts prefilled in batched passes and one per pass")
+    p.add_argument(
+        "--only",
+        choices=("all", "update"),
+        default="all",
+        help="update: the train update only (tunix's script still runs its sampler: "
+        "one warm-up and one timed call, not reported)",
+    )
+    p.add_argument(
+        "--dispatch-ab",
+        type=int,
+        default=0,
+        help="with 'ours': only alternate this many sampler calls with the driver's "
+        "dispatch ahead and in lockstep (one decode step per call)",
+    )
+    p.add_argument(
+        "--prefill-ab",
+        type=int,
+        default=0,
+        help="with 'ours': only alternate this many sampler calls with the first "
+        "fill's prompts prefilled in batched passes and one per pass",
+    )
     p.add_argument("--tunix-python", default="/tmp/tunix-venv/bin/python")
-    p.add_argument("--tunix-script", default=os.path.join(ROOT, "..", "shared", "bench",
-                                                          "tunix_bench.py"))
+    p.add_argument(
+        "--tunix-script", default=os.path.join(ROOT, "..", "shared", "bench", "tunix_bench.py")
+    )
     args = p.parse_args()
     if args.side == "ours":
         print(json.dumps(run_ours(args)))

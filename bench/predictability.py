@@ -30,6 +30,7 @@ each set: a workdir refuses a changed config). Runs are reused when complete.
 Everything goes to --out (default bench/out/predictability): one directory per run, results in
 predictability.json, the tables in predictability.md (and on stdout).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,46 +59,77 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
     p.add_argument("--steps", type=int, default=360)
-    p.add_argument("--long-seeds", type=int, nargs="*", default=[0],
-                   help="runs of 2 x --steps, fitted on their first half")
-    p.add_argument("--coverage-seeds", type=int, nargs="*", default=[3, 4, 5, 6, 7],
-                   help="more seeds for the forecast check, --coverage-steps long")
+    p.add_argument(
+        "--long-seeds",
+        type=int,
+        nargs="*",
+        default=[0],
+        help="runs of 2 x --steps, fitted on their first half",
+    )
+    p.add_argument(
+        "--coverage-seeds",
+        type=int,
+        nargs="*",
+        default=[3, 4, 5, 6, 7],
+        help="more seeds for the forecast check, --coverage-steps long",
+    )
     p.add_argument("--coverage-steps", type=int, default=180)
     p.add_argument("--compare", nargs="*", default=list(COMPARE), metavar="RECIPE")
     p.add_argument("--compare-seeds", type=int, nargs="*", default=[0, 1])
     p.add_argument("--compare-steps", type=int, default=180)
     p.add_argument("--eval-every", type=int, default=18)
-    p.add_argument("--x", default="compute.flops",
-                   help="compute axis (FLOPs by default: on a shared machine device-hours "
-                        "also measure the other jobs)")
-    p.add_argument("--fit-start", type=float, default=0.0, metavar="F",
-                   help="fit from F x the run's compute (default 0: from the first evaluation)")
+    p.add_argument(
+        "--x",
+        default="compute.flops",
+        help="compute axis (FLOPs by default: on a shared machine device-hours "
+        "also measure the other jobs)",
+    )
+    p.add_argument(
+        "--fit-start",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="fit from F x the run's compute (default 0: from the first evaluation)",
+    )
     p.add_argument("--out", default=os.path.join(ROOT, "bench", "out", "predictability"))
-    p.add_argument("overrides", nargs="*", metavar="KEY.PATH=VALUE",
-                   help="config overrides for every run")
+    p.add_argument(
+        "overrides", nargs="*", metavar="KEY.PATH=VALUE", help="config overrides for every run"
+    )
     args = p.parse_args(argv)
     for name in args.compare:
         recipes.documented_diff(name)  # an unknown recipe fails here, before any run
     run = lambda name, seed, steps, extra=(): run_testbed(  # noqa: E731
-        args, os.path.join(args.out, name), seed, steps, extra)
+        args, os.path.join(args.out, name), seed, steps, extra
+    )
     rows = [half_fit(run(f"seed{s}", s, args.steps), s, args) for s in args.seeds]
-    rows += [half_fit(run(f"long-seed{s}", s, 2 * args.steps), s, args, kind="2x")
-             for s in args.long_seeds]
-    checks = [dict(seed=r["seed"], kind=r["kind"], final=r["final"], **c)
-              for r in rows for c in forecast_checks(r["workdir"], r["final_x"], r["final"])]
+    rows += [
+        half_fit(run(f"long-seed{s}", s, 2 * args.steps), s, args, kind="2x")
+        for s in args.long_seeds
+    ]
+    checks = [
+        dict(seed=r["seed"], kind=r["kind"], final=r["final"], **c)
+        for r in rows
+        for c in forecast_checks(r["workdir"], r["final_x"], r["final"])
+    ]
     for s in args.coverage_seeds:
         workdir = run(f"short-seed{s}", s, args.coverage_steps)
         curve, _ = load_curve([workdir], x_key=args.x)
-        checks += [dict(seed=s, kind="short", final=float(curve.y[-1]), **c)
-                   for c in forecast_checks(workdir, float(curve.x[-1]), float(curve.y[-1]))]
+        checks += [
+            dict(seed=s, kind="short", final=float(curve.y[-1]), **c)
+            for c in forecast_checks(workdir, float(curve.x[-1]), float(curve.y[-1]))
+        ]
     comparison = None
     if args.compare:
         dirs = []
         for name in args.compare:
             extra = recipe_overrides(name)
             for s in args.compare_seeds:
-                run(os.path.join("compare", name.replace(":", "-"), f"seed{s}"), s,
-                    args.compare_steps, extra)
+                run(
+                    os.path.join("compare", name.replace(":", "-"), f"seed{s}"),
+                    s,
+                    args.compare_steps,
+                    extra,
+                )
             dirs.append(os.path.join(args.out, "compare", name.replace(":", "-")))
         comparison = compare_recipes(dirs, args)
     text = "\n\n".join(t for t in (half_fit_table(rows), forecast_table(checks), comparison) if t)
@@ -106,8 +138,11 @@ def main(argv=None) -> int:
     with open(os.path.join(args.out, "predictability.md"), "w") as f:
         f.write(text + "\n")
     with open(os.path.join(args.out, "predictability.json"), "w") as f:
-        json.dump({"args": vars(args), "rows": rows, "forecasts": checks,
-                   "comparison": comparison}, f, indent=2)
+        json.dump(
+            {"args": vars(args), "rows": rows, "forecasts": checks, "comparison": comparison},
+            f,
+            indent=2,
+        )
     return 0
 
 
@@ -116,9 +151,20 @@ def run_testbed(args, workdir: str, seed: int, steps: int, extra=()) -> str:
     log = os.path.join(workdir, "metrics.jsonl")
     done = os.path.exists(log) and any(r["step"] == steps for r in read_metrics(workdir).of("eval"))
     if not done:
-        cmd = [sys.executable, os.path.join(ROOT, "experiments", "run.py"), "--workdir", workdir,
-               "--seed", str(seed), "--steps", str(steps), f"eval.every_steps={args.eval_every}",
-               f"forecast.x_key={args.x}", *args.overrides, *extra]
+        cmd = [
+            sys.executable,
+            os.path.join(ROOT, "experiments", "run.py"),
+            "--workdir",
+            workdir,
+            "--seed",
+            str(seed),
+            "--steps",
+            str(steps),
+            f"eval.every_steps={args.eval_every}",
+            f"forecast.x_key={args.x}",
+            *args.overrides,
+            *extra,
+        ]
         print("$", " ".join(cmd[1:]), flush=True)
         subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
     return workdir
@@ -143,16 +189,30 @@ def half_fit(workdir: str, seed: int, args, kind: str = "1x") -> dict:
     first = fit_curve(curve, FitSpec(fit_start=args.fit_start * 2 * half, fit_end=half))
     whole = fit_curve(curve, FitSpec())
     final_x, final_y = float(curve.x[-1]), float(curve.y[-1])
-    row = {"seed": seed, "kind": kind, "workdir": workdir, "points": len(curve.x),
-           "fit_points": first.n_points, "base": float(curve.y[0]), "final": final_y,
-           "final_x": final_x, "last3_mean": float(np.mean(curve.y[-3:])), "half_compute": half,
-           "at_half": float(np.interp(half, curve.x, curve.y)),
-           "wall_s": max(r["wall_s"] for r in read_metrics(workdir).of("eval"))}
+    row = {
+        "seed": seed,
+        "kind": kind,
+        "workdir": workdir,
+        "points": len(curve.x),
+        "fit_points": first.n_points,
+        "base": float(curve.y[0]),
+        "final": final_y,
+        "final_x": final_x,
+        "last3_mean": float(np.mean(curve.y[-3:])),
+        "half_compute": half,
+        "at_half": float(np.interp(half, curve.x, curve.y)),
+        "wall_s": max(r["wall_s"] for r in read_metrics(workdir).of("eval")),
+    }
     row.update(rise=final_y - row["at_half"], curve=[round(float(y), 4) for y in curve.y])
     if first.ok:
         pred = float(first.predict(final_x))
-        row.update(predicted=pred, error=pred - final_y, A_half=float(first.A),
-                   B_half=float(first.B), C_mid_half=float(first.C_mid))
+        row.update(
+            predicted=pred,
+            error=pred - final_y,
+            A_half=float(first.A),
+            B_half=float(first.B),
+            C_mid_half=float(first.C_mid),
+        )
     else:
         row.update(predicted=None, error=None, reason=first.reason)
     if whole.ok:
@@ -163,10 +223,12 @@ def half_fit(workdir: str, seed: int, args, kind: str = "1x") -> dict:
 def half_fit_table(rows: list) -> str:
     if not rows:
         return ""
-    lines = ["Half-compute fit predicting the last evaluation:",
-             f"{'seed':>4} {'run':>4} {'pts':>4} {'fit':>4} {'base':>6} {'half':>6} {'final':>6} "
-             f"{'rise':>6} {'pred':>6} {'error':>7} {'A(half)':>7} {'B(half)':>7} {'A(all)':>7} "
-             f"{'B(all)':>6} {'C_mid(all)':>10} {'wall_s':>6}"]
+    lines = [
+        "Half-compute fit predicting the last evaluation:",
+        f"{'seed':>4} {'run':>4} {'pts':>4} {'fit':>4} {'base':>6} {'half':>6} {'final':>6} "
+        f"{'rise':>6} {'pred':>6} {'error':>7} {'A(half)':>7} {'B(half)':>7} {'A(all)':>7} "
+        f"{'B(all)':>6} {'C_mid(all)':>10} {'wall_s':>6}",
+    ]
     for r in rows:
         f = lambda key, fmt: "-" if r.get(key) is None else format(r[key], fmt)  # noqa: E731
         lines.append(
@@ -174,15 +236,18 @@ def half_fit_table(rows: list) -> str:
             f"{r['base']:>6.3f} {r['at_half']:>6.3f} {r['final']:>6.3f} {r['rise']:>+6.3f} "
             f"{f('predicted', '.3f'):>6} {f('error', '+.3f'):>7} {f('A_half', '.3f'):>7} "
             f"{f('B_half', '.2f'):>7} {f('A', '.3f'):>7} {f('B', '.2f'):>6} "
-            f"{f('C_mid', '.3g'):>10} {r['wall_s']:>6.0f}")
+            f"{f('C_mid', '.3g'):>10} {r['wall_s']:>6.0f}"
+        )
         if r.get("reason"):
             lines.append(f"     seed {r['seed']}: no fit on the first half: {r['reason']}")
     errors = [abs(r["error"]) for r in rows if r.get("error") is not None]
     if errors:
         rising = sum(r["rise"] >= 0.02 for r in rows)
-        lines.append(f"mean |error| {np.mean(errors):.3f}, max {np.max(errors):.3f} (paper's "
-                     f"margin 0.02); within 0.02: {sum(e <= 0.02 for e in errors)}/{len(rows)}; "
-                     f"still rising by >= 0.02 after half: {rising}/{len(rows)}")
+        lines.append(
+            f"mean |error| {np.mean(errors):.3f}, max {np.max(errors):.3f} (paper's "
+            f"margin 0.02); within 0.02: {sum(e <= 0.02 for e in errors)}/{len(rows)}; "
+            f"still rising by >= 0.02 after half: {rising}/{len(rows)}"
+        )
     return "\n".join(lines)
 
 
@@ -198,37 +263,63 @@ def forecast_checks(workdir: str, final_x: float, final_y: float) -> list:
             continue
         lo, hi = rec.get("at_budget_lo"), rec.get("at_budget_hi")
         miss = None if lo is None else max(lo - final_y, final_y - hi, 0.0)
-        out.append({"share": share, "step": rec["step"], "ok": rec.get("ok"),
-                    "predicted": rec.get("at_budget"), "lo": lo, "hi": hi,
-                    "covers": miss == 0.0, "miss": miss, "stable": bool(rec.get("stable"))})
+        out.append(
+            {
+                "share": share,
+                "step": rec["step"],
+                "ok": rec.get("ok"),
+                "predicted": rec.get("at_budget"),
+                "lo": lo,
+                "hi": hi,
+                "covers": miss == 0.0,
+                "miss": miss,
+                "stable": bool(rec.get("stable")),
+            }
+        )
     return out
 
 
 def forecast_table(checks: list) -> str:
     if not checks:
         return ""
-    lines = ["Online forecast of the final pass rate (95% interval) at a share of the compute:",
-             f"{'seed':>4} {'run':>5} {'share':>5} {'step':>5} {'final':>6} {'pred':>6} "
-             f"{'interval':>15} {'covers':>6} {'stable':>6}"]
+    lines = [
+        "Online forecast of the final pass rate (95% interval) at a share of the compute:",
+        f"{'seed':>4} {'run':>5} {'share':>5} {'step':>5} {'final':>6} {'pred':>6} "
+        f"{'interval':>15} {'covers':>6} {'stable':>6}",
+    ]
     for c in checks:
         interval = "-" if c["lo"] is None else f"[{c['lo']:.3f}, {c['hi']:.3f}]"
         pred = "-" if c["predicted"] is None else f"{c['predicted']:.3f}"
-        lines.append(f"{c['seed']:>4} {c['kind']:>5} {c['share']:>5.2f} {c['step']:>5} "
-                     f"{c['final']:>6.3f} {pred:>6} {interval:>15} {str(c['covers']):>6} "
-                     f"{str(c['stable']):>6}")
+        lines.append(
+            f"{c['seed']:>4} {c['kind']:>5} {c['share']:>5.2f} {c['step']:>5} "
+            f"{c['final']:>6.3f} {pred:>6} {interval:>15} {str(c['covers']):>6} "
+            f"{str(c['stable']):>6}"
+        )
     covered = sum(c["covers"] for c in checks)
     wrong_stable = sum(c["stable"] and (c["miss"] is None or c["miss"] > 0.02) for c in checks)
-    lines.append(f"intervals holding the final value: {covered}/{len(checks)} "
-                 f"({covered / len(checks):.0%}; goal >= 90%); 'stable' while the interval "
-                 f"missed by > 0.02: {wrong_stable}")
+    lines.append(
+        f"intervals holding the final value: {covered}/{len(checks)} "
+        f"({covered / len(checks):.0%}; goal >= 90%); 'stable' while the interval "
+        f"missed by > 0.02: {wrong_stable}"
+    )
     return "\n".join(lines)
 
 
 def compare_recipes(dirs: list, args) -> str:
     """experiments/fit.py --compare on the pooled seeds of each recipe; its table as text."""
     out = os.path.join(args.out, "compare")
-    cmd = [sys.executable, os.path.join(ROOT, "experiments", "fit.py"), "--compare", *dirs,
-           "--x", args.x, "--out", os.path.join(out, "fits"), "--compare-dir", out]
+    cmd = [
+        sys.executable,
+        os.path.join(ROOT, "experiments", "fit.py"),
+        "--compare",
+        *dirs,
+        "--x",
+        args.x,
+        "--out",
+        os.path.join(out, "fits"),
+        "--compare-dir",
+        out,
+    ]
     print("$", " ".join(cmd[1:]), flush=True)
     done = subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True, text=True)
     return "Recipe comparisons at testbed scale (experiments/fit.py --compare):\n" + done.stdout

@@ -48,6 +48,7 @@ attention calls `apply_rope` without the config's `rope_theta`, so it always rot
 theta 1e6 (SmolLM2: 1e5). The FLOPs and every shape are the same, so its speed is SmolLM2's;
 its samples are not.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -80,9 +81,13 @@ def workload_rows(seed: int, rows: int, prompt: int, new: int, vocab: int) -> di
     r = np.random.default_rng(10_000 + seed)
     tokens = r.integers(3, vocab, (rows, prompt + new)).astype(np.int32)
     adv = np.repeat(np.array([1.0, -1.0], np.float32)[None], (rows + 1) // 2, 0).ravel()[:rows]
-    return dict(tokens=tokens, behaviour_logp=np.full((rows, new), -np.log(vocab), np.float32),
-                advantages=adv, prompt_index=(np.arange(rows) // 2).astype(np.int32),
-                num_prompts=(rows + 1) // 2)
+    return dict(
+        tokens=tokens,
+        behaviour_logp=np.full((rows, new), -np.log(vocab), np.float32),
+        advantages=adv,
+        prompt_index=(np.arange(rows) // 2).astype(np.int32),
+        num_prompts=(rows + 1) // 2,
+    )
 
 
 def read_shape(checkpoint: str) -> dict:
@@ -91,22 +96,31 @@ def read_shape(checkpoint: str) -> dict:
         hf = json.load(f)
     rope = (hf.get("rope_parameters") or {}).get("rope_theta", hf.get("rope_theta", 10000.0))
     heads = hf["num_attention_heads"]
-    return dict(vocab=hf["vocab_size"], hidden=hf["hidden_size"], mlp=hf["intermediate_size"],
-                layers=hf["num_hidden_layers"], heads=heads,
-                kv_heads=hf.get("num_key_value_heads", heads),
-                head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
-                rope_theta=float(rope), norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-                tied=bool(hf.get("tie_word_embeddings", False)))
+    return dict(
+        vocab=hf["vocab_size"],
+        hidden=hf["hidden_size"],
+        mlp=hf["intermediate_size"],
+        layers=hf["num_hidden_layers"],
+        heads=heads,
+        kv_heads=hf.get("num_key_value_heads", heads),
+        head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
+        rope_theta=float(rope),
+        norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        tied=bool(hf.get("tie_word_embeddings", False)),
+    )
 
 
 def default_checkpoint() -> str:
     """SmolLM2-135M-Instruct's HF directory from the local cache (no network)."""
     sys.path.insert(0, ROOT)
     from scalerl_jax.models import fetch
+
     gguf = os.path.join(fetch.cache_root(), "gguf", os.path.basename(fetch.SMOLLM2.member))
     if not os.path.isfile(gguf):
-        raise SystemExit(f"real_model.py: {gguf} is not there: `make -s fetch-model` gets it "
-                         "(or pass --checkpoint DIR)")
+        raise SystemExit(
+            f"real_model.py: {gguf} is not there: `make -s fetch-model` gets it "
+            "(or pass --checkpoint DIR)"
+        )
     return fetch.from_gguf(gguf)
 
 
@@ -115,6 +129,7 @@ def serve(handlers: dict) -> None:
     """Answer JSON requests from stdin, one per line, until EOF or {"op": "quit"}: each answer
     is one `MARK`-prefixed JSON line on stdout. A failing request answers {"error": ...}."""
     import traceback
+
     for line in sys.stdin:
         req = json.loads(line)
         if req["op"] == "quit":
@@ -145,10 +160,14 @@ class OursWorker:
         from jax.sharding import Mesh
 
         from scalerl_jax.models import hf
+
         self.jax, self.args = jax, args
         self.cfg = hf.config_from_hf(args.checkpoint).replace(
-            param_dtype="float32", compute_dtype=args.variant, fp32_head=True,
-            max_position_embeddings=args.prompt + args.new + 1)
+            param_dtype="float32",
+            compute_dtype=args.variant,
+            fp32_head=True,
+            max_position_embeddings=args.prompt + args.new + 1,
+        )
         self.params = None  # loaded by the first decode request (train builds its own state)
         self.mesh = Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("data", "tensor"))
         self.engines: dict = {}
@@ -156,16 +175,22 @@ class OursWorker:
 
     def info(self, req) -> dict:
         from scalerl_jax.models.transformer import num_flops_per_token
+
         a = self.args
         seq = a.prompt + a.new
-        return dict(side="ours", variant=a.variant, params=self.cfg.num_params(),
-                    train_flops=num_flops_per_token(self.cfg, seq, training=True) * a.rows * seq,
-                    device=str(self.jax.devices()[0].device_kind),
-                    jax=self.jax.__version__)
+        return dict(
+            side="ours",
+            variant=a.variant,
+            params=self.cfg.num_params(),
+            train_flops=num_flops_per_token(self.cfg, seq, training=True) * a.rows * seq,
+            device=str(self.jax.devices()[0].device_kind),
+            jax=self.jax.__version__,
+        )
 
     def peak(self, req) -> dict:
         import jax.numpy as jnp
         from train_step import matmul_peak
+
         n = self.args.peak_n
         f32, b16 = matmul_peak(n, jnp.float32, 3), matmul_peak(n, jnp.bfloat16, 3)
         return dict(float32=f32[0], bfloat16=b16[0], float32_cpu=f32[1], bfloat16_cpu=b16[1])
@@ -173,21 +198,33 @@ class OursWorker:
     def decode(self, req) -> dict:
         from scalerl_jax.config import SamplerConfig
         from scalerl_jax.sampler import Driver, Engine, Prompt
+
         a, slots = self.args, req["slots"]
         if self.params is None:
             from scalerl_jax.models import hf
+
             _, _, self.params = hf.load_params(a.checkpoint, cfg=self.cfg)
         if slots not in self.engines:
-            scfg = SamplerConfig(max_concurrent_decodes=slots, max_prefill_length=a.prompt,
-                                 max_target_length=a.prompt + a.new, max_new_tokens=a.new,
-                                 interruptions=False, temperature=1.0)
+            scfg = SamplerConfig(
+                max_concurrent_decodes=slots,
+                max_prefill_length=a.prompt,
+                max_target_length=a.prompt + a.new,
+                max_new_tokens=a.new,
+                interruptions=False,
+                temperature=1.0,
+            )
             engine = Engine(self.cfg, self.mesh, scfg)
             self.engines[slots] = (engine, engine.load_params(self.params))
         engine, params = self.engines[slots]
         ids = workload_prompts(req["seed"], slots, a.prompt, self.cfg.vocab_size)
-        driver = Driver(engine, params, [Prompt(f"p{i}", row.tolist()) for i, row in
-                                         enumerate(ids)], group_size=1, eos_ids=[],
-                        seed=req["seed"])
+        driver = Driver(
+            engine,
+            params,
+            [Prompt(f"p{i}", row.tolist()) for i, row in enumerate(ids)],
+            group_size=1,
+            eos_ids=[],
+            seed=req["seed"],
+        )
         _, wall, cpu = timed(driver.run)
         return dict(tokens=int(driver.stats["tokens"]), wall_s=wall, cpu_s=cpu)
 
@@ -196,40 +233,60 @@ class OursWorker:
         from scalerl_jax import mesh as mesh_lib
         from scalerl_jax.train import state as state_lib
         from scalerl_jax.train.step import make_train_step
+
         a = self.args
         ocfg = OptimConfig(learning_rate=1e-6, warmup_steps=0, eps=1e-8)
         mesh = mesh_lib.trainer_mesh(MeshConfig(fsdp=-1), self.jax.devices()[:1])
         _, graphdef, self.state = state_lib.create_train_state(
-            self.cfg, ocfg, mesh, hf_checkpoint=a.checkpoint)
+            self.cfg, ocfg, mesh, hf_checkpoint=a.checkpoint
+        )
         _, abstract = state_lib.abstract_train_state(self.cfg, ocfg, mesh)
-        self.step = make_train_step(graphdef, abstract, mesh, model_cfg=self.cfg,
-                                    loss_cfg=LossConfig(), optim_cfg=ocfg,
-                                    num_prompts=(a.rows + 1) // 2)
+        self.step = make_train_step(
+            graphdef,
+            abstract,
+            mesh,
+            model_cfg=self.cfg,
+            loss_cfg=LossConfig(),
+            optim_cfg=ocfg,
+            num_prompts=(a.rows + 1) // 2,
+        )
 
     def train(self, req) -> dict:
         from scalerl_jax.train.batch import TrainBatch
+
         a = self.args
         if self.step is None:
             self._build_step()
         w = workload_rows(req["seed"], a.rows, a.prompt, a.new, self.cfg.vocab_size)
         rows, seq = w["tokens"].shape
         mask = np.zeros((rows, seq), bool)
-        mask[:, a.prompt - 1:seq - 1] = True
+        mask[:, a.prompt - 1 : seq - 1] = True
         blogp = np.zeros((rows, seq), np.float32)
-        blogp[:, a.prompt - 1:seq - 1] = w["behaviour_logp"]
+        blogp[:, a.prompt - 1 : seq - 1] = w["behaviour_logp"]
         batch = TrainBatch(
-            tokens=w["tokens"][None], targets=np.roll(w["tokens"], -1, axis=-1)[None],
+            tokens=w["tokens"][None],
+            targets=np.roll(w["tokens"], -1, axis=-1)[None],
             positions=np.broadcast_to(np.arange(seq, dtype=np.int32), (1, rows, seq)).copy(),
-            segment_ids=np.ones((1, rows, seq), np.int32), loss_mask=mask[None],
-            behaviour_logp=blogp[None], advantages=w["advantages"][None],
-            prompt_index=w["prompt_index"][None], num_prompts=w["num_prompts"])
+            segment_ids=np.ones((1, rows, seq), np.int32),
+            loss_mask=mask[None],
+            behaviour_logp=blogp[None],
+            advantages=w["advantages"][None],
+            prompt_index=w["prompt_index"][None],
+            num_prompts=w["num_prompts"],
+        )
 
         def run():
             self.state, metrics = self.step(self.state, batch)
             return self.jax.device_get(metrics)
+
         metrics, wall, cpu = timed(run)
-        return dict(tokens=rows * seq, wall_s=wall, cpu_s=cpu, loss=float(metrics["loss"]),
-                    skipped=float(metrics["skipped"]))
+        return dict(
+            tokens=rows * seq,
+            wall_s=wall,
+            cpu_s=cpu,
+            loss=float(metrics["loss"]),
+            skipped=float(metrics["skipped"]),
+        )
 
 
 class TorchWorker:
@@ -239,10 +296,12 @@ class TorchWorker:
     def __init__(self, args):
         import torch
         import transformers
+
         self.torch, self.args = torch, args
         torch.manual_seed(0)
         self.model = transformers.AutoModelForCausalLM.from_pretrained(
-            args.checkpoint, dtype=torch.float32)
+            args.checkpoint, dtype=torch.float32
+        )
         if args.variant == "bf16":
             self.model.to(torch.bfloat16)
         self.model.train()  # Llama has no dropout: train() only matters for autograd hooks
@@ -251,12 +310,17 @@ class TorchWorker:
 
     def info(self, req) -> dict:
         import transformers
+
         t = self.torch
-        return dict(side="transformers", variant=self.args.variant,
-                    params=sum(p.numel() for p in self.model.parameters()),
-                    threads=t.get_num_threads(), torch=t.__version__,
-                    transformers=transformers.__version__,
-                    attention=self.model.config._attn_implementation)
+        return dict(
+            side="transformers",
+            variant=self.args.variant,
+            params=sum(p.numel() for p in self.model.parameters()),
+            threads=t.get_num_threads(),
+            torch=t.__version__,
+            transformers=transformers.__version__,
+            attention=self.model.config._attn_implementation,
+        )
 
     def peak(self, req) -> dict:
         t, n = self.torch, self.args.peak_n
@@ -264,50 +328,66 @@ class TorchWorker:
         for name, dt in (("float32", t.float32), ("bfloat16", t.bfloat16)):
             a, b = t.ones(n, n, dtype=dt), t.ones(n, n, dtype=dt)
             t.mm(a, b)
-            out[name] = 2.0 * n ** 3 / min(timed(lambda: t.mm(a, b))[1] for _ in range(3))
+            out[name] = 2.0 * n**3 / min(timed(lambda: t.mm(a, b))[1] for _ in range(3))
         return out
 
     def decode(self, req) -> dict:
         import transformers
+
         t, a = self.torch, self.args
-        ids = t.from_numpy(workload_prompts(req["seed"], req["slots"], a.prompt,
-                                            self.vocab).astype(np.int64))
+        ids = t.from_numpy(
+            workload_prompts(req["seed"], req["slots"], a.prompt, self.vocab).astype(np.int64)
+        )
         gen = transformers.GenerationConfig(
-            do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=a.new,
-            min_new_tokens=a.new, eos_token_id=None, pad_token_id=0)
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=a.new,
+            min_new_tokens=a.new,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
         t.manual_seed(req["seed"])
 
         def run():
             with t.inference_mode():
-                return self.model.generate(input_ids=ids, attention_mask=t.ones_like(ids),
-                                           generation_config=gen)
+                return self.model.generate(
+                    input_ids=ids, attention_mask=t.ones_like(ids), generation_config=gen
+                )
+
         out, wall, cpu = timed(run)
-        return dict(tokens=int(out[:, ids.shape[1]:].numel()), wall_s=wall, cpu_s=cpu)
+        return dict(tokens=int(out[:, ids.shape[1] :].numel()), wall_s=wall, cpu_s=cpu)
 
     def train(self, req) -> dict:
         import contextlib
 
         t, a = self.torch, self.args
         if self.opt is None:
-            self.opt = t.optim.AdamW(self.model.parameters(), lr=1e-6, betas=(0.9, 0.999),
-                                     eps=1e-8, weight_decay=0.01)
+            self.opt = t.optim.AdamW(
+                self.model.parameters(), lr=1e-6, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01
+            )
         w = workload_rows(req["seed"], a.rows, a.prompt, a.new, self.vocab)
         tokens = t.from_numpy(w["tokens"].astype(np.int64))
-        targets = tokens[:, a.prompt:]
+        targets = tokens[:, a.prompt :]
         blogp = t.from_numpy(w["behaviour_logp"])
         adv = t.from_numpy(w["advantages"])[:, None]
         head_dtype = t.bfloat16 if a.variant == "bf16" else t.float32
-        body = (t.autocast("cpu", dtype=t.bfloat16) if a.variant == "autocast"
-                else contextlib.nullcontext())
+        body = (
+            t.autocast("cpu", dtype=t.bfloat16)
+            if a.variant == "autocast"
+            else contextlib.nullcontext()
+        )
 
         def run():
             with body:
                 hidden = self.model.model(input_ids=tokens).last_hidden_state
             # The LM head over every position (as HF's forward and ours), fp32 unless the whole
             # model is bf16; log-probs of the completion targets in fp32.
-            logits = t.nn.functional.linear(hidden.to(head_dtype),
-                                            self.model.lm_head.weight.to(head_dtype))
-            logp = logits[:, a.prompt - 1:-1].float().log_softmax(-1)
+            logits = t.nn.functional.linear(
+                hidden.to(head_dtype), self.model.lm_head.weight.to(head_dtype)
+            )
+            logp = logits[:, a.prompt - 1 : -1].float().log_softmax(-1)
             logp = logp.gather(-1, targets[..., None])[..., 0]
             # CISPO: stop-gradient of the capped importance ratio x advantage x log-prob.
             weight = t.exp(logp.detach() - blogp).clamp(max=4.0) * adv
@@ -317,6 +397,7 @@ class TorchWorker:
             self.opt.step()
             self.opt.zero_grad(set_to_none=True)
             return float(loss)
+
         loss, wall, cpu = timed(run)
         return dict(tokens=int(tokens.numel()), wall_s=wall, cpu_s=cpu, loss=loss)
 
@@ -345,9 +426,17 @@ class Worker:
         self.name = name
         self.log_path = os.path.join(log_dir, name.replace(" ", "_") + ".log")
         self._log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self._log, text=True, cwd=ROOT, bufsize=1, env=env,
-                                     preexec_fn=_first_to_go)
+        self.proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            text=True,
+            cwd=ROOT,
+            bufsize=1,
+            env=env,
+            preexec_fn=_first_to_go,
+        )
 
     def request(self, **req) -> dict:
         load = os.getloadavg()[0]
@@ -355,15 +444,17 @@ class Worker:
         self.proc.stdin.flush()
         for line in self.proc.stdout:
             if line.startswith(MARK):
-                out = json.loads(line[len(MARK):])
+                out = json.loads(line[len(MARK) :])
                 if "error" in out:
-                    raise RuntimeError(f"{self.name}: {req} failed: {out['error']}\n"
-                                       f"{self.log_tail()}")
+                    raise RuntimeError(
+                        f"{self.name}: {req} failed: {out['error']}\n{self.log_tail()}"
+                    )
                 out["load"] = load
                 return out
             sys.stderr.write(f"[{self.name}] {line}")
-        raise RuntimeError(f"{self.name} exited ({self.proc.wait()}) during {req}:\n"
-                           f"{self.log_tail()}")
+        raise RuntimeError(
+            f"{self.name} exited ({self.proc.wait()}) during {req}:\n{self.log_tail()}"
+        )
 
     def log_tail(self, n: int = 3000) -> str:
         self._log.flush()
@@ -385,21 +476,38 @@ class Worker:
 # (label, side, variant, ops) per dtype group; ours first: its peak brackets each round.
 def group_sides(dtype: str, tunix: bool) -> list:
     if dtype == "float32":
-        sides = [("ours", "ours", "float32", ("decode", "train")),
-                 ("transformers", "torch", "float32", ("decode", "train"))]
+        sides = [
+            ("ours", "ours", "float32", ("decode", "train")),
+            ("transformers", "torch", "float32", ("decode", "train")),
+        ]
     else:
-        sides = [("ours", "ours", "bfloat16", ("decode", "train")),
-                 ("transformers bf16", "torch", "bf16", ("decode", "train")),
-                 ("transformers autocast", "torch", "autocast", ("train",))]
+        sides = [
+            ("ours", "ours", "bfloat16", ("decode", "train")),
+            ("transformers bf16", "torch", "bf16", ("decode", "train")),
+            ("transformers autocast", "torch", "autocast", ("train",)),
+        ]
     if tunix:
-        sides.append(("tunix", "tunix", "float32" if dtype == "float32" else "bfloat16",
-                      ("decode", "train")))
+        sides.append(
+            ("tunix", "tunix", "float32" if dtype == "float32" else "bfloat16", ("decode", "train"))
+        )
     return sides
 
 
 def worker_cmd(args, side: str, variant: str) -> list:
-    common = ["--checkpoint", args.checkpoint, "--variant", variant, "--prompt", str(args.prompt),
-              "--new", str(args.new), "--rows", str(args.rows), "--peak-n", str(args.peak_n)]
+    common = [
+        "--checkpoint",
+        args.checkpoint,
+        "--variant",
+        variant,
+        "--prompt",
+        str(args.prompt),
+        "--new",
+        str(args.new),
+        "--rows",
+        str(args.rows),
+        "--peak-n",
+        str(args.peak_n),
+    ]
     if side == "tunix":
         return [args.tunix_python, os.path.join(HERE, "real_model_tunix.py")] + common
     return [sys.executable, os.path.abspath(__file__), "worker", side] + common
@@ -411,8 +519,11 @@ def worker_env(args, side: str) -> dict:
     at every parallel region's barrier when other jobs hold the cores (a 16-slot generate ran
     ~7x slower in CPU time at load 7-9 with spinning than with OMP_WAIT_POLICY=PASSIVE)."""
     env = dict(os.environ)
-    env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
-                                if not f.startswith("--xla_force_host_platform_device_count"))
+    env["XLA_FLAGS"] = " ".join(
+        f
+        for f in env.get("XLA_FLAGS", "").split()
+        if not f.startswith("--xla_force_host_platform_device_count")
+    )
     if side == "torch" and not args.torch_omp_active:
         env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     return env
@@ -422,7 +533,8 @@ def run_group(args, dtype: str, log_dir: str, emit) -> list:
     """The decode phase, then the train phase, each with its own workers: a worker holds only
     one phase's state (KV caches or optimizer state), which halves the memory of each side."""
     phases = ([[("decode", s) for s in args.slots]] if args.slots else []) + (
-        [[("train", None)]] if args.rows else [])
+        [[("train", None)]] if args.rows else []
+    )
     if args.same_workers:
         phases = [[op for ops in phases for op in ops]]
     return [run_phase(args, dtype, ops, log_dir, emit) for ops in phases]
@@ -430,14 +542,20 @@ def run_group(args, dtype: str, log_dir: str, emit) -> list:
 
 def run_phase(args, dtype: str, ops: list, log_dir: str, emit) -> dict:
     kinds = {op for op, _ in ops}
-    sides = [s for s in group_sides(dtype, args.tunix) if kinds & set(s[3])
-             and (args.sides is None or s[0] == "ours" or s[0] in args.sides)]
+    sides = [
+        s
+        for s in group_sides(dtype, args.tunix)
+        if kinds & set(s[3]) and (args.sides is None or s[0] == "ours" or s[0] in args.sides)
+    ]
     workers = {}
     try:
         for label, side, variant, _ in sides:
-            workers[label] = Worker(f"{dtype} {ops[0][0]} {label}",
-                                    worker_cmd(args, side, variant), log_dir,
-                                    worker_env(args, side))
+            workers[label] = Worker(
+                f"{dtype} {ops[0][0]} {label}",
+                worker_cmd(args, side, variant),
+                log_dir,
+                worker_env(args, side),
+            )
         infos = {label: w.request(op="info") for label, w in workers.items()}
         flops = infos["ours"]["train_flops"]
         # Warm-up: every operation once on every side (compiles, first-call allocations).
@@ -445,8 +563,16 @@ def run_phase(args, dtype: str, ops: list, log_dir: str, emit) -> dict:
             for label, _, _, side_ops in sides:
                 if op in side_ops:
                     r = workers[label].request(op=op, slots=slots, seed=0)
-                    emit(dict(group=dtype, round="warm-up", op=op, slots=slots, side=label,
-                              wall_s=round(r["wall_s"], 2)))
+                    emit(
+                        dict(
+                            group=dtype,
+                            round="warm-up",
+                            op=op,
+                            slots=slots,
+                            side=label,
+                            wall_s=round(r["wall_s"], 2),
+                        )
+                    )
         records = []
         for rnd in range(args.rounds):
             before = workers["ours"].request(op="peak")
@@ -457,10 +583,18 @@ def run_phase(args, dtype: str, ops: list, log_dir: str, emit) -> dict:
                 for label, *_ in order[k:] + order[:k]:
                     for _ in range(args.iters):
                         r = workers[label].request(op=op, slots=slots, seed=1 + rnd)
-                        rec = dict(group=dtype, round=rnd, op=op, slots=slots, side=label,
-                                   tok_s=r["tokens"] / r["wall_s"],
-                                   tok_cpu_s=r["tokens"] / r["cpu_s"], wall_s=r["wall_s"],
-                                   tokens=r["tokens"], load=r["load"])
+                        rec = dict(
+                            group=dtype,
+                            round=rnd,
+                            op=op,
+                            slots=slots,
+                            side=label,
+                            tok_s=r["tokens"] / r["wall_s"],
+                            tok_cpu_s=r["tokens"] / r["cpu_s"],
+                            wall_s=r["wall_s"],
+                            tokens=r["tokens"],
+                            load=r["load"],
+                        )
                         if op == "train":
                             rec["loss"] = r.get("loss")
                         measured.append(rec)
@@ -478,11 +612,16 @@ def run_phase(args, dtype: str, ops: list, log_dir: str, emit) -> dict:
             tp = workers.get("transformers" if dtype == "float32" else "transformers bf16")
             if args.torch_peak and tp is not None:
                 p = tp.request(op="peak")
-                emit(dict(group=dtype, round=rnd, op="peak",
-                          jax_tflops={k: round(after[k] / 1e12, 3)
-                                      for k in ("float32", "bfloat16")},
-                          torch_tflops={k: round(p[k] / 1e12, 3)
-                                        for k in ("float32", "bfloat16")}, load=p["load"]))
+                emit(
+                    dict(
+                        group=dtype,
+                        round=rnd,
+                        op="peak",
+                        jax_tflops={k: round(after[k] / 1e12, 3) for k in ("float32", "bfloat16")},
+                        torch_tflops={k: round(p[k] / 1e12, 3) for k in ("float32", "bfloat16")},
+                        load=p["load"],
+                    )
+                )
         return dict(group=dtype, infos=infos, records=records)
     finally:
         for w in workers.values():
@@ -501,11 +640,12 @@ def summarise(groups: list) -> dict:
             entry = {}
             for side in sides:
                 mine = [r for r in rows if r["side"] == side]
-                e = dict(tok_s=statistics.median(r["tok_s"] for r in mine),
-                         tok_s_range=[min(r["tok_s"] for r in mine),
-                                      max(r["tok_s"] for r in mine)],
-                         tok_cpu_s=statistics.median(r["tok_cpu_s"] for r in mine),
-                         load=[min(r["load"] for r in mine), max(r["load"] for r in mine)])
+                e = dict(
+                    tok_s=statistics.median(r["tok_s"] for r in mine),
+                    tok_s_range=[min(r["tok_s"] for r in mine), max(r["tok_s"] for r in mine)],
+                    tok_cpu_s=statistics.median(r["tok_cpu_s"] for r in mine),
+                    load=[min(r["load"] for r in mine), max(r["load"] for r in mine)],
+                )
                 if op == "train":
                     e["mfu"] = statistics.median(r["mfu"] for r in mine)
                     e["mfu_cpu"] = statistics.median(r["mfu_cpu"] for r in mine)
@@ -515,10 +655,14 @@ def summarise(groups: list) -> dict:
                         o = [r for r in rows if r["side"] == "ours" and r["round"] == rnd]
                         p = [r for r in mine if r["round"] == rnd]
                         if o and p:
-                            ratios.append(statistics.median(r["tok_s"] for r in o)
-                                          / statistics.median(r["tok_s"] for r in p))
-                            cpu_ratios.append(statistics.median(r["tok_cpu_s"] for r in o)
-                                              / statistics.median(r["tok_cpu_s"] for r in p))
+                            ratios.append(
+                                statistics.median(r["tok_s"] for r in o)
+                                / statistics.median(r["tok_s"] for r in p)
+                            )
+                            cpu_ratios.append(
+                                statistics.median(r["tok_cpu_s"] for r in o)
+                                / statistics.median(r["tok_cpu_s"] for r in p)
+                            )
                     e["ours_over"] = statistics.median(ratios)
                     e["ours_over_range"] = [min(ratios), max(ratios)]
                     e["ours_over_cpu"] = statistics.median(cpu_ratios)
@@ -529,17 +673,27 @@ def summarise(groups: list) -> dict:
 
 
 def print_table(summary: dict, file=sys.stdout) -> None:
-    print(f"\n{'what':<26} {'side':<22} {'tok/s (range)':<22} {'tok/CPU-s':>9} "
-          f"{'ours/side (range)':<20} {'by CPU':>7} {'MFU':>5} {'CPU':>5}  load", file=file)
+    print(
+        f"\n{'what':<26} {'side':<22} {'tok/s (range)':<22} {'tok/CPU-s':>9} "
+        f"{'ours/side (range)':<20} {'by CPU':>7} {'MFU':>5} {'CPU':>5}  load",
+        file=file,
+    )
     for name, entry in summary.items():
         for side, e in entry.items():
             rng = f"{e['tok_s']:.0f} ({e['tok_s_range'][0]:.0f}-{e['tok_s_range'][1]:.0f})"
-            ratio = (f"x{e['ours_over']:.2f} ({e['ours_over_range'][0]:.2f}-"
-                     f"{e['ours_over_range'][1]:.2f})" if "ours_over" in e else "")
+            ratio = (
+                f"x{e['ours_over']:.2f} ({e['ours_over_range'][0]:.2f}-"
+                f"{e['ours_over_range'][1]:.2f})"
+                if "ours_over" in e
+                else ""
+            )
             cpu_ratio = f"x{e['ours_over_cpu']:.2f}" if "ours_over_cpu" in e else ""
             mfu = f"{e['mfu']:.2f} {e['mfu_cpu']:.2f}" if "mfu" in e else f"{'':>5} {'':>5}"
-            print(f"{name:<26} {side:<22} {rng:<22} {e['tok_cpu_s']:>9.0f} {ratio:<20} "
-                  f"{cpu_ratio:>7} {mfu:>11}  {e['load'][0]:.1f}-{e['load'][1]:.1f}", file=file)
+            print(
+                f"{name:<26} {side:<22} {rng:<22} {e['tok_cpu_s']:>9.0f} {ratio:<20} "
+                f"{cpu_ratio:>7} {mfu:>11}  {e['load'][0]:.1f}-{e['load'][1]:.1f}",
+                file=file,
+            )
 
 
 def read_records(paths: list) -> list:
@@ -569,20 +723,37 @@ def drive(args) -> dict:
         args.checkpoint = default_checkpoint()
     args.checkpoint = os.path.abspath(args.checkpoint)
     if args.tunix and not os.path.exists(args.tunix_python):
-        print(f"real_model.py: no tunix at {args.tunix_python} (see "
-              "../shared/bench/tunix_bench.py for its virtualenv): running without it",
-              file=sys.stderr)
+        print(
+            f"real_model.py: no tunix at {args.tunix_python} (see "
+            "../shared/bench/tunix_bench.py for its virtualenv): running without it",
+            file=sys.stderr,
+        )
         args.tunix = False
     shape = read_shape(args.checkpoint)
-    print(json.dumps(dict(checkpoint=args.checkpoint, shape=shape, prompt=args.prompt,
-                          new=args.new, slots=args.slots, rows=args.rows, rounds=args.rounds,
-                          load=os.getloadavg())), flush=True)
+    print(
+        json.dumps(
+            dict(
+                checkpoint=args.checkpoint,
+                shape=shape,
+                prompt=args.prompt,
+                new=args.new,
+                slots=args.slots,
+                rows=args.rows,
+                rounds=args.rounds,
+                load=os.getloadavg(),
+            )
+        ),
+        flush=True,
+    )
     log_dir = args.log_dir or tempfile.mkdtemp(prefix="real_model_")
     os.makedirs(log_dir, exist_ok=True)
 
     def emit(rec):
-        print(json.dumps({k: round(v, 4) if isinstance(v, float) else v
-                          for k, v in rec.items()}), flush=True)
+        print(
+            json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in rec.items()}),
+            flush=True,
+        )
+
     groups = []
     for dtype in args.dtypes:
         groups.extend(run_group(args, dtype, log_dir, emit))
@@ -591,8 +762,14 @@ def drive(args) -> dict:
     infos: dict = {}
     for g in groups:
         infos.setdefault(g["group"], {}).update(g["infos"])
-    result = dict(checkpoint=args.checkpoint, shape=shape, summary=summary, infos=infos,
-                  records=[r for g in groups for r in g["records"]], log_dir=log_dir)
+    result = dict(
+        checkpoint=args.checkpoint,
+        shape=shape,
+        summary=summary,
+        infos=infos,
+        records=[r for g in groups for r in g["records"]],
+        log_dir=log_dir,
+    )
     print(json.dumps(dict(summary=summary)), flush=True)
     if args.json_out:
         with open(args.json_out, "w") as f:
@@ -604,35 +781,60 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("role", nargs="*", help=argparse.SUPPRESS)  # "worker ours|torch"
     p.add_argument("--checkpoint", help="HF Llama directory (default: the cached SmolLM2)")
-    p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"],
-                   choices=("float32", "bfloat16"))
-    p.add_argument("--slots", type=int, nargs="*", default=[16, 64],
-                   help="decode slots (none: no decode phase)")
+    p.add_argument(
+        "--dtypes", nargs="+", default=["float32", "bfloat16"], choices=("float32", "bfloat16")
+    )
+    p.add_argument(
+        "--slots",
+        type=int,
+        nargs="*",
+        default=[16, 64],
+        help="decode slots (none: no decode phase)",
+    )
     p.add_argument("--prompt", type=int, default=64, help="prompt tokens (decode and train)")
-    p.add_argument("--new", type=int, default=128, help="new tokens (decode) / completion "
-                   "tokens per train row")
+    p.add_argument(
+        "--new", type=int, default=128, help="new tokens (decode) / completion tokens per train row"
+    )
     p.add_argument("--rows", type=int, default=8, help="train rows (0: no train step)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--iters", type=int, default=1, help="timed requests per side, op and round")
     p.add_argument("--peak-n", type=int, default=2048)
-    p.add_argument("--same-workers", action="store_true",
-                   help="decode and train in the same worker processes (fewer start-ups, each "
-                        "worker holds both phases' memory)")
-    p.add_argument("--sides", nargs="+", metavar="LABEL",
-                   help="only these peers beside ours (labels as printed: transformers, "
-                        "'transformers bf16', 'transformers autocast', tunix): fewer resident "
-                        "workers on a machine short of memory")
+    p.add_argument(
+        "--same-workers",
+        action="store_true",
+        help="decode and train in the same worker processes (fewer start-ups, each "
+        "worker holds both phases' memory)",
+    )
+    p.add_argument(
+        "--sides",
+        nargs="+",
+        metavar="LABEL",
+        help="only these peers beside ours (labels as printed: transformers, "
+        "'transformers bf16', 'transformers autocast', tunix): fewer resident "
+        "workers on a machine short of memory",
+    )
     p.add_argument("--no-tunix", dest="tunix", action="store_false")
     p.add_argument("--tunix-python", default=DEFAULT_TUNIX_PYTHON)
-    p.add_argument("--no-torch-peak", dest="torch_peak", action="store_false",
-                   help="skip transformers' own matmul peak (reported beside XLA's)")
-    p.add_argument("--torch-omp-active", action="store_true",
-                   help="leave torch's OpenMP wait policy at its default (spinning) instead of "
-                        "OMP_WAIT_POLICY=PASSIVE")
+    p.add_argument(
+        "--no-torch-peak",
+        dest="torch_peak",
+        action="store_false",
+        help="skip transformers' own matmul peak (reported beside XLA's)",
+    )
+    p.add_argument(
+        "--torch-omp-active",
+        action="store_true",
+        help="leave torch's OpenMP wait policy at its default (spinning) instead of "
+        "OMP_WAIT_POLICY=PASSIVE",
+    )
     p.add_argument("--json-out", help="write every record and the summary to this file")
-    p.add_argument("--summarise", nargs="+", metavar="FILE",
-                   help="only print the table of earlier runs' records (their --json-out files "
-                        "or printed output), pooled")
+    p.add_argument(
+        "--summarise",
+        nargs="+",
+        metavar="FILE",
+        help="only print the table of earlier runs' records (their --json-out files "
+        "or printed output), pooled",
+    )
     p.add_argument("--log-dir", help="workers' stderr logs (default: a new temp directory)")
     # worker-only
     p.add_argument("--variant", help=argparse.SUPPRESS)
@@ -642,8 +844,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv=None):
     args = parser().parse_args(argv)
     if args.role:
-        if args.role[0] != "worker" or len(args.role) != 2 or args.role[1] not in ("ours",
-                                                                                    "torch"):
+        if args.role[0] != "worker" or len(args.role) != 2 or args.role[1] not in ("ours", "torch"):
             parser().error(f"unknown arguments {args.role}")
         args.side = args.role[1]
         return worker_main(args)

@@ -22,6 +22,7 @@
 
 Each part prints JSON lines. Load average is printed with each.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -82,8 +83,12 @@ def part_dots(args, shape) -> list:
     out = []
     r = np.random.default_rng(0)
     for m in rows:
-        for name, k, n in (("q_proj", d, q), ("mlp_up", d, f), ("mlp_down", f, d),
-                           ("lm_head", d, v)):
+        for name, k, n in (
+            ("q_proj", d, q),
+            ("mlp_up", d, f),
+            ("mlp_down", f, d),
+            ("lm_head", d, v),
+        ):
             a32 = r.standard_normal((m, k)).astype(np.float32)
             b32 = r.standard_normal((k, n)).astype(np.float32)
             rec = dict(part="dots", shape=name, m=m, k=k, n=n, load=load())
@@ -91,13 +96,14 @@ def part_dots(args, shape) -> list:
             for dt in ("float32", "bfloat16"):
                 ja, jb = jnp.asarray(a32, dt), jnp.asarray(b32, dt)
                 f_same = jax.jit(lambda x, y: jnp.dot(x, y))
-                rec[f"jax_{dt}"] = flops / best(lambda: f_same(ja, jb).block_until_ready(),
-                                                args.repeats) / 1e9
+                rec[f"jax_{dt}"] = (
+                    flops / best(lambda: f_same(ja, jb).block_until_ready(), args.repeats) / 1e9
+                )
                 if dt == "bfloat16":
-                    f_acc = jax.jit(lambda x, y: jnp.dot(x, y,
-                                                         preferred_element_type=jnp.float32))
-                    rec["jax_bfloat16_f32acc"] = flops / best(
-                        lambda: f_acc(ja, jb).block_until_ready(), args.repeats) / 1e9
+                    f_acc = jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32))
+                    rec["jax_bfloat16_f32acc"] = (
+                        flops / best(lambda: f_acc(ja, jb).block_until_ready(), args.repeats) / 1e9
+                    )
                 tdt = getattr(torch, dt)
                 ta, tb = torch.from_numpy(a32).to(tdt), torch.from_numpy(b32).to(tdt)
                 rec[f"torch_{dt}"] = flops / best(lambda: torch.mm(ta, tb), args.repeats) / 1e9
@@ -118,28 +124,48 @@ def _train_setup(args, dtype):
     from scalerl_jax.train.step import make_train_step, put_batch
 
     cfg = hf.config_from_hf(args.checkpoint).replace(
-        param_dtype="float32", compute_dtype=dtype, fp32_head=True,
-        max_position_embeddings=args.prompt + args.new + 1)
+        param_dtype="float32",
+        compute_dtype=dtype,
+        fp32_head=True,
+        max_position_embeddings=args.prompt + args.new + 1,
+    )
     ocfg = OptimConfig(learning_rate=1e-6, warmup_steps=0, eps=1e-8)
     mesh = mesh_lib.trainer_mesh(MeshConfig(fsdp=-1), jax.devices()[:1])
-    _, graphdef, state = state_lib.create_train_state(cfg, ocfg, mesh,
-                                                      hf_checkpoint=args.checkpoint)
+    _, graphdef, state = state_lib.create_train_state(
+        cfg, ocfg, mesh, hf_checkpoint=args.checkpoint
+    )
     _, abstract = state_lib.abstract_train_state(cfg, ocfg, mesh)
     nprompts = (args.rows + 1) // 2
-    step = make_train_step(graphdef, abstract, mesh, model_cfg=cfg, loss_cfg=LossConfig(),
-                           optim_cfg=ocfg, num_prompts=nprompts, donate=False)
+    step = make_train_step(
+        graphdef,
+        abstract,
+        mesh,
+        model_cfg=cfg,
+        loss_cfg=LossConfig(),
+        optim_cfg=ocfg,
+        num_prompts=nprompts,
+        donate=False,
+    )
     w = workload_rows(1, args.rows, args.prompt, args.new, cfg.vocab_size)
     rows, seq = w["tokens"].shape
     mask = np.zeros((rows, seq), bool)
-    mask[:, args.prompt - 1:seq - 1] = True
+    mask[:, args.prompt - 1 : seq - 1] = True
     blogp = np.zeros((rows, seq), np.float32)
-    blogp[:, args.prompt - 1:seq - 1] = w["behaviour_logp"]
-    batch = put_batch(TrainBatch(
-        tokens=w["tokens"][None], targets=np.roll(w["tokens"], -1, axis=-1)[None],
-        positions=np.broadcast_to(np.arange(seq, dtype=np.int32), (1, rows, seq)).copy(),
-        segment_ids=np.ones((1, rows, seq), np.int32), loss_mask=mask[None],
-        behaviour_logp=blogp[None], advantages=w["advantages"][None],
-        prompt_index=w["prompt_index"][None], num_prompts=w["num_prompts"]), mesh)
+    blogp[:, args.prompt - 1 : seq - 1] = w["behaviour_logp"]
+    batch = put_batch(
+        TrainBatch(
+            tokens=w["tokens"][None],
+            targets=np.roll(w["tokens"], -1, axis=-1)[None],
+            positions=np.broadcast_to(np.arange(seq, dtype=np.int32), (1, rows, seq)).copy(),
+            segment_ids=np.ones((1, rows, seq), np.int32),
+            loss_mask=mask[None],
+            behaviour_logp=blogp[None],
+            advantages=w["advantages"][None],
+            prompt_index=w["prompt_index"][None],
+            num_prompts=w["num_prompts"],
+        ),
+        mesh,
+    )
     return cfg, ocfg, graphdef, state, step, batch
 
 
@@ -170,11 +196,20 @@ def part_train(args, dtype) -> list:
     def loss_fn(p):
         model = nnx.merge(graphdef, p)
         hidden, _ = model.forward(mb.tokens, mb.positions, mb.segment_ids)
-        logp, ent = token_logprobs(hidden, model.head_kernel(), mb.targets,
-                                   chunk_size=ocfg.logprob_chunk, fp32=True)
-        loss, _ = rl_losses.policy_loss("cispo", logp, mb.behaviour_logp, mb.advantages,
-                                        mb.loss_mask, mb.prompt_index, num_prompts=nprompts,
-                                        entropy=jax.lax.stop_gradient(ent), **hp)
+        logp, ent = token_logprobs(
+            hidden, model.head_kernel(), mb.targets, chunk_size=ocfg.logprob_chunk, fp32=True
+        )
+        loss, _ = rl_losses.policy_loss(
+            "cispo",
+            logp,
+            mb.behaviour_logp,
+            mb.advantages,
+            mb.loss_mask,
+            mb.prompt_index,
+            num_prompts=nprompts,
+            entropy=jax.lax.stop_gradient(ent),
+            **hp,
+        )
         return loss
 
     probe = jnp.asarray(np.random.default_rng(0).standard_normal(d), jnp.float32)
@@ -202,24 +237,35 @@ def part_train(args, dtype) -> list:
     head_grad, fwd = jax.jit(jax.grad(head_fn, (0, 1))), jax.jit(fwd_fn)
     pieces = {
         "step (make_train_step)": (lambda: jax.block_until_ready(step(state, batch)), total),
-        "loss fwd+bwd (no optimizer)": (lambda: jax.block_until_ready(loss_grad(params)),
-                                        total),
-        "body fwd+bwd (no LM head)": (lambda: jax.block_until_ready(body_grad(params)),
-                                      total - head),
-        "fp32 log-prob head fwd+bwd": (lambda: jax.block_until_ready(head_grad(hidden, kernel)),
-                                       head),
+        "loss fwd+bwd (no optimizer)": (lambda: jax.block_until_ready(loss_grad(params)), total),
+        "body fwd+bwd (no LM head)": (
+            lambda: jax.block_until_ready(body_grad(params)),
+            total - head,
+        ),
+        "fp32 log-prob head fwd+bwd": (
+            lambda: jax.block_until_ready(head_grad(hidden, kernel)),
+            head,
+        ),
         "body forward": (lambda: jax.block_until_ready(fwd(params)), (total - head) / 3),
         "optimizer (clip + AdamW)": (
-            lambda: jax.block_until_ready(opt(grads, state.opt_state, params)), 0.0),
+            lambda: jax.block_until_ready(opt(grads, state.opt_state, params)),
+            0.0,
+        ),
     }
     peak = matmul_peak(args.peak_n, jnp.dtype(dtype), 3)[0]
     out = []
     for name, (fn, flops) in pieces.items():
         t = median_time(fn, args.repeats)  # the first call compiles, untimed
-        rec = dict(part="train", dtype=dtype, piece=name, s=round(t, 3),
-                   gflop_s=round(flops / t / 1e9, 1) if flops else None,
-                   of_peak=round(flops / t / peak, 3) if flops else None,
-                   peak_gflop_s=round(peak / 1e9, 1), load=load())
+        rec = dict(
+            part="train",
+            dtype=dtype,
+            piece=name,
+            s=round(t, 3),
+            gflop_s=round(flops / t / 1e9, 1) if flops else None,
+            of_peak=round(flops / t / peak, 3) if flops else None,
+            peak_gflop_s=round(peak / 1e9, 1),
+            load=load(),
+        )
         out.append(rec)
         print(json.dumps(rec), flush=True)
     return out
@@ -243,26 +289,38 @@ def part_decode(args, dtype) -> list:
     from scalerl_jax.sampler import Engine
 
     cfg = hf.config_from_hf(args.checkpoint).replace(
-        param_dtype="float32", compute_dtype=dtype, fp32_head=True,
-        max_position_embeddings=args.prompt + args.new + 1)
+        param_dtype="float32",
+        compute_dtype=dtype,
+        fp32_head=True,
+        max_position_embeddings=args.prompt + args.new + 1,
+    )
     _, _, params = hf.load_params(args.checkpoint, cfg=cfg)
     mesh = Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("data", "tensor"))
     bandwidth = _copy_bandwidth(jax, jnp)
     out = []
     for slots in args.slots:
-        scfg = SamplerConfig(max_concurrent_decodes=slots, max_prefill_length=args.prompt,
-                             max_target_length=args.prompt + args.new, max_new_tokens=args.new,
-                             interruptions=False, temperature=1.0)
+        scfg = SamplerConfig(
+            max_concurrent_decodes=slots,
+            max_prefill_length=args.prompt,
+            max_target_length=args.prompt + args.new,
+            max_new_tokens=args.new,
+            interruptions=False,
+            temperature=1.0,
+        )
         engine = Engine(cfg, mesh, scfg)
         p = engine.load_params(params)
         ids = workload_prompts(1, slots, args.prompt, cfg.vocab_size)
         prefix = engine.prefill_batch(p, ids, [args.prompt] * slots)
 
         def fresh():
-            return engine.bulk_insert(prefix, engine.init_decode_state(), range(slots),
-                                      rows=range(slots),
-                                      keys=np.random.default_rng(0).integers(0, 2 ** 31,
-                                                                             (slots, 2)))
+            return engine.bulk_insert(
+                prefix,
+                engine.init_decode_state(),
+                range(slots),
+                rows=range(slots),
+                keys=np.random.default_rng(0).integers(0, 2**31, (slots, 2)),
+            )
+
         times = []
         for rnd in range(2):  # the first pass compiles every cache window
             st = fresh()
@@ -274,15 +332,30 @@ def part_decode(args, dtype) -> list:
                     times.append(time.perf_counter() - t)
         step = statistics.median(times)
         weight_bytes = sum(a.nbytes for a in jax.tree.leaves(p))
-        kv = (2 * cfg.num_layers * cfg.num_kv_heads * cfg.dim_per_head * slots
-              * (args.prompt + args.new / 2) * jnp.dtype(engine.cache_dtype).itemsize)
+        kv = (
+            2
+            * cfg.num_layers
+            * cfg.num_kv_heads
+            * cfg.dim_per_head
+            * slots
+            * (args.prompt + args.new / 2)
+            * jnp.dtype(engine.cache_dtype).itemsize
+        )
         floor = (weight_bytes + kv) / bandwidth
         flops = 2.0 * cfg.num_params() * slots  # per step: a tied table counts once (head)
-        rec = dict(part="decode", dtype=dtype, slots=slots, step_ms=round(1e3 * step, 2),
-                   tok_s=round(slots / step, 1), weight_MiB=round(weight_bytes / 2 ** 20, 1),
-                   kv_MiB=round(kv / 2 ** 20, 1), copy_GB_s=round(bandwidth / 1e9, 1),
-                   memory_floor_ms=round(1e3 * floor, 2),
-                   gflop_s=round(flops / step / 1e9, 1), load=load())
+        rec = dict(
+            part="decode",
+            dtype=dtype,
+            slots=slots,
+            step_ms=round(1e3 * step, 2),
+            tok_s=round(slots / step, 1),
+            weight_MiB=round(weight_bytes / 2**20, 1),
+            kv_MiB=round(kv / 2**20, 1),
+            copy_GB_s=round(bandwidth / 1e9, 1),
+            memory_floor_ms=round(1e3 * floor, 2),
+            gflop_s=round(flops / step / 1e9, 1),
+            load=load(),
+        )
         out.append(rec)
         print(json.dumps(rec), flush=True)
     return out
@@ -290,6 +363,7 @@ def part_decode(args, dtype) -> list:
 
 def main(argv=None) -> list:
     from real_model import default_checkpoint, read_shape
+
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("part", choices=("dots", "train", "decode", "all"))
     p.add_argument("--checkpoint")
@@ -300,13 +374,18 @@ def main(argv=None) -> list:
     p.add_argument("--rows", type=int, default=8)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--peak-n", type=int, default=2048)
-    p.add_argument("--one-thread", action="store_true",
-                   help="XLA and torch on one thread each: per-core efficiency, much less "
-                        "disturbed by other jobs than two threads that wait for each other")
+    p.add_argument(
+        "--one-thread",
+        action="store_true",
+        help="XLA and torch on one thread each: per-core efficiency, much less "
+        "disturbed by other jobs than two threads that wait for each other",
+    )
     args = p.parse_args(argv)
     if args.one_thread:  # before jax / torch are imported
-        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_"
-                                   "eigen=false intra_op_parallelism_threads=1").strip()
+        os.environ["XLA_FLAGS"] = (
+            os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_"
+            "eigen=false intra_op_parallelism_threads=1"
+        ).strip()
         os.environ["OMP_NUM_THREADS"] = "1"
     args.checkpoint = args.checkpoint or default_checkpoint()
     out = []

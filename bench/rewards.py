@@ -24,6 +24,7 @@ and with that fallback off (the default install at REF). Rows:
   --timeout s limit (a timeout scores as incorrect and is counted): at REF math-verify
   computes 9^{9^{9^{9}}} for ever.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,21 +58,30 @@ CATEGORIES = [
     ("\\{1, 2, 3\\}", ["\\{3, 1, 2\\}", "1, 2, 3"], ["\\{1, 2\\}", "(1, 2, 3)"]),
     ("(1, -2)", ["(1, -2)", "\\left(1,-2\\right)"], ["(-2, 1)", "[1, -2]", "\\{1, -2\\}"]),
     ("[2, 5)", ["[2, 5)", "x \\in [2,5)"], ["[2, 5]", "(2, 5)"]),
-    ("(-\\infty, 1) \\cup (3, \\infty)", ["(3,\\infty)\\cup(-\\infty,1)"],
-     ["(-\\infty, 1] \\cup (3, \\infty)", "(1, 3)"]),
+    (
+        "(-\\infty, 1) \\cup (3, \\infty)",
+        ["(3,\\infty)\\cup(-\\infty,1)"],
+        ["(-\\infty, 1] \\cup (3, \\infty)", "(1, 3)"],
+    ),
     ("x \\le 4", ["x \\leq 4", "4 \\ge x"], ["x < 4", "x \\ge 4"]),
-    ("\\begin{pmatrix} 1 & 2 \\\\ 0 & 1 \\end{pmatrix}",
-     ["\\begin{bmatrix}1&2\\\\0&1\\end{bmatrix}"], ["\\begin{pmatrix}1&0\\\\2&1\\end{pmatrix}"]),
+    (
+        "\\begin{pmatrix} 1 & 2 \\\\ 0 & 1 \\end{pmatrix}",
+        ["\\begin{bmatrix}1&2\\\\0&1\\end{bmatrix}"],
+        ["\\begin{pmatrix}1&0\\\\2&1\\end{pmatrix}"],
+    ),
     ("a_3 = 2, a_{37} = 19", ["a_{37} = 19, a_3 = 2"], ["a_3 = 19, a_{37} = 2"]),
     ("x^2 + 2x + 1", ["(x+1)^2", "1 + 2x + x^2"], ["(x-1)^2", "x^2 + 1"]),
     ("\\frac{1+\\sqrt{5}}{2}", ["\\frac{\\sqrt{5}+1}{2}"], ["\\frac{1-\\sqrt{5}}{2}", "2"]),
 ]
 
-_SENTENCES = ["We first compute {a} + {b} = {s}.", "Multiplying, {a} \\cdot {b} = {p}.",
-              "Let $x_{{{a}}}$ denote the {b}-th term, so the recurrence gives {s}.",
-              "Checking the case $n = {a}$: the remainder is {r}.",
-              "Hmm, wait. That is not right; {a} - {b} should be {d}.",
-              "So far the partial sum is $\\frac{{{a}}}{{{b}}}$, which simplifies further."]
+_SENTENCES = [
+    "We first compute {a} + {b} = {s}.",
+    "Multiplying, {a} \\cdot {b} = {p}.",
+    "Let $x_{{{a}}}$ denote the {b}-th term, so the recurrence gives {s}.",
+    "Checking the case $n = {a}$: the remainder is {r}.",
+    "Hmm, wait. That is not right; {a} - {b} should be {d}.",
+    "So far the partial sum is $\\frac{{{a}}}{{{b}}}$, which simplifies further.",
+]
 
 
 def _thought(rng: random.Random) -> str:
@@ -96,8 +106,9 @@ def make_completions(n: int, seed: int = 0) -> list[tuple[str, str, bool]]:
             end = f"The answer is ${answer}$."
         else:
             end = f"Putting everything together:\n${answer}$"
-        out.append((f"<think>{_thought(rng)}</think>\n{_thought(rng)[:400]}\n\n{end}", gold,
-                    correct))
+        out.append(
+            (f"<think>{_thought(rng)}</think>\n{_thought(rng)[:400]}\n\n{end}", gold, correct)
+        )
     return out
 
 
@@ -108,8 +119,13 @@ def load_before(ref: str, dest: str, package: str, math_verify: bool):
     os.makedirs(pkg, exist_ok=True)
     open(os.path.join(pkg, "__init__.py"), "w").close()
     for name in ("math", "sympy_safe"):
-        text = subprocess.run(["git", "show", f"{ref}:scalerl_jax/rewards/{name}.py"], cwd=ROOT,
-                              check=True, capture_output=True, text=True).stdout
+        text = subprocess.run(
+            ["git", "show", f"{ref}:scalerl_jax/rewards/{name}.py"],
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
         text = text.replace("scalerl_jax.rewards.sympy_safe", f"{package}.sympy_safe")
         if not math_verify:
             off = "import math_verify  # optional: pip install math-verify"
@@ -150,10 +166,13 @@ def agreement(verifier, cases, workers: int, timeout: float) -> dict:
         res = pool.score(verifier, [(c, g) for g, c, _ in cases])
     expected = [e for *_, e in cases]
     got = res.correct.tolist()
-    return {"agreement": sum(a == b for a, b in zip(got, expected)) / len(cases),
-            "false_positives": sum(a and not b for a, b in zip(got, expected)),
-            "missed": sum(b and not a for a, b in zip(got, expected)),
-            "timeouts": res.num_timeouts, "seconds": res.seconds}
+    return {
+        "agreement": sum(a == b for a, b in zip(got, expected)) / len(cases),
+        "false_positives": sum(a and not b for a, b in zip(got, expected)),
+        "missed": sum(b and not a for a, b in zip(got, expected)),
+        "timeouts": res.num_timeouts,
+        "seconds": res.seconds,
+    }
 
 
 _STARTUP = """
@@ -174,8 +193,13 @@ print(f"spawn {{t1 - t0:.2f}} s, first item {{first:.2f}} s, second item {{secon
 def startup(workers: int) -> str:
     """Child start-up as in a run whose entry point imports nothing heavy (`python -c`: spawned
     children re-import a script's main module, which would hide the verifier's import)."""
-    return subprocess.run([sys.executable, "-c", _STARTUP.format(workers=workers)], cwd=ROOT,
-                          check=True, capture_output=True, text=True).stdout.strip()
+    return subprocess.run(
+        [sys.executable, "-c", _STARTUP.format(workers=workers)],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
 
 
 def main() -> None:
@@ -189,7 +213,8 @@ def main() -> None:
 
     sys.path.insert(0, os.path.join(ROOT, "tests"))  # the case table imports a test helper
     spec = importlib.util.spec_from_file_location(
-        "cases", os.path.join(ROOT, "tests", "test_math_verify_cases.py"))
+        "cases", os.path.join(ROOT, "tests", "test_math_verify_cases.py")
+    )
     cases_mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(cases_mod)
     cases = cases_mod.CASES
@@ -198,25 +223,32 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         verifiers = {
-            f"{args.ref} (no math-verify)":
-                load_before(args.ref, tmp, "before_plain", math_verify=False).verify_math,
-            f"{args.ref} (+ math-verify)":
-                load_before(args.ref, tmp, "before_mv", math_verify=True).verify_math,
-            "after": verify_math}
+            f"{args.ref} (no math-verify)": load_before(
+                args.ref, tmp, "before_plain", math_verify=False
+            ).verify_math,
+            f"{args.ref} (+ math-verify)": load_before(
+                args.ref, tmp, "before_mv", math_verify=True
+            ).verify_math,
+            "after": verify_math,
+        }
         mean_chars = sum(len(c) for c, _ in pairs) / len(pairs)
-        print(f"{len(items)} completions, mean {mean_chars:.0f} chars; case table {len(cases)} "
-              f"cases; {args.workers} workers, timeout {args.timeout} s")
+        print(
+            f"{len(items)} completions, mean {mean_chars:.0f} chars; case table {len(cases)} "
+            f"cases; {args.workers} workers, timeout {args.timeout} s"
+        )
         print(f"child start-up (after, {args.workers} workers): {startup(args.workers)}")
         for name, fn in verifiers.items():
             intended = sum(fn(c, r) == ok for c, r, ok in items[:200]) / 200
             tp = throughput(fn, pairs, args.workers, args.timeout, args.repeats)
             ag = agreement(fn, cases, args.workers, args.timeout)
-            print(f"{name:28s} verif/s inline {tp['inline']:7.1f}  threads {tp['threads']:7.1f}"
-                  f"  processes {tp['processes']:7.1f} (cold {tp['processes_cold']:6.1f}, "
-                  f"timeouts {tp['processes_timeouts']}) | intended verdict on generated "
-                  f"{intended:.3f} | table agreement {ag['agreement']:.3f}, false positives "
-                  f"{ag['false_positives']}, missed {ag['missed']}, timeouts {ag['timeouts']}",
-                  flush=True)
+            print(
+                f"{name:28s} verif/s inline {tp['inline']:7.1f}  threads {tp['threads']:7.1f}"
+                f"  processes {tp['processes']:7.1f} (cold {tp['processes_cold']:6.1f}, "
+                f"timeouts {tp['processes_timeouts']}) | intended verdict on generated "
+                f"{intended:.3f} | table agreement {ag['agreement']:.3f}, false positives "
+                f"{ag['false_positives']}, missed {ag['missed']}, timeouts {ag['timeouts']}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

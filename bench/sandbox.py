@@ -9,6 +9,7 @@ the strong mode (bubblewrap) and the weak mode; the median of the rounds' ms/pro
 ratios within each round. Then each resource attack of tests/test_sandbox_redteam.py once in the
 strong mode: seconds to return and the status it got.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,8 +41,14 @@ print(json.dumps({"ms": 1000 * (time.perf_counter() - start) / len(rows), "faile
 
 def _time(python_path: str, mode: str, n: int) -> dict:
     env = {**os.environ, "PYTHONPATH": python_path}
-    out = subprocess.run([sys.executable, "-c", TIMING, mode, str(n)], env=env, check=True,
-                         capture_output=True, text=True, cwd=python_path).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", TIMING, mode, str(n)],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=python_path,
+    ).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -63,12 +70,17 @@ def main() -> None:
         before = _checkout(args.ref, tmp)
         rows = []
         for r in range(args.rounds):
-            row = {"before": _time(before, "before", args.problems),
-                   "strong": _time(ROOT, "strong", args.problems),
-                   "weak": _time(ROOT, "weak", args.problems)}
+            row = {
+                "before": _time(before, "before", args.problems),
+                "strong": _time(ROOT, "strong", args.problems),
+                "weak": _time(ROOT, "weak", args.problems),
+            }
             rows.append(row)
-            print(f"round {r}: " + ", ".join(f"{k} {v['ms']:.1f} ms ({v['failed']} failed)"
-                                             for k, v in row.items()), flush=True)
+            print(
+                f"round {r}: "
+                + ", ".join(f"{k} {v['ms']:.1f} ms ({v['failed']} failed)" for k, v in row.items()),
+                flush=True,
+            )
     for mode in ("before", "strong", "weak"):
         print(f"{mode}: median {statistics.median(r[mode]['ms'] for r in rows):.1f} ms/program")
     for mode in ("strong", "weak"):
@@ -82,14 +94,18 @@ def main() -> None:
     from test_sandbox_redteam import ONE, RESOURCE_ATTACKS
 
     from scalerl_jax.rewards import SandboxLimits, run_tests
-    limits = SandboxLimits(timeout_s=1.5, cpu_s=2.0, memory_mb=512, max_output_bytes=1 << 16,
-                           total_timeout_s=4.0)
+
+    limits = SandboxLimits(
+        timeout_s=1.5, cpu_s=2.0, memory_mb=512, max_output_bytes=1 << 16, total_timeout_s=4.0
+    )
     print("resource attack (strong; timeout_s 1.5, cpu_s 2, memory 512 MB, output 64 KiB):")
     for name, (code, _) in sorted(RESOURCE_ATTACKS.items()):
         start = time.perf_counter()
         result = run_tests(code, ONE, limits)
-        print(f"  {name:15s} {time.perf_counter() - start:5.2f} s  {result.outcomes[0].status}"
-              f" ({result.outcomes[0].detail[:60]})")
+        print(
+            f"  {name:15s} {time.perf_counter() - start:5.2f} s  {result.outcomes[0].status}"
+            f" ({result.outcomes[0].detail[:60]})"
+        )
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ The memory part compiles (does not run) forward+backward of the log-prob computa
 row at Qwen2.5's vocabulary (151,936) and hidden size 896 and reads XLA's temp-buffer size from
 `compiled.memory_analysis()`, with and without chunking, at several sequence lengths.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,7 +51,7 @@ def matmul_peak(n: int, dtype, repeats: int = 5) -> tuple[float, float]:
         f(a, b).block_until_ready()
         best = min(best, time.perf_counter() - t)
         best_cpu = min(best_cpu, time.process_time() - c)
-    return 2.0 * n ** 3 / best, 2.0 * n ** 3 / best_cpu
+    return 2.0 * n**3 / best, 2.0 * n**3 / best_cpu
 
 
 def synthetic_batch(rows: int, seq: int, vocab: int, num_prompts: int, seed: int = 0):
@@ -59,22 +60,35 @@ def synthetic_batch(rows: int, seq: int, vocab: int, num_prompts: int, seed: int
     shape = (1, rows, seq)
     tokens = rng.integers(0, vocab, shape).astype(np.int32)
     mask = np.zeros(shape, bool)
-    mask[..., seq // 4:] = True  # the first quarter plays the prompt
+    mask[..., seq // 4 :] = True  # the first quarter plays the prompt
     pidx = (np.arange(rows) // max(rows // num_prompts, 1)).astype(np.int32)[None]
-    return TrainBatch(tokens=tokens, targets=np.roll(tokens, -1, axis=-1),
-                      positions=np.broadcast_to(np.arange(seq, dtype=np.int32), shape).copy(),
-                      segment_ids=np.ones(shape, np.int32), loss_mask=mask,
-                      behaviour_logp=np.full(shape, -np.log(vocab), np.float32),
-                      advantages=rng.choice([-1.0, 1.0], (1, rows)).astype(np.float32),
-                      prompt_index=np.minimum(pidx, num_prompts - 1), num_prompts=num_prompts)
+    return TrainBatch(
+        tokens=tokens,
+        targets=np.roll(tokens, -1, axis=-1),
+        positions=np.broadcast_to(np.arange(seq, dtype=np.int32), shape).copy(),
+        segment_ids=np.ones(shape, np.int32),
+        loss_mask=mask,
+        behaviour_logp=np.full(shape, -np.log(vocab), np.float32),
+        advantages=rng.choice([-1.0, 1.0], (1, rows)).astype(np.float32),
+        prompt_index=np.minimum(pidx, num_prompts - 1),
+        num_prompts=num_prompts,
+    )
 
 
 def build_step(args):
     """(cfg, jitted step, fresh state, batch) of the bench model at the command line's shape."""
-    cfg = ModelConfig(name="bench-mid", vocab_size=args.vocab, hidden_size=args.d,
-                      intermediate_size=args.ffn, num_layers=args.layers, num_heads=args.heads,
-                      num_kv_heads=args.kv_heads, compute_dtype=args.dtype,
-                      max_position_embeddings=max(args.seq, 2048), remat=args.remat)
+    cfg = ModelConfig(
+        name="bench-mid",
+        vocab_size=args.vocab,
+        hidden_size=args.d,
+        intermediate_size=args.ffn,
+        num_layers=args.layers,
+        num_heads=args.heads,
+        num_kv_heads=args.kv_heads,
+        compute_dtype=args.dtype,
+        max_position_embeddings=max(args.seq, 2048),
+        remat=args.remat,
+    )
     mesh = mesh_lib.trainer_mesh(MeshConfig(fsdp=-1), jax.devices())
     return (cfg, *cispo_step(cfg, mesh, args.rows, args.seq, args.chunk))
 
@@ -86,8 +100,15 @@ def cispo_step(cfg, mesh, rows: int, seq: int, chunk):
     num_prompts = max(rows // 2, 1)
     _, graphdef, state = state_lib.create_train_state(cfg, ocfg, mesh)
     _, abstract = state_lib.abstract_train_state(cfg, ocfg, mesh)
-    step = make_train_step(graphdef, abstract, mesh, model_cfg=cfg, loss_cfg=LossConfig(),
-                           optim_cfg=ocfg, num_prompts=num_prompts)
+    step = make_train_step(
+        graphdef,
+        abstract,
+        mesh,
+        model_cfg=cfg,
+        loss_cfg=LossConfig(),
+        optim_cfg=ocfg,
+        num_prompts=num_prompts,
+    )
     return step, state, synthetic_batch(rows, seq, cfg.vocab_size, num_prompts)
 
 
@@ -113,16 +134,26 @@ def bench_step(args) -> dict:
         rounds.append((flops / dt / peak, flops / dc / peak_cpu, dt, peak, os.getloadavg()[0]))
     mfu, _, dt, peak, load = sorted(rounds)[len(rounds) // 2]
     mfu_cpu = float(np.median([r[1] for r in rounds]))
-    return {"part": "step", "params_M": round(cfg.num_params() / 1e6, 1), "seq": args.seq,
-            "rows": args.rows, "dtype": args.dtype, "devices": len(jax.devices()),
-            "first_step_s": round(first_s, 1), "step_s": round(dt, 3),
-            "tokens_per_s": round(tokens / dt, 1),
-            "model_tflops_per_s": round(flops / dt / 1e12, 4),
-            "matmul_peak_tflops_per_s": round(peak / 1e12, 4),
-            "mfu_vs_matmul_peak": round(mfu, 3), "mfu_cpu_time": round(mfu_cpu, 3),
-            "mfu_rounds": [round(r[0], 3) for r in rounds],
-            "mfu_cpu_rounds": [round(r[1], 3) for r in rounds], "load_average": round(load, 1),
-            "loss": float(metrics["loss"]), "skipped": float(metrics["skipped_total"])}
+    return {
+        "part": "step",
+        "params_M": round(cfg.num_params() / 1e6, 1),
+        "seq": args.seq,
+        "rows": args.rows,
+        "dtype": args.dtype,
+        "devices": len(jax.devices()),
+        "first_step_s": round(first_s, 1),
+        "step_s": round(dt, 3),
+        "tokens_per_s": round(tokens / dt, 1),
+        "model_tflops_per_s": round(flops / dt / 1e12, 4),
+        "matmul_peak_tflops_per_s": round(peak / 1e12, 4),
+        "mfu_vs_matmul_peak": round(mfu, 3),
+        "mfu_cpu_time": round(mfu_cpu, 3),
+        "mfu_rounds": [round(r[0], 3) for r in rounds],
+        "mfu_cpu_rounds": [round(r[1], 3) for r in rounds],
+        "load_average": round(load, 1),
+        "loss": float(metrics["loss"]),
+        "skipped": float(metrics["skipped_total"]),
+    }
 
 
 def bench_dense_ab(args) -> dict:
@@ -135,10 +166,11 @@ def bench_dense_ab(args) -> dict:
     from scalerl_jax.train import logprobs
 
     def dense_einsum(x, w, contract=1, preferred_element_type=None):
-        lead = string.ascii_lowercase[:x.ndim - contract]
-        k, out = string.ascii_uppercase[:contract], string.ascii_uppercase[contract:w.ndim]
-        return jnp.einsum(f"{lead}{k},{k}{out}->{lead}{out}", x, w,
-                          preferred_element_type=preferred_element_type)
+        lead = string.ascii_lowercase[: x.ndim - contract]
+        k, out = string.ascii_uppercase[:contract], string.ascii_uppercase[contract : w.ndim]
+        return jnp.einsum(
+            f"{lead}{k},{k}{out}->{lead}{out}", x, w, preferred_element_type=preferred_element_type
+        )
 
     runs, original = {}, layers.dense
     try:
@@ -159,23 +191,32 @@ def bench_dense_ab(args) -> dict:
             jax.block_until_ready(metrics)
             run[2].append(time.perf_counter() - t)
     ratios = [d / e for d, e in zip(runs["dense"][2], runs["einsum"][2])]
-    return {"part": "dense-ab", "dtype": args.dtype, "rows": args.rows, "seq": args.seq,
-            "einsum_step_s": [round(x, 3) for x in runs["einsum"][2]],
-            "dense_step_s": [round(x, 3) for x in runs["dense"][2]],
-            "dense_over_einsum": [round(r, 3) for r in ratios],
-            "median": round(float(np.median(ratios)), 3),
-            "load_average": round(os.getloadavg()[0], 1)}
+    return {
+        "part": "dense-ab",
+        "dtype": args.dtype,
+        "rows": args.rows,
+        "seq": args.seq,
+        "einsum_step_s": [round(x, 3) for x in runs["einsum"][2]],
+        "dense_step_s": [round(x, 3) for x in runs["dense"][2]],
+        "dense_over_einsum": [round(r, 3) for r in ratios],
+        "median": round(float(np.median(ratios)), 3),
+        "load_average": round(os.getloadavg()[0], 1),
+    }
 
 
 def logprob_temp_bytes(seq: int, chunk, d: int = 896, vocab: int = 151936, rows: int = 1):
     """XLA temp bytes of forward+backward of the log-prob computation (compiled, not run)."""
+
     def f(hidden, kernel, targets, weights):
         logp, entropy = token_logprobs(hidden, kernel, targets, chunk_size=chunk)
         return jnp.sum(weights * logp) + jnp.sum(jax.lax.stop_gradient(entropy))
-    args = (jax.ShapeDtypeStruct((rows, seq, d), jnp.bfloat16),
-            jax.ShapeDtypeStruct((d, vocab), jnp.float32),
-            jax.ShapeDtypeStruct((rows, seq), jnp.int32),
-            jax.ShapeDtypeStruct((rows, seq), jnp.float32))
+
+    args = (
+        jax.ShapeDtypeStruct((rows, seq, d), jnp.bfloat16),
+        jax.ShapeDtypeStruct((d, vocab), jnp.float32),
+        jax.ShapeDtypeStruct((rows, seq), jnp.int32),
+        jax.ShapeDtypeStruct((rows, seq), jnp.float32),
+    )
     compiled = jax.jit(jax.grad(f, argnums=(0, 1))).lower(*args).compile()
     return compiled.memory_analysis().temp_size_in_bytes
 
@@ -185,9 +226,18 @@ def bench_memory(args) -> list[dict]:
     for seq in args.mem_seqs:
         for chunk in (None, args.mem_chunk):
             b = logprob_temp_bytes(seq, chunk)
-            out.append({"part": "memory", "vocab": 151936, "hidden": 896, "rows": 1, "seq": seq,
-                        "chunk": chunk, "temp_MiB": round(b / 2 ** 20, 1),
-                        "fp32_logits_MiB": round(seq * 151936 * 4 / 2 ** 20, 1)})
+            out.append(
+                {
+                    "part": "memory",
+                    "vocab": 151936,
+                    "hidden": 896,
+                    "rows": 1,
+                    "seq": seq,
+                    "chunk": chunk,
+                    "temp_MiB": round(b / 2**20, 1),
+                    "fp32_logits_MiB": round(seq * 151936 * 4 / 2**20, 1),
+                }
+            )
     return out
 
 

@@ -7,6 +7,7 @@ The modes alternate within each round, so a ratio compares like with like on a l
 
     .venv/bin/python bench/weight_sync.py            # 58M params, bf16 compute, 5 rounds
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,23 +35,35 @@ def main(argv=None) -> None:
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args(argv)
-    cfg = ModelConfig(name="sync-bench", vocab_size=32000, hidden_size=args.hidden,
-                      intermediate_size=4 * args.hidden, num_layers=args.layers,
-                      num_heads=args.hidden // 64, num_kv_heads=max(1, args.hidden // 256),
-                      rope_theta=1e4, max_position_embeddings=4096, compute_dtype="bfloat16")
+    cfg = ModelConfig(
+        name="sync-bench",
+        vocab_size=32000,
+        hidden_size=args.hidden,
+        intermediate_size=4 * args.hidden,
+        num_layers=args.layers,
+        num_heads=args.hidden // 64,
+        num_kv_heads=max(1, args.hidden // 256),
+        rope_theta=1e4,
+        max_position_embeddings=4096,
+        compute_dtype="bfloat16",
+    )
     devices = jax.devices()
     trainer = mesh_lib.trainer_mesh(MeshConfig(fsdp=-1), devices[:4])
     sampler = mesh_lib.sampler_mesh(MeshConfig(sampler_tensor=2), devices[4:8])
-    sc = SamplerConfig(max_concurrent_decodes=2, max_prefill_length=8, max_target_length=16,
-                       interruptions=False)
-    engines = {"param": Engine(cfg, sampler, SamplerConfig(**{**sc.__dict__,
-                                                               "weight_dtype": "param"})),
-               "compute": Engine(cfg, sampler, sc)}
+    sc = SamplerConfig(
+        max_concurrent_decodes=2, max_prefill_length=8, max_target_length=16, interruptions=False
+    )
+    engines = {
+        "param": Engine(cfg, sampler, SamplerConfig(**{**sc.__dict__, "weight_dtype": "param"})),
+        "compute": Engine(cfg, sampler, sc),
+    }
     rng = np.random.default_rng(0)
-    host = jax.tree.map(lambda a: rng.normal(0, 0.02, a.shape).astype(np.float32),
-                        engines["param"].abstract_params)
-    master = jax.device_put(host, mesh_lib.state_shardings(engines["param"].abstract_params,
-                                                           trainer))
+    host = jax.tree.map(
+        lambda a: rng.normal(0, 0.02, a.shape).astype(np.float32), engines["param"].abstract_params
+    )
+    master = jax.device_put(
+        host, mesh_lib.state_shardings(engines["param"].abstract_params, trainer)
+    )
     biggest = max(x.nbytes for x in jax.tree.leaves(host))
     modes = {  # name: (engine, group bytes)
         "fp32, one group (before)": ("param", None),
@@ -58,8 +71,10 @@ def main(argv=None) -> None:
         "dtype of use, 16 MiB groups": ("compute", 16 * MIB),
         "dtype of use, 4 MiB groups": ("compute", 4 * MIB),
     }
-    syncs = {name: WeightSync(trainer, engines[e].param_shardings, engines[e].param_dtypes, g)
-             for name, (e, g) in modes.items()}
+    syncs = {
+        name: WeightSync(trainer, engines[e].param_shardings, engines[e].param_dtypes, g)
+        for name, (e, g) in modes.items()
+    }
     times = {name: [] for name in modes}
     out = {}
     for name, sync in syncs.items():  # warm-up: compile every group's program
@@ -70,16 +85,20 @@ def main(argv=None) -> None:
             jax.block_until_ready(sync(master))
             times[name].append(time.perf_counter() - t0)
     n = sum(x.size for x in jax.tree.leaves(host))
-    print(f"model {n / 1e6:.1f}M params (largest array {biggest / MIB:.1f} MiB fp32), "
-          f"trainer fsdp=4 -> sampler data=2 x tensor=2, {args.rounds} alternating rounds, "
-          f"load average {os.getloadavg()[0]:.1f}")
+    print(
+        f"model {n / 1e6:.1f}M params (largest array {biggest / MIB:.1f} MiB fp32), "
+        f"trainer fsdp=4 -> sampler data=2 x tensor=2, {args.rounds} alternating rounds, "
+        f"load average {os.getloadavg()[0]:.1f}"
+    )
     base = np.median(times["fp32, one group (before)"])
     for name, sync in syncs.items():
         per_chip = sum(x.addressable_shards[0].data.nbytes for x in jax.tree.leaves(out[name]))
         med = np.median(times[name])
-        print(f"  {name:<28} groups {len(sync.groups):3d}  largest group per trainer device "
-              f"{sync.largest_group_bytes / MIB:7.2f} MiB  sampler weights per device "
-              f"{per_chip / MIB:7.2f} MiB  sync {med * 1e3:7.1f} ms (x{med / base:.2f})")
+        print(
+            f"  {name:<28} groups {len(sync.groups):3d}  largest group per trainer device "
+            f"{sync.largest_group_bytes / MIB:7.2f} MiB  sampler weights per device "
+            f"{per_chip / MIB:7.2f} MiB  sync {med * 1e3:7.1f} ms (x{med / base:.2f})"
+        )
 
 
 if __name__ == "__main__":

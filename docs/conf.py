@@ -3,6 +3,7 @@
 `make docs` builds with warnings as errors, so a broken cross-reference, a missing page in the
 toctree or a docstring the reST parser cannot read fails the build.
 """
+
 import pathlib
 import sys
 

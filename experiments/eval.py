@@ -25,6 +25,7 @@ Ctrl-C / SIGTERM stop it within seconds, writing nothing.
 
 exit status: 0 done, 2 bad input (one line; --debug adds the traceback), 130 / 143 interrupted.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,8 +38,13 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from scalerl_jax import evaluation, preflight, recipes  # noqa: E402
-from scalerl_jax.config import (ConfigError, DataConfig, RewardConfig, RunConfig,  # noqa: E402
-                                apply_overrides)
+from scalerl_jax.config import (
+    ConfigError,
+    DataConfig,
+    RewardConfig,
+    RunConfig,  # noqa: E402
+    apply_overrides,
+)
 from scalerl_jax.data.prompts import DataError  # noqa: E402
 from scalerl_jax.heartbeat import HEARTBEAT, heartbeat, phase  # noqa: E402
 from scalerl_jax.interrupt import Watchdog  # noqa: E402
@@ -47,50 +53,77 @@ from scalerl_jax.progress import setup_logging  # noqa: E402
 log = logging.getLogger("scalerl_jax.eval")
 
 # User errors of modules imported late (preflight.raised_by).
-_BAD_INPUT = {"scalerl_jax.models.hf": "HFError", "scalerl_jax.models.tokenizer": "TokenizerError",
-              "scalerl_jax.checkpoint": "CheckpointError"}
+_BAD_INPUT = {
+    "scalerl_jax.models.hf": "HFError",
+    "scalerl_jax.models.tokenizer": "TokenizerError",
+    "scalerl_jax.checkpoint": "CheckpointError",
+}
 
 
 def _bad_input(err: BaseException) -> bool:
-    return isinstance(err, (preflight.UsageError, ConfigError, DataError,
-                            evaluation.EvalError)) or preflight.raised_by(err, _BAD_INPUT)
+    return isinstance(
+        err, (preflight.UsageError, ConfigError, DataError, evaluation.EvalError)
+    ) or preflight.raised_by(err, _BAD_INPUT)
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=__doc__.split("\n", 2)[2])
-    p.add_argument("overrides", nargs="*", metavar="KEY.PATH=VALUE",
-                   help="data.* and reward.* settings, e.g. data.template=chat")
-    p.add_argument("--hf-checkpoint", metavar="DIR|ORG/NAME|FILE.gguf",
-                   help="the model: an HF directory, a Hub id or a .gguf file")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n", 2)[2],
+    )
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="KEY.PATH=VALUE",
+        help="data.* and reward.* settings, e.g. data.template=chat",
+    )
+    p.add_argument(
+        "--hf-checkpoint",
+        metavar="DIR|ORG/NAME|FILE.gguf",
+        help="the model: an HF directory, a Hub id or a .gguf file",
+    )
     p.add_argument("--workdir", help="the model: a run directory's newest Orbax checkpoint")
     p.add_argument("--step", type=int, help="with --workdir: this checkpoint step")
-    p.add_argument("--recipe", help="take the data (prompt format, fields, answer format) and "
-                   "reward settings of this recipe, e.g. gsm8k (default: the run's with "
-                   "--workdir, else the defaults)")
-    p.add_argument("--data", help="FILE.jsonl / FILE.parquet / DIR / hf:NAME (default with "
-                   "--workdir: the run's validation prompts)")
+    p.add_argument(
+        "--recipe",
+        help="take the data (prompt format, fields, answer format) and "
+        "reward settings of this recipe, e.g. gsm8k (default: the run's with "
+        "--workdir, else the defaults)",
+    )
+    p.add_argument(
+        "--data",
+        help="FILE.jsonl / FILE.parquet / DIR / hf:NAME (default with "
+        "--workdir: the run's validation prompts)",
+    )
     p.add_argument("--num-prompts", type=int, metavar="N", help="the first N problems (all)")
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default 0)")
-    p.add_argument("--k", type=int, default=1, help="completions per problem when sampling "
-                   "(default 1)")
-    p.add_argument("--greedy", action="store_true", help="also a greedy pass (pass@1) beside "
-                   "the sampled one")
+    p.add_argument(
+        "--k", type=int, default=1, help="completions per problem when sampling (default 1)"
+    )
+    p.add_argument(
+        "--greedy", action="store_true", help="also a greedy pass (pass@1) beside the sampled one"
+    )
     p.add_argument("--max-new-tokens", type=int, default=512, help="default 512")
     p.add_argument("--slots", type=int, default=32, help="decode slots (default 32)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
-    p.add_argument("--dtype", choices=("float32", "bfloat16"),
-                   help="compute dtype (default: float32 for --hf-checkpoint, the run's own "
-                   "for --workdir)")
+    p.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        help="compute dtype (default: float32 for --hf-checkpoint, the run's own for --workdir)",
+    )
     p.add_argument("--out", help="completions JSONL (default: runs/eval/MODEL-DATA.jsonl)")
     p.add_argument("--debug", action="store_true", help="show tracebacks of input errors")
     return p.parse_intermixed_args(argv)
 
 
 def modes(args) -> list:
-    for flag, value, least in (("--k", args.k, 1), ("--max-new-tokens", args.max_new_tokens, 1),
-                               ("--slots", args.slots, 1), ("--num-prompts", args.num_prompts, 1)):
+    for flag, value, least in (
+        ("--k", args.k, 1),
+        ("--max-new-tokens", args.max_new_tokens, 1),
+        ("--slots", args.slots, 1),
+        ("--num-prompts", args.num_prompts, 1),
+    ):
         if value is not None and value < least:
             raise preflight.UsageError(f"{flag} {value}: must be >= {least}")
     if args.temperature < 0:
@@ -99,7 +132,8 @@ def modes(args) -> list:
         if args.k != 1:
             raise preflight.UsageError(
                 f"--k {args.k} with --temperature 0: greedy decoding gives one completion per "
-                "problem; sample with --temperature > 0 for mean@k (and --greedy for pass@1)")
+                "problem; sample with --temperature > 0 for mean@k (and --greedy for pass@1)"
+            )
         return [evaluation.Mode("greedy", 0.0, 1)]
     sampled = evaluation.Mode(f"t{args.temperature:g}_k{args.k}", args.temperature, args.k)
     return ([evaluation.Mode("greedy", 0.0, 1)] if args.greedy else []) + [sampled]
@@ -112,18 +146,24 @@ def configs(args, model):
         try:
             base = recipes.get(args.recipe)
         except KeyError:
-            raise preflight.UsageError(f"--recipe {args.recipe}: no such recipe (`python "
-                                       "experiments/run.py --recipe list` names them)") from None
+            raise preflight.UsageError(
+                f"--recipe {args.recipe}: no such recipe (`python "
+                "experiments/run.py --recipe list` names them)"
+            ) from None
     else:
-        base = model.run_cfg or RunConfig(model=model.cfg, data=DataConfig(source=args.data),
-                                          reward=RewardConfig(workers=min(8, os.cpu_count() or 1)))
+        base = model.run_cfg or RunConfig(
+            model=model.cfg,
+            data=DataConfig(source=args.data),
+            reward=RewardConfig(workers=min(8, os.cpu_count() or 1)),
+        )
     cfg = apply_overrides(base, args.overrides)
     if args.data:
         cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, source=args.data))
         preflight.check_data(cfg.data, "--data", read=True)
     if cfg.data.is_mixture:
-        raise preflight.UsageError("a mixture run: pass --data with one domain's source and its "
-                                   "data.* fields")
+        raise preflight.UsageError(
+            "a mixture run: pass --data with one domain's source and its data.* fields"
+        )
     if cfg.data.validation_source is not None and args.data:  # --data is what is evaluated
         cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, validation_source=None))
     return cfg.data, cfg.reward, model.run_cfg is not None and not args.data
@@ -140,33 +180,53 @@ def default_out(args, model) -> str:
 def run(args, should_stop) -> int:
     chosen = modes(args)
     if bool(args.workdir) == bool(args.hf_checkpoint):
-        raise preflight.UsageError("give one model: --hf-checkpoint DIR|ORG/NAME|FILE.gguf or "
-                                   "--workdir RUN_DIR")
+        raise preflight.UsageError(
+            "give one model: --hf-checkpoint DIR|ORG/NAME|FILE.gguf or --workdir RUN_DIR"
+        )
     if args.hf_checkpoint and not args.data:
-        raise preflight.UsageError("--data FILE is needed with --hf-checkpoint (only a run "
-                                   "directory brings its own validation prompts)")
+        raise preflight.UsageError(
+            "--data FILE is needed with --hf-checkpoint (only a run "
+            "directory brings its own validation prompts)"
+        )
     if args.step is not None and not args.workdir:
         raise preflight.UsageError(f"--step {args.step} needs --workdir RUN_DIR")
     bad = [o for o in args.overrides if not o.startswith(("data.", "reward."))]
     if bad:
         raise preflight.UsageError(f"{bad[0]}: only data.* and reward.* settings apply here")
     hf_dir = preflight.hf_checkpoint(args.hf_checkpoint) if args.hf_checkpoint else None
-    model = evaluation.load_model(hf_checkpoint=hf_dir, workdir=args.workdir, step=args.step,
-                                  dtype=args.dtype)
+    model = evaluation.load_model(
+        hf_checkpoint=hf_dir, workdir=args.workdir, step=args.step, dtype=args.dtype
+    )
     data, reward, validation = configs(args, model)
     from scalerl_jax.rewards import use_processes, verifier_names
+
     verifier = verifier_names(data, reward.verifier)[""]
-    problems = evaluation.load_problems(data, model.tokenizer, args.num_prompts,
-                                        validation=validation)
+    problems = evaluation.load_problems(
+        data, model.tokenizer, args.num_prompts, validation=validation
+    )
     out = args.out or default_out(args, model)
-    about = {"data": data.source, "split": "run validation" if validation else "file order",
-             "template": data.template, "system_prompt": data.system_prompt,
-             "dtype": model.cfg.compute_dtype}
+    about = {
+        "data": data.source,
+        "split": "run validation" if validation else "file order",
+        "template": data.template,
+        "system_prompt": data.system_prompt,
+        "dtype": model.cfg.compute_dtype,
+    }
     summary = evaluation.evaluate_model(
-        model, problems, chosen, out=out, verifier_name=verifier,
-        max_new_tokens=args.max_new_tokens, slots=args.slots, workers=reward.workers,
-        timeout_s=reward.timeout_s, processes=use_processes(reward, data), seed=args.seed,
-        about=about, should_stop=should_stop)
+        model,
+        problems,
+        chosen,
+        out=out,
+        verifier_name=verifier,
+        max_new_tokens=args.max_new_tokens,
+        slots=args.slots,
+        workers=reward.workers,
+        timeout_s=reward.timeout_s,
+        processes=use_processes(reward, data),
+        seed=args.seed,
+        about=about,
+        should_stop=should_stop,
+    )
     if summary is None:
         return -1
     for name, figures in summary["modes"].items():
@@ -188,9 +248,15 @@ def main(argv=None) -> int:
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, on_signal)
-    with heartbeat(f"eval.py: pid {os.getpid()}: starting"), \
-            Watchdog(can_exit=lambda: True, nothing_lost="evaluation stopped, nothing written",
-                     acknowledged=lambda: bool(stop), describe=HEARTBEAT.line):
+    with (
+        heartbeat(f"eval.py: pid {os.getpid()}: starting"),
+        Watchdog(
+            can_exit=lambda: True,
+            nothing_lost="evaluation stopped, nothing written",
+            acknowledged=lambda: bool(stop),
+            describe=HEARTBEAT.line,
+        ),
+    ):
         try:
             with phase("eval.py"):
                 code = run(args, should_stop=lambda: bool(stop))

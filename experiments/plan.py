@@ -14,6 +14,7 @@ extrapolated to the budget (in the units of --x), with a bootstrap interval; the
 settings by the predicted pass rate there. Written to --out (default: ./plan/): plan.txt,
 plan.json, plan.png. Exit status 2 on bad input.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,18 +30,25 @@ from scalerl_jax.scaling import allocate, fit, plot, report  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=__doc__.split("\n", 2)[2])
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n", 2)[2],
+    )
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
-    p.add_argument("--budget", type=float, required=True,
-                   help="compute to plan for, in the units of --x")
+    p.add_argument(
+        "--budget", type=float, required=True, help="compute to plan for, in the units of --x"
+    )
     p.add_argument("--x", default="compute.device_hours", help="compute key path of eval records")
     p.add_argument("--y", default="pass_rate", help="y key path (e.g. per_domain.math)")
-    p.add_argument("--record-breaking", action="store_true",
-                   help="fit only points above all earlier ones (IsoCompute)")
-    p.add_argument("--fit-start", type=float, default=0.0,
-                   help="fit points with x at or above this")
+    p.add_argument(
+        "--record-breaking",
+        action="store_true",
+        help="fit only points above all earlier ones (IsoCompute)",
+    )
+    p.add_argument(
+        "--fit-start", type=float, default=0.0, help="fit points with x at or above this"
+    )
     p.add_argument("--bootstrap", type=int, default=200, help="resamples (0: no intervals)")
     p.add_argument("--level", type=float, default=0.95)
     p.add_argument("--out", default="plan", help="output directory (default: ./plan)")
@@ -55,28 +63,36 @@ def settings_of(run_dir: str) -> tuple[str, dict]:
     with open(path) as f:
         cfg = json.load(f)
     pipe, sampler = cfg.get("pipeline", {}), cfg.get("sampler", {})
-    settings = {"prompts_per_step": pipe.get("prompts_per_step"),
-                "generations_per_prompt": pipe.get("generations_per_prompt"),
-                "max_new_tokens": sampler.get("max_new_tokens")}
+    settings = {
+        "prompts_per_step": pipe.get("prompts_per_step"),
+        "generations_per_prompt": pipe.get("generations_per_prompt"),
+        "max_new_tokens": sampler.get("max_new_tokens"),
+    }
     name = os.path.basename(os.path.normpath(run_dir))
-    label = f"{name} ({settings['prompts_per_step']}x{settings['generations_per_prompt']}, " \
-            f"{settings['max_new_tokens']} tok)"
+    label = (
+        f"{name} ({settings['prompts_per_step']}x{settings['generations_per_prompt']}, "
+        f"{settings['max_new_tokens']} tok)"
+    )
     return label, settings
 
 
 def table(rec: allocate.Recommendation) -> str:
     pct = f"{100 * rec.level:.0f}%"
-    head = f"{'setting':<44} {'pts':>4} {'A':>6} {'B':>5} {'C_mid':>9}  " \
-           f"{'predicted at budget [' + pct + ']':<28} {'reach':>6}"
+    head = (
+        f"{'setting':<44} {'pts':>4} {'A':>6} {'B':>5} {'C_mid':>9}  "
+        f"{'predicted at budget [' + pct + ']':<28} {'reach':>6}"
+    )
     lines = [head, "-" * len(head)]
     for o in rec.options:
         if o.predicted is None:
             lines.append(f"{o.candidate.label:<44} {o.fit.n_points:>4}  no fit: {o.reason}")
             continue
         f = o.fit
-        lines.append(f"{o.candidate.label:<44} {f.n_points:>4} {f.A:>6.3f} {f.B:>5.2f} "
-                     f"{f.C_mid:>9.3g}  {o.predicted:.3f} [{o.lo:.3f}, {o.hi:.3f}]"
-                     f"{'':<8} {o.extrapolation:>5.1f}x")
+        lines.append(
+            f"{o.candidate.label:<44} {f.n_points:>4} {f.A:>6.3f} {f.B:>5.2f} "
+            f"{f.C_mid:>9.3g}  {o.predicted:.3f} [{o.lo:.3f}, {o.hi:.3f}]"
+            f"{'':<8} {o.extrapolation:>5.1f}x"
+        )
     return "\n".join(lines)
 
 
@@ -87,16 +103,32 @@ def _num(v):
 def plan_json(rec: allocate.Recommendation, args) -> dict:
     options = []
     for o in rec.options:
-        fitted = {k: _num(getattr(o.fit, k)) for k in ("A", "B", "C_mid", "R0")} \
-            if o.fit.ok else None
-        options.append({"label": o.candidate.label, "settings": o.candidate.settings,
-                        "predicted": _num(o.predicted), "lo": _num(o.lo), "hi": _num(o.hi),
-                        "extrapolation": _num(o.extrapolation), "n_points": o.fit.n_points,
-                        "fit": fitted, "reason": o.reason})
-    return {"budget": rec.budget, "x": args.x, "y": args.y, "level": rec.level,
-            "record_breaking": args.record_breaking,
-            "best": rec.best.candidate.label if rec.best else None, "clear": rec.clear,
-            "options": options}
+        fitted = (
+            {k: _num(getattr(o.fit, k)) for k in ("A", "B", "C_mid", "R0")} if o.fit.ok else None
+        )
+        options.append(
+            {
+                "label": o.candidate.label,
+                "settings": o.candidate.settings,
+                "predicted": _num(o.predicted),
+                "lo": _num(o.lo),
+                "hi": _num(o.hi),
+                "extrapolation": _num(o.extrapolation),
+                "n_points": o.fit.n_points,
+                "fit": fitted,
+                "reason": o.reason,
+            }
+        )
+    return {
+        "budget": rec.budget,
+        "x": args.x,
+        "y": args.y,
+        "level": rec.level,
+        "record_breaking": args.record_breaking,
+        "best": rec.best.candidate.label if rec.best else None,
+        "clear": rec.clear,
+        "options": options,
+    }
 
 
 def main(argv=None) -> int:
@@ -124,8 +156,9 @@ def main(argv=None) -> int:
         candidates.append(allocate.Candidate(label, curve, settings))
     spec = fit.FitSpec(fit_start=args.fit_start, record_breaking=args.record_breaking)
     try:
-        rec = allocate.recommend(candidates, args.budget, spec, n_boot=args.bootstrap,
-                                 level=args.level)
+        rec = allocate.recommend(
+            candidates, args.budget, spec, n_boot=args.bootstrap, level=args.level
+        )
     except ValueError as err:
         print(f"plan.py: error: {err}", file=sys.stderr)
         return 2

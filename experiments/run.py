@@ -35,6 +35,7 @@ exit status: 0 done (or already complete), 2 bad input (one line; --debug adds t
 seconds; after saving a checkpoint when a step was trained since the last one; re-run the same
 command to resume).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,8 +59,12 @@ log = logging.getLogger("scalerl_jax.run")  # under the package: setup_logging s
 
 
 # User errors of modules imported late (preflight.raised_by).
-_BAD_INPUT = {"scalerl_jax.rundir": "WorkdirInUseError", "scalerl_jax.mesh": "MeshError",
-              "scalerl_jax.models.hf": "HFError", "scalerl_jax.models.tokenizer": "TokenizerError"}
+_BAD_INPUT = {
+    "scalerl_jax.rundir": "WorkdirInUseError",
+    "scalerl_jax.mesh": "MeshError",
+    "scalerl_jax.models.hf": "HFError",
+    "scalerl_jax.models.tokenizer": "TokenizerError",
+}
 _RUN_FAILED = {"scalerl_jax.checkpoint": "CheckpointError"}
 
 
@@ -68,8 +73,11 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
 
     def _get_help_string(self, action):
         text = action.help or ""
-        if action.default not in (None, False, argparse.SUPPRESS) and action.option_strings \
-                and "default" not in text:
+        if (
+            action.default not in (None, False, argparse.SUPPRESS)
+            and action.option_strings
+            and "default" not in text
+        ):
             text += " (default: %(default)s)"
         return text
 
@@ -85,46 +93,94 @@ def _positive_int(text: str) -> int:
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=_Formatter,
-                                epilog=__doc__.split("\n", 1)[1])
-    p.add_argument("overrides", nargs="*", metavar="KEY.PATH=VALUE",
-                   help="config overrides, e.g. pipeline.mode=sync sft.steps=100")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0],
+        formatter_class=_Formatter,
+        epilog=__doc__.split("\n", 1)[1],
+    )
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="KEY.PATH=VALUE",
+        help="config overrides, e.g. pipeline.mode=sync sft.steps=100",
+    )
     p.add_argument("--recipe", default="testbed", help="recipe name; `list` prints them all")
     p.add_argument("--workdir", help="run directory (default: the recipe's, e.g. runs/testbed)")
-    p.add_argument("--steps", type=_positive_int,
-                   help="number of RL train steps (default: the recipe's)")
+    p.add_argument(
+        "--steps", type=_positive_int, help="number of RL train steps (default: the recipe's)"
+    )
     p.add_argument("--seed", type=int, help="run seed (default: the recipe's)")
-    p.add_argument("--model", help="model preset for preset-based recipes such as scalerl "
-                   f"({', '.join(presets.PRESETS)})")
-    p.add_argument("--hf-checkpoint", metavar="DIR|ORG/NAME|FILE.gguf",
-                   help="the model, its initial weights and tokenizer: an HF model directory, a "
-                   "Hub id (downloaded) or a .gguf file (converted once, cached)")
-    p.add_argument("--data", help="prompt source: FILE.jsonl / FILE.parquet / DIR, hf:NAME, "
-                   "tfds:NAME or synthetic:TASK (default: the recipe's)")
-    p.add_argument("--colocate", action="store_true", help="trainer and sampler share every "
-                   "device (= mesh.colocate=true); needed on a single device")
-    p.add_argument("--tpu", metavar="TOPOLOGY", help="plan for and run on this TPU slice, e.g. "
-                   "v5p-64, v5e-8, v4-32, v6e-16 (see --dry-run)")
-    p.add_argument("--dry-run", action="store_true", help="print the plan and exit: with --tpu "
-                   "the slice's (roles, meshes, per-device batch, memory per chip, step time; "
-                   "touches no devices), else this machine's (memory per device against what "
-                   "it has); reads no data")
-    p.add_argument("--mfu", type=float, default=0.4,
-                   help="model-FLOPs utilisation assumed by the step-time estimate")
-    p.add_argument("--mean-len", type=_positive_int, metavar="TOKENS", help="mean completion "
-                   "length assumed by the step-time estimate (default: half of "
-                   "sampler.max_new_tokens)")
-    p.add_argument("--allow-config-change", action="store_true",
-                   help="resume a workdir whose config.json differs from this config")
+    p.add_argument(
+        "--model",
+        help="model preset for preset-based recipes such as scalerl "
+        f"({', '.join(presets.PRESETS)})",
+    )
+    p.add_argument(
+        "--hf-checkpoint",
+        metavar="DIR|ORG/NAME|FILE.gguf",
+        help="the model, its initial weights and tokenizer: an HF model directory, a "
+        "Hub id (downloaded) or a .gguf file (converted once, cached)",
+    )
+    p.add_argument(
+        "--data",
+        help="prompt source: FILE.jsonl / FILE.parquet / DIR, hf:NAME, "
+        "tfds:NAME or synthetic:TASK (default: the recipe's)",
+    )
+    p.add_argument(
+        "--colocate",
+        action="store_true",
+        help="trainer and sampler share every "
+        "device (= mesh.colocate=true); needed on a single device",
+    )
+    p.add_argument(
+        "--tpu",
+        metavar="TOPOLOGY",
+        help="plan for and run on this TPU slice, e.g. "
+        "v5p-64, v5e-8, v4-32, v6e-16 (see --dry-run)",
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the plan and exit: with --tpu "
+        "the slice's (roles, meshes, per-device batch, memory per chip, step time; "
+        "touches no devices), else this machine's (memory per device against what "
+        "it has); reads no data",
+    )
+    p.add_argument(
+        "--mfu",
+        type=float,
+        default=0.4,
+        help="model-FLOPs utilisation assumed by the step-time estimate",
+    )
+    p.add_argument(
+        "--mean-len",
+        type=_positive_int,
+        metavar="TOKENS",
+        help="mean completion "
+        "length assumed by the step-time estimate (default: half of "
+        "sampler.max_new_tokens)",
+    )
+    p.add_argument(
+        "--allow-config-change",
+        action="store_true",
+        help="resume a workdir whose config.json differs from this config",
+    )
     p.add_argument("--wandb", metavar="PROJECT", help="also log to Weights & Biases")
     p.add_argument("--no-fit", action="store_true", help="skip the scaling fit at the end")
-    p.add_argument("--budget", type=float, metavar="COMPUTE",
-                   help="online forecast: predict the pass rate at this compute (device-hours, "
-                        "or forecast.x_key units; = forecast.budget; default: the run's "
-                        "projected compute at its last step)")
-    p.add_argument("--target", type=float, metavar="PASS_RATE",
-                   help="online forecast: the compute needed to reach this pass rate "
-                        "(= forecast.target)")
+    p.add_argument(
+        "--budget",
+        type=float,
+        metavar="COMPUTE",
+        help="online forecast: predict the pass rate at this compute (device-hours, "
+        "or forecast.x_key units; = forecast.budget; default: the run's "
+        "projected compute at its last step)",
+    )
+    p.add_argument(
+        "--target",
+        type=float,
+        metavar="PASS_RATE",
+        help="online forecast: the compute needed to reach this pass rate (= forecast.target)",
+    )
     p.add_argument("--debug", action="store_true", help="show tracebacks of input errors")
     # Intermixed: overrides may come before, between or after the flags (plain parse_args stops
     # collecting the positional list at the first flag and calls the rest unrecognized).
@@ -135,45 +191,63 @@ def parse_args(argv=None):
 def build_config(args):
     """(RunConfig, pinned keys): the recipe with the flags and overrides applied."""
     if args.model and args.hf_checkpoint:
-        raise UsageError(f"--model {args.model} and --hf-checkpoint {args.hf_checkpoint}: give "
-                         "one; the checkpoint's config.json defines its model")
+        raise UsageError(
+            f"--model {args.model} and --hf-checkpoint {args.hf_checkpoint}: give "
+            "one; the checkpoint's config.json defines its model"
+        )
     if args.model and args.model not in presets.PRESETS:
-        raise UsageError(f"--model {args.model}: unknown model preset; known: "
-                         f"{', '.join(presets.PRESETS)} (or --hf-checkpoint DIR for another "
-                         "HF model)")
+        raise UsageError(
+            f"--model {args.model}: unknown model preset; known: "
+            f"{', '.join(presets.PRESETS)} (or --hf-checkpoint DIR for another "
+            "HF model)"
+        )
     try:
         cfg = recipes.get(args.recipe)
     except KeyError:
         names = [name for name, _ in recipes.describe()]
-        raise UsageError(f"--recipe {args.recipe}: invalid choice; known: {', '.join(names)} "
-                         "(`--recipe list` describes them)") from None
+        raise UsageError(
+            f"--recipe {args.recipe}: invalid choice; known: {', '.join(names)} "
+            "(`--recipe list` describes them)"
+        ) from None
     if args.model:
         try:  # a recipe with its own model refuses a preset (ConfigError) or takes no `model`
             cfg = recipes.get(args.recipe, model=args.model)
         except (ConfigError, TypeError):
             cfg = None
-        if not (cfg is not None and isinstance(cfg.model, ModelConfig)
-                and cfg.model.name == args.model):
-            raise UsageError(f"--model {args.model}: recipe {args.recipe} defines its own "
-                             "model and takes no preset; use a preset-based recipe (--recipe "
-                             f"scalerl --model {args.model}), or resize this one with model.* "
-                             "overrides")
-    top = {k: v for k, v in (("workdir", args.workdir), ("steps", args.steps),
-                             ("seed", args.seed), ("hf_checkpoint", args.hf_checkpoint))
-           if v is not None}
+        if not (
+            cfg is not None and isinstance(cfg.model, ModelConfig) and cfg.model.name == args.model
+        ):
+            raise UsageError(
+                f"--model {args.model}: recipe {args.recipe} defines its own "
+                "model and takes no preset; use a preset-based recipe (--recipe "
+                f"scalerl --model {args.model}), or resize this one with model.* "
+                "overrides"
+            )
+    top = {
+        k: v
+        for k, v in (
+            ("workdir", args.workdir),
+            ("steps", args.steps),
+            ("seed", args.seed),
+            ("hf_checkpoint", args.hf_checkpoint),
+        )
+        if v is not None
+    }
     if args.data:
         top["data"] = dataclasses.replace(cfg.data, source=args.data)
     if args.colocate:
         top["mesh"] = dataclasses.replace(cfg.mesh, colocate=True)
-    forecast = {k: v for k, v in (("budget", args.budget), ("target", args.target))
-                if v is not None}
+    forecast = {
+        k: v for k, v in (("budget", args.budget), ("target", args.target)) if v is not None
+    }
     if forecast:
         top["forecast"] = dataclasses.replace(cfg.forecast, **forecast)
     if args.hf_checkpoint:  # a Hub id or .gguf becomes a local directory here, once
         path = preflight.hf_checkpoint(args.hf_checkpoint, weights=not args.dry_run)
         top["hf_checkpoint"] = path
-        top["model"] = preflight.hf_model(path, cfg.model, given=args.hf_checkpoint,
-                                          weights=not args.dry_run)
+        top["model"] = preflight.hf_model(
+            path, cfg.model, given=args.hf_checkpoint, weights=not args.dry_run
+        )
     cfg = apply_overrides(dataclasses.replace(cfg, **top), args.overrides)
     pinned = {o.partition("=")[0].strip() for o in args.overrides}
     return cfg, frozenset(pinned | ({"mesh.colocate"} if args.colocate else set()))
@@ -206,19 +280,34 @@ def run(args) -> int:
         if code is not None:
             return code
         from scalerl_jax.train import trainer  # imports jax/orbax: slow and loud, hence here
-    result = trainer.run(cfg, allow_config_change=args.allow_config_change,
-                         wandb_project=args.wandb, fit=not args.no_fit)
+    result = trainer.run(
+        cfg,
+        allow_config_change=args.allow_config_change,
+        wandb_project=args.wandb,
+        fit=not args.no_fit,
+    )
     if result.stopped_by:
-        log.warning("interrupted by %s at step %d: re-run the same command to resume",
-                    result.stopped_by, result.step)
+        log.warning(
+            "interrupted by %s at step %d: re-run the same command to resume",
+            result.stopped_by,
+            result.step,
+        )
         return 128 + int(signal.Signals[result.stopped_by])
     if not result.last and result.step >= cfg.steps:  # nothing trained: it was complete
         print(preflight.complete_message(cfg, result.step))
         return 0
     if result.evals:
-        print("\n".join(summary_lines(cfg.workdir, result.evals, result.fit,
-                                      fit_reason=result.fit_reason,
-                                      domain_fits=result.domain_fits)))
+        print(
+            "\n".join(
+                summary_lines(
+                    cfg.workdir,
+                    result.evals,
+                    result.fit,
+                    fit_reason=result.fit_reason,
+                    domain_fits=result.domain_fits,
+                )
+            )
+        )
     return 0
 
 
@@ -234,8 +323,9 @@ def _prepare(args):
         except plan.PlanError as err:
             raise UsageError(f"--tpu {args.tpu}: {err}") from None
         assume = plan.Assumptions(mfu=args.mfu, mean_completion=args.mean_len)
-        cfg = preflight.size_for_platform(args.recipe, cfg, pinned, notes, dry_run=args.dry_run,
-                                          topo=topo)
+        cfg = preflight.size_for_platform(
+            args.recipe, cfg, pinned, notes, dry_run=args.dry_run, topo=topo
+        )
         the_plan = plan.resolve(cfg, topo, pinned, assume)
         cfg = the_plan.config
         problem = None if the_plan.ok else f"--tpu {topo.name}: {plan.explain(the_plan, pinned)}"
@@ -250,14 +340,21 @@ def _prepare(args):
         local = preflight.local_plan(cfg)
         problem = None if local is None or local.fits else plan.local.explain(local)
         if args.dry_run:
-            return None, _print_plan(plan.local.format_local(local) if local else
-                                     "no plan: these devices report no memory figure", notes,
-                                     problem)
+            return None, _print_plan(
+                plan.local.format_local(local)
+                if local
+                else "no plan: these devices report no memory figure",
+                notes,
+                problem,
+            )
         if problem:
             raise UsageError(f"{problem} (--dry-run prints the whole plan)")
         if local is not None:
-            log.info("memory: %.1f GiB of %.1f GiB usable on this machine",
-                     local.need / plan.GIB, local.machine.budget / plan.GIB)
+            log.info(
+                "memory: %.1f GiB of %.1f GiB usable on this machine",
+                local.need / plan.GIB,
+                local.machine.budget / plan.GIB,
+            )
     done = preflight.finished_step(cfg, args.allow_config_change)
     if done is not None:
         print(preflight.complete_message(cfg, done))
@@ -281,8 +378,9 @@ def _main(args) -> int:
         print("run.py: interrupted; re-run the same command to resume", file=sys.stderr)
         return 130
     except Exception as err:  # noqa: BLE001 - sorted below; anything else is a bug: traceback
-        bad_input = isinstance(err, (UsageError, ConfigError, DataError, plan.PlanError)) or \
-            preflight.raised_by(err, _BAD_INPUT)
+        bad_input = isinstance(
+            err, (UsageError, ConfigError, DataError, plan.PlanError)
+        ) or preflight.raised_by(err, _BAD_INPUT)
         failed = isinstance(err, FloatingPointError) or preflight.raised_by(err, _RUN_FAILED)
         if args.debug or not (bad_input or failed):
             raise

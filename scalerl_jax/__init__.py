@@ -3,4 +3,5 @@
 Kept import-light on purpose: `from scalerl_jax import losses` must not pull in the sampler,
 the trainer or optional dependencies.
 """
+
 __version__ = "0.1.0"

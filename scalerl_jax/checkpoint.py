@@ -41,6 +41,7 @@ Process 0 alone hashes (all files, on the shared filesystem Orbax needs anyway) 
 verifies manifests and moves rejected steps; the verdicts are all-gathered so every process
 falls back to the same step. Hashing takes no barrier, so it cannot deadlock a save.
 """
+
 from __future__ import annotations
 
 import json
@@ -144,14 +145,19 @@ def _nonfinite_counts(leaves):
 def _check_finite(state) -> Optional[str]:
     """Which floating-point arrays of `state` hold NaN/inf, or None. A global jitted reduction,
     so every process of a multi-process job reaches the same verdict."""
-    named = [("/".join(_key_name(k) for k in path), x)
-             for path, x in jax.tree_util.tree_flatten_with_path(state)[0]
-             if jax.dtypes.issubdtype(getattr(x, "dtype", np.int32), jnp.inexact)]
+    named = [
+        ("/".join(_key_name(k) for k in path), x)
+        for path, x in jax.tree_util.tree_flatten_with_path(state)[0]
+        if jax.dtypes.issubdtype(getattr(x, "dtype", np.int32), jnp.inexact)
+    ]
     if not named:
         return None
     counts = jax.device_get(_nonfinite_counts([x for _, x in named]))
-    bad = [f"{name}: {int(n)} of {x.size} values non-finite"
-           for (name, x), n in zip(named, counts) if n]
+    bad = [
+        f"{name}: {int(n)} of {x.size} values non-finite"
+        for (name, x), n in zip(named, counts)
+        if n
+    ]
     if not bad:
         return None
     more = f" and {len(bad) - 3} more arrays" if len(bad) > 3 else ""
@@ -161,18 +167,31 @@ def _check_finite(state) -> Optional[str]:
 class Checkpointer:
     """Orbax CheckpointManager for the train state and its JSON companions."""
 
-    def __init__(self, directory: str, *, save_every: int, keep: int,
-                 keep_every: Optional[int] = None, async_save: bool = True):
+    def __init__(
+        self,
+        directory: str,
+        *,
+        save_every: int,
+        keep: int,
+        keep_every: Optional[int] = None,
+        async_save: bool = True,
+    ):
         if save_every <= 0 or keep <= 0 or (keep_every is not None and keep_every <= 0):
-            raise ValueError(f"Checkpointer: save_every={save_every}, keep={keep}, keep_every="
-                             f"{keep_every} must be > 0")
+            raise ValueError(
+                f"Checkpointer: save_every={save_every}, keep={keep}, keep_every="
+                f"{keep_every} must be > 0"
+            )
         self.directory = os.path.abspath(directory)
         self.save_every = save_every
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=keep, keep_period=keep_every, create=True,
-            enable_async_checkpointing=async_save)
-        self._manager = ocp.CheckpointManager(self.directory, options=options,
-                                              item_names=("state", "meta"))
+            max_to_keep=keep,
+            keep_period=keep_every,
+            create=True,
+            enable_async_checkpointing=async_save,
+        )
+        self._manager = ocp.CheckpointManager(
+            self.directory, options=options, item_names=("state", "meta")
+        )
         self._primary = jax.process_index() == 0
         self._stop_signal: Optional[str] = None
         self._preemption_saved = False
@@ -191,16 +210,21 @@ class Checkpointer:
         if step in self._manager.all_steps():
             return False
         meta = meta() if callable(meta) else meta
-        args = ocp.args.Composite(state=ocp.args.StandardSave(to_nested(state)),
-                                  meta=ocp.args.JsonSave(meta))
+        args = ocp.args.Composite(
+            state=ocp.args.StandardSave(to_nested(state)), meta=ocp.args.JsonSave(meta)
+        )
         # The previous step's hash must end before Orbax may delete that step (retention runs
         # when this save commits); it has normally ended long ago.
         self._join_hasher()
         self._manager.save(step, args=args, force=True)
         log.info("saving step %d to %s", step, self.directory)
         if self._primary:
-            self._hasher = threading.Thread(target=self._hash_when_committed, args=(step,),
-                                            name=f"checkpoint-hash-{step}", daemon=True)
+            self._hasher = threading.Thread(
+                target=self._hash_when_committed,
+                args=(step,),
+                name=f"checkpoint-hash-{step}",
+                daemon=True,
+            )
             self._hasher.start()
         return True
 
@@ -210,8 +234,11 @@ class Checkpointer:
         step_dir, delay = self._step_dir(step), 0.01
         while not os.path.isdir(step_dir):
             if not self._manager.is_saving_in_progress() and not os.path.isdir(step_dir):
-                log.warning("checkpoint step %d: %s absent after its save ended; no manifest",
-                            step, step_dir)
+                log.warning(
+                    "checkpoint step %d: %s absent after its save ended; no manifest",
+                    step,
+                    step_dir,
+                )
                 return
             time.sleep(delay)
             delay = min(2 * delay, 0.25)
@@ -221,9 +248,13 @@ class Checkpointer:
         except OSError as err:
             log.warning("checkpoint step %d: no manifest written (%s)", step, err)
             return
-        log.info("checkpoint step %d: manifest of %d files, %.1f MB hashed in %.2f s", step,
-                 len(files), sum(f["size"] for f in files.values()) / 1e6,
-                 time.monotonic() - t0)
+        log.info(
+            "checkpoint step %d: manifest of %d files, %.1f MB hashed in %.2f s",
+            step,
+            len(files),
+            sum(f["size"] for f in files.values()) / 1e6,
+            time.monotonic() - t0,
+        )
 
     def _join_hasher(self) -> None:
         if self._hasher is not None:
@@ -279,8 +310,9 @@ class Checkpointer:
         steps = self.all_steps()
         self.restored_step, self.rejected = None, {}
         if step is not None and int(step) not in steps:
-            raise CheckpointError(f"no checkpoint at step {step} in {self.directory} "
-                                  f"(steps there: {steps})")
+            raise CheckpointError(
+                f"no checkpoint at step {step} in {self.directory} (steps there: {steps})"
+            )
         candidates = [int(step)] if step is not None else steps[::-1]
         for s in candidates:
             restored, why = self._try_restore(s, abstract_state)
@@ -290,15 +322,21 @@ class Checkpointer:
                     self._set_aside(sorted(self.rejected))
                 return restored
             self.rejected[s] = why
-            log.warning("checkpoint step %d in %s is unusable: %s%s", s, self.directory, why,
-                        "; trying the previous step" if s != candidates[-1] else "")
+            log.warning(
+                "checkpoint step %d in %s is unusable: %s%s",
+                s,
+                self.directory,
+                why,
+                "; trying the previous step" if s != candidates[-1] else "",
+            )
         if not candidates:
             return None
         tried = "; ".join(f"step {s}: {why}" for s, why in self.rejected.items())
         raise CheckpointError(
             f"no usable checkpoint in {self.directory}; tried {tried}. Nothing was moved. To "
             f"restart the run from step 0, move {self.directory} aside; or choose another "
-            "--workdir")
+            "--workdir"
+        )
 
     def _try_restore(self, step: int, abstract_state):
         step_dir, why = self._step_dir(step), None
@@ -310,8 +348,9 @@ class Checkpointer:
         why = self._agree(why)
         if why is not None:
             return None, why
-        args = ocp.args.Composite(state=ocp.args.StandardRestore(to_nested(abstract_state)),
-                                  meta=ocp.args.JsonRestore())
+        args = ocp.args.Composite(
+            state=ocp.args.StandardRestore(to_nested(abstract_state)), meta=ocp.args.JsonRestore()
+        )
         try:
             restored = self._manager.restore(step, args=args)
             state = from_nested(restored["state"], abstract_state)
@@ -327,6 +366,7 @@ class Checkpointer:
         if jax.process_count() == 1:
             return why
         from jax.experimental import multihost_utils
+
         flags = multihost_utils.process_allgather(np.array(why is not None))
         if why is None and np.any(flags):
             why = f"refused by process(es) {np.flatnonzero(flags).tolist()} (see their logs)"
@@ -346,6 +386,7 @@ class Checkpointer:
                 log.warning("moved unusable step %d to %s", step, dest)
         if jax.process_count() > 1:
             from jax.experimental import multihost_utils
+
             multihost_utils.sync_global_devices("scalerl_jax.checkpoint.set_aside")
         self._manager.reload()
 
@@ -353,6 +394,7 @@ class Checkpointer:
     def install_signal_handlers(self) -> None:
         """Route SIGTERM and SIGINT to the stop flag that `maybe_save` acts on (main thread
         only); a SIGINT after a stop was requested raises KeyboardInterrupt."""
+
         def handler(signum, frame):
             name = signal.Signals(signum).name
             if self._stop_signal is not None:
@@ -361,9 +403,13 @@ class Checkpointer:
                 log.warning("%s received; already stopping after %s", name, self._stop_signal)
                 return
             self._stop_signal = name
-            log.warning("%s received: stopping when the current step or evaluation ends, with "
-                        "a checkpoint if a step was trained since the last one (a second signal "
-                        "exits at once, unsaved)", name)
+            log.warning(
+                "%s received: stopping when the current step or evaluation ends, with "
+                "a checkpoint if a step was trained since the last one (a second signal "
+                "exits at once, unsaved)",
+                name,
+            )
+
         for sig in (signal.SIGTERM, signal.SIGINT):
             self._previous_handlers.setdefault(sig, signal.signal(sig, handler))
 
@@ -386,6 +432,7 @@ class Checkpointer:
         if jax.process_count() == 1:
             return self._stop_signal is not None
         from jax.experimental import multihost_utils
+
         code = _SIGNALS.get(self._stop_signal or "", 0)
         codes = multihost_utils.process_allgather(np.array(code))
         top = int(np.max(codes))

@@ -21,6 +21,7 @@ the model, tokenizer and prompt format.
 References are read from the answer field by the data config's answer format
 (`DataConfig.answer_format`, data/answers.py): "gsm8k" for GSM8K's "...reasoning... #### 1,234".
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -73,8 +74,13 @@ class Model:
 
 
 # ---------------------------------------------------------------------------------- loading
-def load_model(*, hf_checkpoint: Optional[str] = None, workdir: Optional[str] = None,
-               step: Optional[int] = None, dtype: Optional[str] = None) -> Model:
+def load_model(
+    *,
+    hf_checkpoint: Optional[str] = None,
+    workdir: Optional[str] = None,
+    step: Optional[int] = None,
+    dtype: Optional[str] = None,
+) -> Model:
     """The params, config and tokenizer of an HF directory or of a run's Orbax checkpoint
     (newest, or `step`; read without moving anything). `dtype`: the compute dtype (and an HF
     model's param dtype); default float32 for an HF model, the run's own for a run."""
@@ -86,6 +92,7 @@ def load_model(*, hf_checkpoint: Optional[str] = None, workdir: Optional[str] = 
         raise EvalError("give one model: --hf-checkpoint DIR or --workdir RUN_DIR")
     if hf_checkpoint is not None:
         from scalerl_jax.models.tokenizer import load_tokenizer
+
         dtype = dtype or "float32"
         cfg = hf.config_from_hf(hf_checkpoint).replace(param_dtype=dtype, compute_dtype=dtype)
         with phase(f"loading {hf_checkpoint}", announce=True):
@@ -116,51 +123,79 @@ def load_model(*, hf_checkpoint: Optional[str] = None, workdir: Optional[str] = 
             raise EvalError(f"--workdir {workdir}: no checkpoint in {checkpoints.directory}")
         chosen = steps[-1] if step is None else step
         mesh = mesh_lib.trainer_mesh(MeshConfig(), jax.local_devices())
-        _, abstract = state_lib.abstract_train_state(run_cfg.model, run_cfg.optim, mesh,
-                                                     run_cfg.seed)
+        _, abstract = state_lib.abstract_train_state(
+            run_cfg.model, run_cfg.optim, mesh, run_cfg.seed
+        )
         with phase(f"restoring step {chosen} of {workdir}", announce=True):
             state, _ = checkpoints.restore(abstract, step=chosen)  # named step: nothing moved
     finally:
         checkpoints.close()
-    return Model(run_cfg.model, state.params, load_run_tokenizer(run_cfg),
-                 f"{workdir} step {chosen}", run_cfg, chosen)
+    return Model(
+        run_cfg.model,
+        state.params,
+        load_run_tokenizer(run_cfg),
+        f"{workdir} step {chosen}",
+        run_cfg,
+        chosen,
+    )
 
 
-def load_problems(data: DataConfig, tokenizer, num_prompts: Optional[int], *,
-                  validation: bool = False) -> list[Problem]:
+def load_problems(
+    data: DataConfig, tokenizer, num_prompts: Optional[int], *, validation: bool = False
+) -> list[Problem]:
     """The first `num_prompts` problems of `data.source` in file order, or with `validation`
     the run's held-out split (in the trainer's order), formatted by `data`."""
     rows: list[tuple[str, ...]]
     if validation:
-        rows = [(p.prompt_id, p.problem, p.answer)
-                for p in PromptSource(data, tokenizer).validation()]
+        rows = [
+            (p.prompt_id, p.problem, p.answer) for p in PromptSource(data, tokenizer).validation()
+        ]
     else:
         rows = [tuple(r) for r in load_rows(data)[0]]
     rows = rows[:num_prompts] if num_prompts is not None else rows
     problems = []
     for i, (prompt_id, question, answer) in enumerate(rows):
         text = format_prompt(question, data, tokenizer)
-        problems.append(Problem(i, prompt_id, question, answer, text,
-                                tuple(int(t) for t in tokenizer.encode(text))))
+        problems.append(
+            Problem(
+                i, prompt_id, question, answer, text, tuple(int(t) for t in tokenizer.encode(text))
+            )
+        )
     return problems
 
 
 # --------------------------------------------------------------------------------- sampling
-def sampler_config(problems: Sequence[Problem], mode: Mode, *, max_new_tokens: int,
-                   slots: int) -> SamplerConfig:
+def sampler_config(
+    problems: Sequence[Problem], mode: Mode, *, max_new_tokens: int, slots: int
+) -> SamplerConfig:
     """Room for the longest prompt plus max_new_tokens; plain sampling (no top-p / top-k, no
     interruptions), so greedy means argmax and a temperature means just that."""
     longest = max(len(p.prompt_tokens) for p in problems)
     prefill = -(-longest // 16) * 16
-    return SamplerConfig(max_concurrent_decodes=slots, max_prefill_length=prefill,
-                         max_target_length=-(-(prefill + max_new_tokens) // 64) * 64,
-                         max_new_tokens=max_new_tokens, temperature=mode.temperature, top_p=1.0,
-                         top_k=0, interruptions=False)
+    return SamplerConfig(
+        max_concurrent_decodes=slots,
+        max_prefill_length=prefill,
+        max_target_length=-(-(prefill + max_new_tokens) // 64) * 64,
+        max_new_tokens=max_new_tokens,
+        temperature=mode.temperature,
+        top_p=1.0,
+        top_k=0,
+        interruptions=False,
+    )
 
 
-def run_mode(model: Model, problems: Sequence[Problem], mode: Mode, *, verifier_name: str,
-             pool, max_new_tokens: int, slots: int, seed: int = 0,
-             should_stop: Optional[Callable[[], bool]] = None) -> Optional[tuple[list, dict]]:
+def run_mode(
+    model: Model,
+    problems: Sequence[Problem],
+    mode: Mode,
+    *,
+    verifier_name: str,
+    pool,
+    max_new_tokens: int,
+    slots: int,
+    seed: int = 0,
+    should_stop: Optional[Callable[[], bool]] = None,
+) -> Optional[tuple[list, dict]]:
     """(one record per completion, the mode's summary), or None when `should_stop` ended it."""
     import jax
 
@@ -173,50 +208,84 @@ def run_mode(model: Model, problems: Sequence[Problem], mode: Mode, *, verifier_
     from scalerl_jax.train.evaluate import sample_groups, score_groups
 
     scfg = sampler_config(problems, mode, max_new_tokens=max_new_tokens, slots=slots)
-    engine = Engine(model.cfg, mesh_lib.sampler_mesh(MeshConfig(), jax.local_devices()), scfg,
-                    seed=seed)
+    engine = Engine(
+        model.cfg, mesh_lib.sampler_mesh(MeshConfig(), jax.local_devices()), scfg, seed=seed
+    )
     params = engine.load_params(model.params)
-    stream = [SamplerPrompt(p.prompt_id, p.prompt_tokens, {"answer": p.reference}, p.index)
-              for p in problems]
+    stream = [
+        SamplerPrompt(p.prompt_id, p.prompt_tokens, {"answer": p.reference}, p.index)
+        for p in problems
+    ]
     start = time.monotonic()
     groups, stats, stopped = sample_groups(
-        engine, params, stream, k=mode.k, version=0, seed=seed, should_stop=should_stop,
+        engine,
+        params,
+        stream,
+        k=mode.k,
+        version=0,
+        seed=seed,
+        should_stop=should_stop,
         # One prefill length (the longest prompt's): one program to compile instead of one
         # per power of two, for padding that costs little next to the decoding.
-        driver_kwargs=dict(driver_token_ids(scfg, model.tokenizer,
-                                            max_forced_tokens=engine.max_forced_tokens),
-                           min_prefill_bucket=scfg.max_prefill_length),
-        label=f"{mode.name}: sampling {len(problems)} problems x {mode.k}")
+        driver_kwargs=dict(
+            driver_token_ids(scfg, model.tokenizer, max_forced_tokens=engine.max_forced_tokens),
+            min_prefill_bucket=scfg.max_prefill_length,
+        ),
+        label=f"{mode.name}: sampling {len(problems)} problems x {mode.k}",
+    )
     if stopped:
         return None
     sampled_s = time.monotonic() - start
     groups.sort(key=lambda g: g.ticket)
     with phase(f"{mode.name}: verifying {len(groups) * mode.k} completions"):
-        scored = score_groups(groups, tokenizer=model.tokenizer,
-                              verifier=verifier_by_name(verifier_name), pool=pool)
+        scored = score_groups(
+            groups, tokenizer=model.tokenizer, verifier=verifier_by_name(verifier_name), pool=pool
+        )
     records, n = [], 0
     for g in groups:
         p = problems[g.ticket]
         for j, c in enumerate(g.completions):
             text = model.tokenizer.decode(c.tokens, skip_special_tokens=True)
             extracted = extract_answer(text) if verifier_name == "math" else None
-            records.append({
-                "mode": mode.name, "temperature": mode.temperature, "index": p.index,
-                "prompt_id": p.prompt_id, "sample": j, "question": p.question,
-                "reference": p.reference, "prompt": p.prompt, "completion": text,
-                "extracted": extracted, "correct": bool(scored.correct[n]),
-                "finish_reason": c.finish_reason, "num_tokens": int(len(c.tokens)),
-                "completion_tokens": [int(t) for t in c.tokens],
-                "prompt_tokens": list(p.prompt_tokens)})
+            records.append(
+                {
+                    "mode": mode.name,
+                    "temperature": mode.temperature,
+                    "index": p.index,
+                    "prompt_id": p.prompt_id,
+                    "sample": j,
+                    "question": p.question,
+                    "reference": p.reference,
+                    "prompt": p.prompt,
+                    "completion": text,
+                    "extracted": extracted,
+                    "correct": bool(scored.correct[n]),
+                    "finish_reason": c.finish_reason,
+                    "num_tokens": int(len(c.tokens)),
+                    "completion_tokens": [int(t) for t in c.tokens],
+                    "prompt_tokens": list(p.prompt_tokens),
+                }
+            )
             n += 1
     return records, summarize(records, mode, scored, stats, sampled_s, verifier_name)
 
 
-def evaluate_model(model: Model, problems: Sequence[Problem], modes: Sequence[Mode], *,
-                   out: str, verifier_name: str, max_new_tokens: int, slots: int,
-                   workers: int, timeout_s: float, processes: bool, seed: int = 0,
-                   about: Optional[dict] = None,
-                   should_stop: Optional[Callable[[], bool]] = None) -> Optional[dict]:
+def evaluate_model(
+    model: Model,
+    problems: Sequence[Problem],
+    modes: Sequence[Mode],
+    *,
+    out: str,
+    verifier_name: str,
+    max_new_tokens: int,
+    slots: int,
+    workers: int,
+    timeout_s: float,
+    processes: bool,
+    seed: int = 0,
+    about: Optional[dict] = None,
+    should_stop: Optional[Callable[[], bool]] = None,
+) -> Optional[dict]:
     """Run every mode, write the completions to `out` and the summary beside it; returns the
     summary, or None (nothing written) when `should_stop` ended it. `workers`, `timeout_s` and
     `processes` size the verifier pool as RewardConfig and `rewards.use_processes` do."""
@@ -225,13 +294,28 @@ def evaluate_model(model: Model, problems: Sequence[Problem], modes: Sequence[Mo
     if not problems:
         raise EvalError("no problems to evaluate (--num-prompts 0, or an empty split)")
     records: list = []
-    summary = {"model": model.source, "problems": len(problems), "max_new_tokens": max_new_tokens,
-               "seed": seed, "verifier": verifier_name, **(about or {}), "modes": {}}
+    summary = {
+        "model": model.source,
+        "problems": len(problems),
+        "max_new_tokens": max_new_tokens,
+        "seed": seed,
+        "verifier": verifier_name,
+        **(about or {}),
+        "modes": {},
+    }
     with RewardPool(workers, timeout_s, processes=processes) as pool:
         for mode in modes:
-            done = run_mode(model, problems, mode, verifier_name=verifier_name, pool=pool,
-                            max_new_tokens=max_new_tokens, slots=slots, seed=seed,
-                            should_stop=should_stop)
+            done = run_mode(
+                model,
+                problems,
+                mode,
+                verifier_name=verifier_name,
+                pool=pool,
+                max_new_tokens=max_new_tokens,
+                slots=slots,
+                seed=seed,
+                should_stop=should_stop,
+            )
             if done is None:
                 return None
             records += done[0]
@@ -242,50 +326,69 @@ def evaluate_model(model: Model, problems: Sequence[Problem], modes: Sequence[Mo
     return summary
 
 
-def summarize(records: list, mode: Mode, scored, stats: dict, seconds: float,
-              verifier_name: str) -> dict:
+def summarize(
+    records: list, mode: Mode, scored, stats: dict, seconds: float, verifier_name: str
+) -> dict:
     from scalerl_jax.train.evaluate import rate_and_se
 
     correct = np.array([r["correct"] for r in records], bool).reshape(-1, mode.k)
-    out = {"temperature": mode.temperature, "k": mode.k, "problems": int(correct.shape[0]),
-           "completions": int(correct.size), "correct": int(correct.sum())}
+    out = {
+        "temperature": mode.temperature,
+        "k": mode.k,
+        "problems": int(correct.shape[0]),
+        "completions": int(correct.size),
+        "correct": int(correct.sum()),
+    }
     if mode.k == 1:
         out["pass@1"], out["pass@1_se"] = rate_and_se(correct[:, 0].astype(np.float64))
     else:
         out[f"mean@{mode.k}"], out[f"mean@{mode.k}_se"] = rate_and_se(
-            np.asarray(correct.mean(axis=1)))
+            np.asarray(correct.mean(axis=1))
+        )
         out[f"pass@{mode.k}"], out[f"pass@{mode.k}_se"] = rate_and_se(
-            np.asarray(correct.any(axis=1), np.float64))
+            np.asarray(correct.any(axis=1), np.float64)
+        )
     if verifier_name == "math":
         out["no_answer"] = sum(r["extracted"] is None for r in records)
-    out.update(truncated=sum(r["finish_reason"] == "truncated" for r in records),
-               verifier_timeouts=int(scored.num_timeouts), verifier_errors=int(scored.num_errors),
-               tokens=int(stats["tokens"]),
-               mean_completion_tokens=float(np.mean([r["num_tokens"] for r in records])),
-               seconds=seconds, tokens_per_s=stats["tokens"] / max(seconds, 1e-9))
+    out.update(
+        truncated=sum(r["finish_reason"] == "truncated" for r in records),
+        verifier_timeouts=int(scored.num_timeouts),
+        verifier_errors=int(scored.num_errors),
+        tokens=int(stats["tokens"]),
+        mean_completion_tokens=float(np.mean([r["num_tokens"] for r in records])),
+        seconds=seconds,
+        tokens_per_s=stats["tokens"] / max(seconds, 1e-9),
+    )
     return out
 
 
 def headline(name: str, s: dict) -> str:
     """One line of a mode's summary: its main figures with standard errors, then the counts."""
+
     def pm(key):
         se = s.get(f"{key}_se")
         return f"{key} {s[key]:.3f}" + (f" ± {se:.3f}" if se is not None else "")
+
     figures = [pm("pass@1")] if s["k"] == 1 else [pm(f"mean@{s['k']}"), pm(f"pass@{s['k']}")]
     counts = [f"{s['correct']}/{s['completions']} correct"]
     if "no_answer" in s:
         counts.append(f"{s['no_answer']} without an answer")
-    counts += [f"{s['truncated']} truncated", f"{s['verifier_timeouts']} verifier timeouts",
-               f"{s['verifier_errors']} verifier errors",
-               f"{s['mean_completion_tokens']:.0f} tokens/completion",
-               f"{s['seconds']:.0f} s ({s['tokens_per_s']:.0f} tokens/s)"]
-    return f"{name} (T={s['temperature']:g}): {', '.join(figures)} over {s['problems']} " \
-           f"problems; {', '.join(counts)}"
+    counts += [
+        f"{s['truncated']} truncated",
+        f"{s['verifier_timeouts']} verifier timeouts",
+        f"{s['verifier_errors']} verifier errors",
+        f"{s['mean_completion_tokens']:.0f} tokens/completion",
+        f"{s['seconds']:.0f} s ({s['tokens_per_s']:.0f} tokens/s)",
+    ]
+    return (
+        f"{name} (T={s['temperature']:g}): {', '.join(figures)} over {s['problems']} "
+        f"problems; {', '.join(counts)}"
+    )
 
 
 def summary_path(out: str) -> str:
     """Where the summary goes beside the completions file: X.jsonl -> X.summary.json."""
-    return (out[:-len(".jsonl")] if out.endswith(".jsonl") else out) + ".summary.json"
+    return (out[: -len(".jsonl")] if out.endswith(".jsonl") else out) + ".summary.json"
 
 
 def write_results(out: str, records: list, summary: dict) -> str:

@@ -10,6 +10,7 @@ calls (an XLA compilation) that run no Python in the main thread; compilation re
 so the thread keeps its schedule. progress.py's console handler reports every line it prints
 (`HEARTBEAT.printed`), so a heartbeat comes only after `interval` seconds of silence.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -37,9 +38,15 @@ class Phase:
     out of `total` (`update`) or a `detail()` string computed for each line. A context manager;
     `begin()` / `end()` for a phase that does not fit a block (`end` may be called twice)."""
 
-    def __init__(self, owner: "Heartbeat", name: str, total: Optional[int] = None,
-                 unit: str = "", detail: Optional[Callable[[], str]] = None,
-                 announce: bool = False):
+    def __init__(
+        self,
+        owner: "Heartbeat",
+        name: str,
+        total: Optional[int] = None,
+        unit: str = "",
+        detail: Optional[Callable[[], str]] = None,
+        announce: bool = False,
+    ):
         self.owner, self.name, self.total, self.unit, self.detail = owner, name, total, unit, detail
         self.announce = announce
         self.done = 0
@@ -97,8 +104,15 @@ class Heartbeat:
         """A console line just appeared: the next heartbeat is due `interval` from now."""
         self.last_output = time.monotonic()
 
-    def phase(self, name: str, *, total: Optional[int] = None, unit: str = "",
-              detail: Optional[Callable[[], str]] = None, announce: bool = False) -> Phase:
+    def phase(
+        self,
+        name: str,
+        *,
+        total: Optional[int] = None,
+        unit: str = "",
+        detail: Optional[Callable[[], str]] = None,
+        announce: bool = False,
+    ) -> Phase:
         """A phase to enter (`with`, or `begin()`); `announce` also logs its name when it
         begins (for phases that start something slow: loading a model, compiling)."""
         return Phase(self, name, total, unit, detail, announce)
@@ -164,8 +178,9 @@ def interval_from_env() -> float:
     except ValueError:
         value = float("nan")
     if not (math.isfinite(value) and value > 0):
-        log.warning("%s=%r is not a number of seconds > 0; using %g", ENV_INTERVAL, text,
-                    DEFAULT_INTERVAL_S)
+        log.warning(
+            "%s=%r is not a number of seconds > 0; using %g", ENV_INTERVAL, text, DEFAULT_INTERVAL_S
+        )
         return DEFAULT_INTERVAL_S
     return value
 

@@ -21,6 +21,7 @@ An exit is `os._exit(128 + signal)` after one line saying what was and was not d
 runs (that is the point: Orbax waits, joins of threads stuck in compilation); the workdir lock is
 released by the OS and the reward pool's children exit when their pipes close.
 """
+
 from __future__ import annotations
 
 import logging
@@ -49,10 +50,17 @@ class Watchdog:
     describe(): what the process is doing, for the lines (e.g. `progress.HEARTBEAT.line`).
     """
 
-    def __init__(self, *, can_exit: Callable[[], bool], nothing_lost: str,
-                 acknowledged: Callable[[], bool] = lambda: False,
-                 describe: Callable[[], str] = lambda: "", grace_s: float = 3.0,
-                 second_grace_s: float = 2.0, exit_fn: Callable[[int], None] = os._exit):
+    def __init__(
+        self,
+        *,
+        can_exit: Callable[[], bool],
+        nothing_lost: str,
+        acknowledged: Callable[[], bool] = lambda: False,
+        describe: Callable[[], str] = lambda: "",
+        grace_s: float = 3.0,
+        second_grace_s: float = 2.0,
+        exit_fn: Callable[[int], None] = os._exit,
+    ):
         self.can_exit, self.acknowledged, self.describe = can_exit, acknowledged, describe
         self.nothing_lost = nothing_lost
         self.grace_s, self.second_grace_s, self._exit_fn = grace_s, second_grace_s, exit_fn
@@ -68,8 +76,9 @@ class Watchdog:
         write.setblocking(False)  # the C handler must never block
         self._sockets = (read, write)
         self._previous_fd = signal.set_wakeup_fd(write.fileno(), warn_on_full_buffer=False)
-        self._thread = threading.Thread(target=self._run, args=(read,), name="stop-watchdog",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, args=(read,), name="stop-watchdog", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -111,19 +120,28 @@ class Watchdog:
                     continue
                 if self._closed.wait(self.second_grace_s):
                     return
-                self._end(signum, f"second stop signal ({signal.Signals(signum).name}): "
-                                  "exiting now without saving")
+                self._end(
+                    signum,
+                    f"second stop signal ({signal.Signals(signum).name}): "
+                    "exiting now without saving",
+                )
 
     def _after_grace(self, signum: int) -> None:
         name = signal.Signals(signum).name
         doing = self.describe()
         if self.can_exit():
-            self._end(signum, f"{name}: {self.nothing_lost}; exiting now instead of waiting "
-                              f"for {doing or 'the current call'}")
+            self._end(
+                signum,
+                f"{name}: {self.nothing_lost}; exiting now instead of waiting "
+                f"for {doing or 'the current call'}",
+            )
         elif not self.acknowledged():
-            log.warning("%s received while busy (%s): stopping with a checkpoint when the "
-                        "current step ends (a second signal exits at once, unsaved)", name,
-                        doing or "a long call")
+            log.warning(
+                "%s received while busy (%s): stopping with a checkpoint when the "
+                "current step ends (a second signal exits at once, unsaved)",
+                name,
+                doing or "a long call",
+            )
 
     def _end(self, signum: int, message: str) -> None:
         log.warning("%s", message)

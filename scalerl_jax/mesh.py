@@ -6,6 +6,7 @@ devices form a host-local sampler mesh (an independent replica). Parameters carr
 names (`embed`, `mlp`, ...); `RULES` maps them to mesh axes, the same table for both meshes: a mesh
 axis that a mesh does not have (the sampler mesh has no `fsdp`) is simply not used there.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -64,12 +65,14 @@ def maybe_initialize_distributed(env=None) -> bool:
             raise MeshError(f"SCALERL_COORDINATOR is set but {missing} are not")
         # Only the CPU backend reads this; on CPU hosts gloo is what runs cross-process
         # collectives (there is no ICI/NCCL), as in local multi-process tests.
-        jax.config.update("jax_cpu_collectives_implementation",
-                          env.get("SCALERL_CPU_COLLECTIVES", "gloo"))
+        jax.config.update(
+            "jax_cpu_collectives_implementation", env.get("SCALERL_CPU_COLLECTIVES", "gloo")
+        )
         jax.distributed.initialize(
             coordinator_address=env["SCALERL_COORDINATOR"],
             num_processes=int(env["SCALERL_NUM_PROCESSES"]),
-            process_id=int(env["SCALERL_PROCESS_ID"]))
+            process_id=int(env["SCALERL_PROCESS_ID"]),
+        )
         return True
     if env.get("SCALERL_DISTRIBUTED") == "auto":
         jax.distributed.initialize()
@@ -100,17 +103,22 @@ def split_devices(cfg: MeshConfig, devices: Optional[Sequence] = None) -> Device
     n_local = next(iter(counts.values()))
     me = jax.process_index() if jax.process_index() in by_host else min(by_host)
     if cfg.colocate:
-        return DeviceSplit(tuple(d for h in sorted(by_host) for d in by_host[h]),
-                           tuple(by_host[me]), True)
+        return DeviceSplit(
+            tuple(d for h in sorted(by_host) for d in by_host[h]), tuple(by_host[me]), True
+        )
     n_train = cfg.trainer_devices_per_host
     if n_train is None:
         n_train = (n_local + 1) // 2
     if n_local < 2:
-        raise MeshError(f"{n_local} local device(s): a separate sampler needs >= 2 per host; "
-                        "set MeshConfig.colocate=True to share one device")
+        raise MeshError(
+            f"{n_local} local device(s): a separate sampler needs >= 2 per host; "
+            "set MeshConfig.colocate=True to share one device"
+        )
     if not 0 < n_train < n_local:
-        raise MeshError(f"trainer_devices_per_host={n_train} must be in [1, {n_local - 1}] with "
-                        f"{n_local} local devices (the rest are sampler devices)")
+        raise MeshError(
+            f"trainer_devices_per_host={n_train} must be in [1, {n_local - 1}] with "
+            f"{n_local} local devices (the rest are sampler devices)"
+        )
     trainer = tuple(d for h in sorted(by_host) for d in by_host[h][:n_train])
     return DeviceSplit(trainer, tuple(by_host[me][n_train:]), False)
 
@@ -120,8 +128,9 @@ def _resolve_shape(sizes: dict[str, int], n: int, what: str) -> tuple[int, ...]:
     fill = [k for k, v in sizes.items() if v == -1]
     if fill:
         if n % known:
-            raise MeshError(f"{what}: {n} devices are not divisible by the fixed axes {sizes} "
-                            f"(product {known})")
+            raise MeshError(
+                f"{what}: {n} devices are not divisible by the fixed axes {sizes} (product {known})"
+            )
         sizes = {**sizes, fill[0]: n // known}
     total = int(np.prod(list(sizes.values())))
     if total != n:
@@ -134,6 +143,7 @@ def _device_array(devices: Sequence, shape: tuple[int, ...]) -> np.ndarray:
     # sampler slice of a host), where plain order is as good as any.
     try:
         from jax.experimental import mesh_utils
+
         return mesh_utils.create_device_mesh(shape, devices=list(devices))
     except Exception:  # noqa: BLE001 - any refusal means "no topology-aware layout"
         return np.array(list(devices), dtype=object).reshape(shape)
@@ -160,8 +170,9 @@ def build_meshes(cfg: MeshConfig, devices: Optional[Sequence] = None) -> tuple[M
     return trainer_mesh(cfg, split.trainer), sampler_mesh(cfg, split.sampler)
 
 
-def logical_to_spec(logical_axes: Sequence[Optional[str]], mesh: Mesh,
-                    shape: Optional[Sequence[int]] = None) -> PartitionSpec:
+def logical_to_spec(
+    logical_axes: Sequence[Optional[str]], mesh: Mesh, shape: Optional[Sequence[int]] = None
+) -> PartitionSpec:
     """PartitionSpec for one array from its logical axis names, through `RULES`.
 
     Mesh axes the mesh lacks or of size 1 are dropped. When `shape` is given, a dimension that
@@ -179,8 +190,14 @@ def logical_to_spec(logical_axes: Sequence[Optional[str]], mesh: Mesh,
         if shape is not None and axes:
             size = int(np.prod([mesh.shape[a] for a in axes]))
             if shape[i] % size:
-                log.info("replicating dim %d (%s, size %d): not divisible by %s=%d",
-                         i, name, shape[i], axes, size)
+                log.info(
+                    "replicating dim %d (%s, size %d): not divisible by %s=%d",
+                    i,
+                    name,
+                    shape[i],
+                    axes,
+                    size,
+                )
                 axes = ()
         used.update(axes)
         spec.append(axes[0] if len(axes) == 1 else (axes or None))
@@ -193,17 +210,22 @@ def _is_var(x) -> bool:
 
 def state_specs(state, mesh: Mesh):
     """PartitionSpec tree for an nnx.State whose Variables carry `logical_axes` metadata."""
+
     def spec(v):
         axes = v.get_metadata().get("logical_axes") if _is_var(v) else None
         if axes is None:  # plain leaves and untagged variables are replicated
             return PartitionSpec()
         return logical_to_spec(axes, mesh, getattr(v.get_value(), "shape", None))
+
     return jax.tree.map(spec, state, is_leaf=_is_var)
 
 
 def state_shardings(state, mesh: Mesh):
-    return jax.tree.map(lambda s: NamedSharding(mesh, s), state_specs(state, mesh),
-                        is_leaf=lambda x: isinstance(x, PartitionSpec))
+    return jax.tree.map(
+        lambda s: NamedSharding(mesh, s),
+        state_specs(state, mesh),
+        is_leaf=lambda x: isinstance(x, PartitionSpec),
+    )
 
 
 def named(mesh: Mesh, *logical_axes: Optional[str], shape=None) -> NamedSharding:

@@ -42,6 +42,7 @@ run could leave a torn last line, which readers skip and count, and where a step
 `eval` records `eval_xy` keeps the last.
 Only one process (host 0) should write the file.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -119,18 +120,35 @@ class MetricsWriter:
         return record
 
     def run(self, config: dict, step: int = 0, **fields: Any) -> dict:
-        return self.write("run", step, schema=SCHEMA_VERSION, time=time.time(),
-                          resumed=self.resumed, config=config, **fields)
+        return self.write(
+            "run",
+            step,
+            schema=SCHEMA_VERSION,
+            time=time.time(),
+            resumed=self.resumed,
+            config=config,
+            **fields,
+        )
 
     def train(self, step: int, **metrics: Any) -> dict:
         return self.write("train", step, **metrics)
 
-    def eval(self, step: int, *, pass_rate: float, k: int, compute: dict,
-             per_domain: Optional[dict] = None, **extra: Any) -> dict:
+    def eval(
+        self,
+        step: int,
+        *,
+        pass_rate: float,
+        k: int,
+        compute: dict,
+        per_domain: Optional[dict] = None,
+        **extra: Any,
+    ) -> dict:
         missing = [key for key in COMPUTE_KEYS if key not in compute]
         if missing:
-            raise ValueError(f"eval at step {step}: compute lacks {missing} "
-                             f"(has {sorted(compute)}); use ComputeMeter.compute()")
+            raise ValueError(
+                f"eval at step {step}: compute lacks {missing} "
+                f"(has {sorted(compute)}); use ComputeMeter.compute()"
+            )
         fields = dict(pass_rate=pass_rate, k=k, compute=compute, **extra)
         if per_domain is not None:
             fields["per_domain"] = per_domain
@@ -203,6 +221,7 @@ def truncate_after(path_or_run_dir: str | os.PathLike, step: int) -> int:
             kept.append(line + b"\n")
     if dropped or (data and not data.endswith(b"\n")):
         from scalerl_jax.rundir import atomic_write  # lazy: keeps metrics import-light
+
         atomic_write(path, b"".join(kept))
     return dropped
 
@@ -252,16 +271,21 @@ def get_path(record: dict, key_path: str) -> Any:
     for part in key_path.split("."):
         if not isinstance(node, dict) or part not in node:
             where = ".".join(walked) or "<top level>"
-            have = sorted(k for k in node if not k.startswith("_")) if isinstance(node, dict) \
-                else []
+            have = (
+                sorted(k for k in node if not k.startswith("_")) if isinstance(node, dict) else []
+            )
             raise KeyError(f"no {part!r} under {where} (keys there: {have})")
         node = node[part]
         walked.append(part)
     return node
 
 
-def eval_xy(log: MetricsLog | Iterable[dict], x_key: str = "compute.device_hours",
-            y_key: str = "pass_rate", event: str = "eval") -> tuple[np.ndarray, np.ndarray]:
+def eval_xy(
+    log: MetricsLog | Iterable[dict],
+    x_key: str = "compute.device_hours",
+    y_key: str = "pass_rate",
+    event: str = "eval",
+) -> tuple[np.ndarray, np.ndarray]:
     """(x, y) float arrays from `event` records by dotted key path, sorted by step.
 
     Keeps the last record of each step (a resumed run may repeat one); null values become NaN.
@@ -277,9 +301,10 @@ def eval_xy(log: MetricsLog | Iterable[dict], x_key: str = "compute.device_hours
             try:
                 values.append(get_path(record, key))
             except KeyError as err:
-                raise KeyError(f"{event} record at step {record.get('step')} (line "
-                               f"{record.get('_line', '?')}){where} lacks {key!r}: {err.args[0]}"
-                               ) from None
+                raise KeyError(
+                    f"{event} record at step {record.get('step')} (line "
+                    f"{record.get('_line', '?')}){where} lacks {key!r}: {err.args[0]}"
+                ) from None
         x, y = (np.nan if v is None else float(v) for v in values)
         by_step[int(record["step"])] = (x, y)
     if not by_step:
@@ -289,8 +314,9 @@ def eval_xy(log: MetricsLog | Iterable[dict], x_key: str = "compute.device_hours
     return xy[:, 0], xy[:, 1]
 
 
-def forward_flops_per_token(num_params: float, num_layers: int, hidden_size: int,
-                            context_len: float) -> float:
+def forward_flops_per_token(
+    num_params: float, num_layers: int, hidden_size: int, context_len: float
+) -> float:
     """2N for the matmuls plus 4*L*d*ctx for QK^T and AV over `context_len` attended positions.
 
     N: parameters used in matmuls per token (the LM head counts; an embedding lookup does not).
@@ -313,13 +339,23 @@ class ComputeMeter:
     loses the compute between that eval and the checkpoint.
     """
 
-    _FIELDS = ("sampler_device_s", "trainer_device_s", "sampler_flops", "trainer_flops",
-               "sampler_tokens", "trainer_tokens")
+    _FIELDS = (
+        "sampler_device_s",
+        "trainer_device_s",
+        "sampler_flops",
+        "trainer_flops",
+        "sampler_tokens",
+        "trainer_tokens",
+    )
 
-    def __init__(self, num_params: float, num_layers: int, hidden_size: int,
-                 initial: Optional[dict] = None):
-        for name, value in (("num_params", num_params), ("num_layers", num_layers),
-                            ("hidden_size", hidden_size)):
+    def __init__(
+        self, num_params: float, num_layers: int, hidden_size: int, initial: Optional[dict] = None
+    ):
+        for name, value in (
+            ("num_params", num_params),
+            ("num_layers", num_layers),
+            ("hidden_size", hidden_size),
+        ):
             if not value > 0:
                 raise ValueError(f"ComputeMeter {name}={value!r}: must be > 0")
         self.num_params, self.num_layers, self.hidden_size = num_params, num_layers, hidden_size
@@ -337,31 +373,41 @@ class ComputeMeter:
     def load_state_dict(self, state: dict) -> None:
         missing = [key for key in self._FIELDS if key not in state]
         if missing:
-            raise ValueError(f"ComputeMeter.load_state_dict: missing {missing} (has "
-                             f"{sorted(state)}); expected the output of state_dict()")
+            raise ValueError(
+                f"ComputeMeter.load_state_dict: missing {missing} (has "
+                f"{sorted(state)}); expected the output of state_dict()"
+            )
         if state.get("version", 1) != 1:
-            raise ValueError(f"ComputeMeter.load_state_dict: version={state['version']!r}, "
-                             "this code reads version 1")
+            raise ValueError(
+                f"ComputeMeter.load_state_dict: version={state['version']!r}, "
+                "this code reads version 1"
+            )
         self.totals = {key: float(state[key]) for key in self._FIELDS}
 
     def _add(self, side: str, seconds: float, devices: int, tokens: float, flops: float) -> None:
         if seconds < 0 or devices <= 0 or tokens < 0:
-            raise ValueError(f"ComputeMeter.add_{side}: seconds={seconds}, devices={devices}, "
-                             f"tokens={tokens}; need seconds >= 0, devices > 0, tokens >= 0")
+            raise ValueError(
+                f"ComputeMeter.add_{side}: seconds={seconds}, devices={devices}, "
+                f"tokens={tokens}; need seconds >= 0, devices > 0, tokens >= 0"
+            )
         self.totals[f"{side}_device_s"] += devices * seconds
         self.totals[f"{side}_tokens"] += tokens
         self.totals[f"{side}_flops"] += flops
 
-    def add_sampler(self, *, seconds: float, devices: int, tokens: float,
-                    context_len: float) -> None:
-        per_token = forward_flops_per_token(self.num_params, self.num_layers, self.hidden_size,
-                                            context_len)
+    def add_sampler(
+        self, *, seconds: float, devices: int, tokens: float, context_len: float
+    ) -> None:
+        per_token = forward_flops_per_token(
+            self.num_params, self.num_layers, self.hidden_size, context_len
+        )
         self._add("sampler", seconds, devices, tokens, tokens * per_token)
 
-    def add_trainer(self, *, seconds: float, devices: int, tokens: float,
-                    context_len: float) -> None:
-        per_token = 3.0 * forward_flops_per_token(self.num_params, self.num_layers,
-                                                  self.hidden_size, context_len)
+    def add_trainer(
+        self, *, seconds: float, devices: int, tokens: float, context_len: float
+    ) -> None:
+        per_token = 3.0 * forward_flops_per_token(
+            self.num_params, self.num_layers, self.hidden_size, context_len
+        )
         self._add("trainer", seconds, devices, tokens, tokens * per_token)
 
     def compute(self) -> dict:
@@ -369,8 +415,10 @@ class ComputeMeter:
         out = {
             "sampler_device_hours": t["sampler_device_s"] / 3600.0,
             "trainer_device_hours": t["trainer_device_s"] / 3600.0,
-            "sampler_flops": t["sampler_flops"], "trainer_flops": t["trainer_flops"],
-            "sampler_tokens": t["sampler_tokens"], "trainer_tokens": t["trainer_tokens"],
+            "sampler_flops": t["sampler_flops"],
+            "trainer_flops": t["trainer_flops"],
+            "sampler_tokens": t["sampler_tokens"],
+            "trainer_tokens": t["trainer_tokens"],
         }
         out["device_hours"] = out["sampler_device_hours"] + out["trainer_device_hours"]
         out["flops"] = out["sampler_flops"] + out["trainer_flops"]

@@ -7,6 +7,7 @@ the objects are pickled (our own processes' data: token ids, log-probs, rewards;
 text to be evaluated), sizes are all-gathered first, then the byte strings padded to the
 largest. With one process everything is a no-op.
 """
+
 from __future__ import annotations
 
 import pickle
@@ -26,13 +27,14 @@ def allgather_objects(obj: Any) -> list:
     sizes = np.asarray(multihost_utils.process_allgather(np.array([data.size], np.int64)))
     sizes = sizes.reshape(-1)
     padded = np.zeros(int(sizes.max()), np.uint8)
-    padded[:data.size] = data
+    padded[: data.size] = data
     gathered = np.asarray(multihost_utils.process_allgather(padded)).reshape(len(sizes), -1)
-    return [pickle.loads(gathered[i, :int(n)].tobytes()) for i, n in enumerate(sizes)]
+    return [pickle.loads(gathered[i, : int(n)].tobytes()) for i, n in enumerate(sizes)]
 
 
 def barrier(name: str) -> None:
     """All processes reach this point before any goes on (a no-op with one process)."""
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils
+
         multihost_utils.sync_global_devices(name)

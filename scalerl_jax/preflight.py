@@ -3,6 +3,7 @@ checkpoint directory, the data source and its columns, the verifier, the workdir
 devices, and whether the run is already complete. `experiments/run.py` calls them before
 anything slow starts, so a user error is one line naming the flag, the value and what would work.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -40,35 +41,44 @@ def hf_checkpoint(given: str, *, weights: bool = True) -> str:
     snapshot (only config and tokenizer without `weights`), or a .gguf file's conversion
     (models/fetch.py)."""
     from scalerl_jax.models import fetch
+
     try:
         return fetch.resolve(given, weights=weights)
     except fetch.FetchError as err:
         raise UsageError(f"--hf-checkpoint {given}: {err}") from None
 
 
-def hf_model(path: str, like: ModelConfig, *, given: Optional[str] = None,
-             weights: bool = True) -> ModelConfig:
+def hf_model(
+    path: str, like: ModelConfig, *, given: Optional[str] = None, weights: bool = True
+) -> ModelConfig:
     """The model of the HF directory `path` (resolved from `--hf-checkpoint given`) with the
     recipe's dtypes. Without `weights` (a plan) the safetensors need not be there yet."""
     flag = f"--hf-checkpoint {given or path}" + (f" ({path})" if given and given != path else "")
     if not os.path.isdir(path):
-        raise UsageError(f"{flag}: no such directory (an HF model directory holds config.json, "
-                         "tokenizer.json and *.safetensors)")
+        raise UsageError(
+            f"{flag}: no such directory (an HF model directory holds config.json, "
+            "tokenizer.json and *.safetensors)"
+        )
     if not os.path.isfile(os.path.join(path, "config.json")):
-        raise UsageError(f"{flag}: no config.json there; files: "
-                         f"{sorted(os.listdir(path))[:10]}")
+        raise UsageError(f"{flag}: no config.json there; files: {sorted(os.listdir(path))[:10]}")
     if weights and not glob.glob(os.path.join(path, "*.safetensors")):
         raise UsageError(f"{flag}: no *.safetensors weights there")
-    if not any(os.path.exists(os.path.join(path, f)) for f in ("tokenizer.json",
-                                                                "tokenizer.model")) \
-            and not glob.glob(os.path.join(path, "*.model")):
+    if not any(
+        os.path.exists(os.path.join(path, f)) for f in ("tokenizer.json", "tokenizer.model")
+    ) and not glob.glob(os.path.join(path, "*.model")):
         raise UsageError(f"{flag}: no tokenizer.json or SentencePiece *.model there")
     from scalerl_jax.models import hf
+
     try:  # the recipe's dtypes, head precision and execution choices; the checkpoint's shapes
         return hf.config_from_hf(path).replace(
-            param_dtype=like.param_dtype, compute_dtype=like.compute_dtype,
-            fp32_head=like.fp32_head, remat=like.remat, remat_policy=like.remat_policy,
-            attention_chunk=like.attention_chunk, attention_impl=like.attention_impl)
+            param_dtype=like.param_dtype,
+            compute_dtype=like.compute_dtype,
+            fp32_head=like.fp32_head,
+            remat=like.remat,
+            remat_policy=like.remat_policy,
+            attention_chunk=like.attention_chunk,
+            attention_impl=like.attention_impl,
+        )
     except (hf.HFError, ConfigError, ValueError) as err:
         raise UsageError(f"{flag}: {err}") from None
 
@@ -82,8 +92,9 @@ def _first_file(path: str, split: str) -> str:
     if not os.path.isdir(path):
         return path
     exts = (".jsonl", ".json", ".parquet")
-    files = sorted(f for f in glob.glob(os.path.join(path, "**", "*"), recursive=True)
-                   if f.endswith(exts))
+    files = sorted(
+        f for f in glob.glob(os.path.join(path, "**", "*"), recursive=True) if f.endswith(exts)
+    )
     return next((f for f in files if split in os.path.basename(f)), files[0] if files else "")
 
 
@@ -91,12 +102,16 @@ def _columns(path: str) -> list:
     """Top-level field names of the first record of a local .jsonl / .json / .parquet file."""
     if path.endswith(".parquet"):
         import pyarrow.parquet as pq
+
         return list(pq.read_schema(path).names)
     with open(path, encoding="utf-8", errors="replace") as fh:
         head = fh.read(1 << 12).lstrip()
         fh.seek(0)
-        records = json.load(fh) if path.endswith(".json") and head.startswith("[") else \
-            (json.loads(line) for line in fh if line.strip())
+        records = (
+            json.load(fh)
+            if path.endswith(".json") and head.startswith("[")
+            else (json.loads(line) for line in fh if line.strip())
+        )
         first = next(iter(records), None)
     return list(first) if isinstance(first, dict) else []
 
@@ -111,10 +126,12 @@ def check_data(data, flag: str, *, read: bool) -> list[str]:
             path = data.validation_path()
         except ConfigError as err:
             raise UsageError(str(err)) from None
-        held_out = dataclasses.replace(data, source=path, split=data.validation_split,
-                                       validation_source=None)
-        notes += _check_source(held_out, f"data.validation_source={data.validation_source} ->",
-                               read=read)
+        held_out = dataclasses.replace(
+            data, source=path, split=data.validation_split, validation_source=None
+        )
+        notes += _check_source(
+            held_out, f"data.validation_source={data.validation_source} ->", read=read
+        )
     return notes
 
 
@@ -122,34 +139,44 @@ def _check_source(data, flag: str, *, read: bool) -> list[str]:
     src = data.source
     if src.startswith("synthetic:"):
         from scalerl_jax.data import synthetic
-        task = src[len("synthetic:"):].partition("?")[0]
+
+        task = src[len("synthetic:") :].partition("?")[0]
         if task not in synthetic.TASKS:
-            raise UsageError(f"{flag} {src}: unknown synthetic task {task!r}; known: "
-                             f"{', '.join(synthetic.TASKS)}")
+            raise UsageError(
+                f"{flag} {src}: unknown synthetic task {task!r}; known: "
+                f"{', '.join(synthetic.TASKS)}"
+            )
         if read:  # knobs and sizes: generating the rows takes about a second
             from scalerl_jax.data.prompts import load_rows
+
             try:
                 load_rows(data)
             except DataError as err:
                 raise UsageError(f"{flag} {src}: {str(err).split(': ', 1)[-1]}") from None
         return []
-    for prefix, package, extra in (("hf:", "datasets", "data"),
-                                   ("tfds:", "tensorflow_datasets", "tfds")):
+    for prefix, package, extra in (
+        ("hf:", "datasets", "data"),
+        ("tfds:", "tensorflow_datasets", "tfds"),
+    ):
         if src.startswith(prefix):
-            local = src[len(prefix):]
+            local = src[len(prefix) :]
             if local.startswith((os.sep, ".", "~")) and not os.path.exists(local):
                 raise UsageError(f"{flag} {src}: no such file or directory {local}")
             if importlib.util.find_spec(package) is None:
-                why = (f"{flag} {src}: needs the `{package}` package, which is not installed "
-                       f"(pip install 'scalerl_jax[{extra}]')")
+                why = (
+                    f"{flag} {src}: needs the `{package}` package, which is not installed "
+                    f"(pip install 'scalerl_jax[{extra}]')"
+                )
                 if read:
                     raise UsageError(why)
                 return [why]
             return []
     if not os.path.exists(src):
-        raise UsageError(f"{flag} {src}: no such file or directory (expected a local .jsonl / "
-                         ".json / .parquet file or directory, hf:NAME, tfds:NAME or "
-                         "synthetic:TASK)")
+        raise UsageError(
+            f"{flag} {src}: no such file or directory (expected a local .jsonl / "
+            ".json / .parquet file or directory, hf:NAME, tfds:NAME or "
+            "synthetic:TASK)"
+        )
     file = _first_file(src, data.split)
     if not file:
         raise UsageError(f"{flag} {src}: the directory holds no .jsonl / .json / .parquet files")
@@ -162,18 +189,26 @@ def _check_source(data, flag: str, *, read: bool) -> list[str]:
     try:
         columns = _columns(file)
     except Exception as err:  # noqa: BLE001 - pyarrow and json raise many types
-        raise UsageError(f"{flag} {src}: cannot read {file} ({type(err).__name__}: "
-                         f"{str(err)[:200]})") from None
-    missing = [(key, field, names) for key, field, names in (
-        ("data.prompt_field", data.prompt_field, _PROMPT_NAMES),
-        ("data.answer_field", data.answer_field, _ANSWER_NAMES))
-        if field.split(".")[0] not in columns]
+        raise UsageError(
+            f"{flag} {src}: cannot read {file} ({type(err).__name__}: {str(err)[:200]})"
+        ) from None
+    missing = [
+        (key, field, names)
+        for key, field, names in (
+            ("data.prompt_field", data.prompt_field, _PROMPT_NAMES),
+            ("data.answer_field", data.answer_field, _ANSWER_NAMES),
+        )
+        if field.split(".")[0] not in columns
+    ]
     if missing:
-        fix = " ".join(f"{key}=" + next((c for c in names if c in columns), "COLUMN")
-                       for key, _, names in missing)
+        fix = " ".join(
+            f"{key}=" + next((c for c in names if c in columns), "COLUMN")
+            for key, _, names in missing
+        )
         what = " nor ".join(f"{field!r} ({key})" for key, field, _ in missing)
-        raise UsageError(f"{flag} {src}: no column {what}; its columns are {columns}: map "
-                         f"them with {fix}")
+        raise UsageError(
+            f"{flag} {src}: no column {what}; its columns are {columns}: map them with {fix}"
+        )
     return []
 
 
@@ -182,25 +217,42 @@ def check_inputs(cfg, args, *, dry_run: bool) -> list[str]:
     (what a real run would refuse but a plan does not need)."""
     data_flag = flag_for(args, "--data" if args.data else None, "data.source")
     if cfg.data.is_mixture:  # each domain's source, as its own single-source config
-        notes = [note for d in cfg.data.domains for note in check_data(
-            cfg.data.domain_data(d.name), f"data.domains.{d.name}.source", read=not dry_run)]
+        notes = [
+            note
+            for d in cfg.data.domains
+            for note in check_data(
+                cfg.data.domain_data(d.name), f"data.domains.{d.name}.source", read=not dry_run
+            )
+        ]
     else:
         notes = check_data(cfg.data, data_flag, read=not dry_run)
     synthetic = all(src.startswith("synthetic:") for src in cfg.data.sources())
     if synthetic and cfg.hf_checkpoint:
-        raise UsageError(f"--hf-checkpoint {cfg.hf_checkpoint} with {data_flag} "
-                         f"{cfg.data.source}: synthetic tasks use the testbed's character "
-                         "tokenizer, not the checkpoint's; give the HF model a text dataset "
-                         "(--data FILE.jsonl / FILE.parquet / hf:NAME)")
+        raise UsageError(
+            f"--hf-checkpoint {cfg.hf_checkpoint} with {data_flag} "
+            f"{cfg.data.source}: synthetic tasks use the testbed's character "
+            "tokenizer, not the checkpoint's; give the HF model a text dataset "
+            "(--data FILE.jsonl / FILE.parquet / hf:NAME)"
+        )
     if not synthetic and not cfg.hf_checkpoint:
-        why = (f"{data_flag} {cfg.data.source}: text prompts need a tokenizer, and only "
-               "synthetic:TASK sources use the built-in character tokenizer: add "
-               "--hf-checkpoint DIR (an HF model directory: tokenizer and initial weights)")
+        why = (
+            f"{data_flag} {cfg.data.source}: text prompts need a tokenizer, and only "
+            "synthetic:TASK sources use the built-in character tokenizer: add "
+            "--hf-checkpoint DIR (an HF model directory: tokenizer and initial weights)"
+        )
         if not dry_run:
-            raise UsageError(why + (", e.g. --recipe scalerl --hf-checkpoint DIR"
-                                    if args.recipe == "testbed" else ""))
-        notes.append("a real run needs --hf-checkpoint DIR: text prompts need its tokenizer "
-                     "(only synthetic:TASK sources use the built-in character tokenizer)")
+            raise UsageError(
+                why
+                + (
+                    ", e.g. --recipe scalerl --hf-checkpoint DIR"
+                    if args.recipe == "testbed"
+                    else ""
+                )
+            )
+        notes.append(
+            "a real run needs --hf-checkpoint DIR: text prompts need its tokenizer "
+            "(only synthetic:TASK sources use the built-in character tokenizer)"
+        )
     if cfg.sft is not None:
         try:
             sft_source = cfg.sft.source_for(cfg.data)  # "{data_source}": the --data file
@@ -214,14 +266,17 @@ def check_inputs(cfg, args, *, dry_run: bool) -> list[str]:
         try:
             ok = callable(getattr(importlib.import_module(module), name, None))
         except ImportError as err:
-            raise UsageError(f"reward.verifier={cfg.reward.verifier}: cannot import {module} "
-                             f"({err})") from None
+            raise UsageError(
+                f"reward.verifier={cfg.reward.verifier}: cannot import {module} ({err})"
+            ) from None
         if not ok:
-            raise UsageError(f"reward.verifier={cfg.reward.verifier}: {module} has no "
-                             f"function {name!r}")
+            raise UsageError(
+                f"reward.verifier={cfg.reward.verifier}: {module} has no function {name!r}"
+            )
     if args.wandb and importlib.util.find_spec("wandb") is None:
-        raise UsageError(f"--wandb {args.wandb}: the `wandb` package is not installed "
-                         "(pip install wandb)")
+        raise UsageError(
+            f"--wandb {args.wandb}: the `wandb` package is not installed (pip install wandb)"
+        )
     parent = os.path.abspath(cfg.workdir)
     while not os.path.exists(parent):
         parent = os.path.dirname(parent)
@@ -235,16 +290,26 @@ def raised_by(err: BaseException, table: dict) -> bool:
     An entry point's user errors may come from modules it imports late (jax-heavy ones): they
     are looked up in sys.modules, since a module never imported cannot have raised, and
     importing it to check would cost seconds on every error."""
-    return any(name in sys.modules and isinstance(err, getattr(sys.modules[name], cls))
-               for name, cls in table.items())
+    return any(
+        name in sys.modules and isinstance(err, getattr(sys.modules[name], cls))
+        for name, cls in table.items()
+    )
 
 
 # ------------------------------------------------------------------------------------ sizes
 PLANNED_LOCALLY = ("optim.micro_batches", "model.remat", "sampler.max_concurrent_decodes")
 
 
-def size_for_platform(recipe: str, cfg, pinned, notes: list, *, dry_run: bool, topo=None,
-                      platform: Optional[str] = None):
+def size_for_platform(
+    recipe: str,
+    cfg,
+    pinned,
+    notes: list,
+    *,
+    dry_run: bool,
+    topo=None,
+    platform: Optional[str] = None,
+):
     """`cfg` with recipe `recipe`'s accelerator sizes (recipes.ACCELERATOR_SIZES: a bigger
     batch, longer generations) when the run is on an accelerator: the --tpu slice `topo`
     (whose planner, plan.resolve, then fits it), else this host's devices (`platform`, or
@@ -257,6 +322,7 @@ def size_for_platform(recipe: str, cfg, pinned, notes: list, *, dry_run: bool, t
         platform = f"tpu {topo.name}"
     elif platform is None:
         import jax
+
         platform = jax.local_devices()[0].platform
     if platform == "cpu":
         return cfg
@@ -272,8 +338,10 @@ def size_for_platform(recipe: str, cfg, pinned, notes: list, *, dry_run: bool, t
                 sized = apply_overrides(sized, fix)
                 applied = applied + fix
     if applied:
-        note = (f"sized for {platform}: {' '.join(applied)} (recipe {recipe}'s accelerator "
-                "sizes; set any as KEY=VALUE to pin it)")
+        note = (
+            f"sized for {platform}: {' '.join(applied)} (recipe {recipe}'s accelerator "
+            "sizes; set any as KEY=VALUE to pin it)"
+        )
         notes.append(note)
         if not dry_run:
             log.info(note)
@@ -289,8 +357,12 @@ def check_devices(cfg, topo) -> None:
 
     env = dict(os.environ)
     tpu_vm = glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*")
-    if topo is not None and topo.hosts > 1 and tpu_vm and not (
-            env.get("SCALERL_COORDINATOR") or env.get("SCALERL_DISTRIBUTED")):
+    if (
+        topo is not None
+        and topo.hosts > 1
+        and tpu_vm
+        and not (env.get("SCALERL_COORDINATOR") or env.get("SCALERL_DISTRIBUTED"))
+    ):
         env["SCALERL_DISTRIBUTED"] = "auto"  # a TPU pod worker: JAX finds its peers
     mesh_lib.maybe_initialize_distributed(env)
     if topo is not None:
@@ -300,17 +372,20 @@ def check_devices(cfg, topo) -> None:
         return
     local = jax.local_devices()
     if not cfg.mesh.colocate and len(local) < 2:
-        raise UsageError(f"{len(local)} {local[0].platform} device on this host, and the "
-                         "trainer and sampler need separate ones (mesh.colocate=false): pass "
-                         "--colocate (= mesh.colocate=true) to share it, or --tpu TOPOLOGY on "
-                         "a TPU slice")
+        raise UsageError(
+            f"{len(local)} {local[0].platform} device on this host, and the "
+            "trainer and sampler need separate ones (mesh.colocate=false): pass "
+            "--colocate (= mesh.colocate=true) to share it, or --tpu TOPOLOGY on "
+            "a TPU slice"
+        )
     try:
         split = mesh_lib.split_devices(cfg.mesh)
         mesh_lib.trainer_mesh(cfg.mesh, split.trainer)
         mesh_lib.sampler_mesh(cfg.mesh, split.sampler)
     except mesh_lib.MeshError as err:
-        raise UsageError(f"mesh.*: {err} ({len(local)} local {local[0].platform} devices)") \
-            from None
+        raise UsageError(
+            f"mesh.*: {err} ({len(local)} local {local[0].platform} devices)"
+        ) from None
 
 
 def local_plan(cfg):
@@ -318,8 +393,9 @@ def local_plan(cfg):
     no memory figure (the run then goes ahead unchecked, with a warning)."""
     machine = plan.local.detect()
     if machine is None:
-        log.warning("these devices report no memory limit: the run's memory is not checked "
-                    "against them")
+        log.warning(
+            "these devices report no memory limit: the run's memory is not checked against them"
+        )
         return None
     return plan.local.local_plan(cfg, machine)
 
@@ -331,11 +407,16 @@ def finished_step(cfg, allow_config_change: bool):
     if not allow_config_change:  # a different config is refused, complete or not
         rundir.check_config(cfg.workdir, cfg.to_dict(), defaults=field_defaults())
     root = os.path.join(cfg.workdir, "checkpoints")
-    steps = [int(n) for n in (os.listdir(root) if os.path.isdir(root) else [])
-             if n.isdigit() and os.path.exists(os.path.join(root, n, rundir.MANIFEST))]
+    steps = [
+        int(n)
+        for n in (os.listdir(root) if os.path.isdir(root) else [])
+        if n.isdigit() and os.path.exists(os.path.join(root, n, rundir.MANIFEST))
+    ]
     return max(steps) if steps and max(steps) >= cfg.steps else None
 
 
 def complete_message(cfg, step: int) -> str:
-    return (f"run already complete at step {step} in {cfg.workdir} (--steps {cfg.steps}); "
-            f"raise --steps above {step} to continue")
+    return (
+        f"run already complete at step {step} in {cfg.workdir} (--steps {cfg.steps}); "
+        f"raise --steps above {step} to continue"
+    )

@@ -13,6 +13,7 @@ and logs a plain INFO line every N steps / M seconds instead; `SCALERL_PROGRESS=
 
 Between lines, `heartbeat.py` keeps a line coming at least every 30 s.
 """
+
 from __future__ import annotations
 
 import collections
@@ -80,8 +81,13 @@ def _fd(stream) -> Optional[int]:
         return None
 
 
-def setup_logging(level: int | str = "INFO", *, loggers: Sequence[str] = (_PACKAGE, "__main__"),
-                  quiet: Sequence[str] = NOISY_LOGGERS, stream=None) -> logging.Handler:
+def setup_logging(
+    level: int | str = "INFO",
+    *,
+    loggers: Sequence[str] = (_PACKAGE, "__main__"),
+    quiet: Sequence[str] = NOISY_LOGGERS,
+    stream=None,
+) -> logging.Handler:
     """Makes `loggers` print at `level` on stderr, whatever absl/orbax did first. Idempotent.
 
     Why the root logger, not a private handler on `scalerl_jax` with propagate off: warnings from
@@ -116,8 +122,12 @@ class Field:
     fmt: str = ".3g"
 
 
-RL_FIELDS = (Field("loss", "loss", ".4f"), Field("reward", "reward_mean", ".3f"),
-             Field("pass", "pass_rate_train", ".3f"), Field("stale", "staleness_max", ".0f"))
+RL_FIELDS = (
+    Field("loss", "loss", ".4f"),
+    Field("reward", "reward_mean", ".3f"),
+    Field("pass", "pass_rate_train", ".3f"),
+    Field("stale", "staleness_max", ".0f"),
+)
 SFT_FIELDS = (Field("loss", "loss", ".4f"),)
 
 
@@ -148,8 +158,9 @@ def _fmt(value: Any, fmt: str, missing: str = "-") -> str:
 
 
 def _si(value: float) -> str:
-    div, suffix = next(((d, x) for d, x in ((1e9, "G"), (1e6, "M"), (1e3, "k")) if value >= d),
-                       (1.0, ""))
+    div, suffix = next(
+        ((d, x) for d, x in ((1e9, "G"), (1e6, "M"), (1e3, "k")) if value >= d), (1.0, "")
+    )
     return f"{value / div:.{1 if suffix else 0}f}{suffix}"
 
 
@@ -165,11 +176,21 @@ class Progress:
     `log_every_s` seconds (either may be None), and at `close()`.
     """
 
-    def __init__(self, desc: str, total: int, *, initial: int = 0,
-                 fields: Sequence[Field] = RL_FIELDS, tokens_key: Optional[str] = None,
-                 enabled: Optional[bool] = None, stream=None, unit: str = "step",
-                 log_every_steps: Optional[int] = None, log_every_s: Optional[float] = 60.0,
-                 window: int = 20):
+    def __init__(
+        self,
+        desc: str,
+        total: int,
+        *,
+        initial: int = 0,
+        fields: Sequence[Field] = RL_FIELDS,
+        tokens_key: Optional[str] = None,
+        enabled: Optional[bool] = None,
+        stream=None,
+        unit: str = "step",
+        log_every_steps: Optional[int] = None,
+        log_every_s: Optional[float] = 60.0,
+        window: int = 20,
+    ):
         self.desc, self.total, self.fields, self.tokens_key = desc, int(total), fields, tokens_key
         self.unit, self.step = unit, int(initial)
         self.stream = stream if stream is not None else sys.stderr
@@ -187,8 +208,16 @@ class Progress:
             # A terminal reporting 0 columns (a fresh pty, some IDE consoles) would make tqdm
             # trim the bar to nothing: draw it 100 wide there instead.
             width = {"ncols": 100} if _zero_width(self.stream) else {"dynamic_ncols": True}
-            self.bar = tqdm(total=self.total, initial=self.step, desc=desc, unit=unit,
-                            file=self.stream, mininterval=0.5, smoothing=0.1, **width)
+            self.bar = tqdm(
+                total=self.total,
+                initial=self.step,
+                desc=desc,
+                unit=unit,
+                file=self.stream,
+                mininterval=0.5,
+                smoothing=0.1,
+                **width,
+            )
 
     def update(self, step: int, metrics: Optional[dict] = None, **extra: Any) -> None:
         metrics = metrics or {}
@@ -230,12 +259,17 @@ class Progress:
             return None, None
         tokens_per_step = (tok1 - tok0) / (n1 - n0) if self.tokens_key else None
         seconds_per_step = (t1 - t0) / (s1 - s0)
-        return (None if tokens_per_step is None else tokens_per_step / seconds_per_step,
-                seconds_per_step)
+        return (
+            None if tokens_per_step is None else tokens_per_step / seconds_per_step,
+            seconds_per_step,
+        )
 
     def postfix(self) -> str:
-        parts = [f"{f.label} {_fmt(self._values[f.label], f.fmt)}"
-                 for f in self.fields if f.label in self._values]
+        parts = [
+            f"{f.label} {_fmt(self._values[f.label], f.fmt)}"
+            for f in self.fields
+            if f.label in self._values
+        ]
         if self._eval is not None:
             parts.append(f"val {_fmt(self._eval[1], '.3f')}@{self._eval[0]}")
         if self._forecast is not None:
@@ -304,9 +338,15 @@ def _fit_line(label: str, fit: Optional[dict], reason: Optional[str], x_label: s
     return f"{label}: {'  '.join(parts)}  (C_mid in {x_label})"
 
 
-def summary_lines(workdir: str, evals: Sequence[dict], fit: Optional[dict] = None, *,
-                  fit_reason: Optional[str] = None, x_label: str = "device-hours",
-                  domain_fits: Optional[dict] = None) -> list[str]:
+def summary_lines(
+    workdir: str,
+    evals: Sequence[dict],
+    fit: Optional[dict] = None,
+    *,
+    fit_reason: Optional[str] = None,
+    x_label: str = "device-hours",
+    domain_fits: Optional[dict] = None,
+) -> list[str]:
     """The end-of-run summary, one string per line.
 
     evals: the run's eval records (e.g. `read_metrics(workdir).of("eval")`); the last record of
@@ -319,25 +359,39 @@ def summary_lines(workdir: str, evals: Sequence[dict], fit: Optional[dict] = Non
     lines = []
     if by_step:
         first, last = by_step[min(by_step)], by_step[max(by_step)]
-        lines.append(f"validation pass rate: {_fmt(first.get('pass_rate'), '.3f', 'n/a')} "
-                     f"(step {first['step']}) -> {_fmt(last.get('pass_rate'), '.3f', 'n/a')} "
-                     f"(step {last['step']}), {len(by_step)} eval points")
+        lines.append(
+            f"validation pass rate: {_fmt(first.get('pass_rate'), '.3f', 'n/a')} "
+            f"(step {first['step']}) -> {_fmt(last.get('pass_rate'), '.3f', 'n/a')} "
+            f"(step {last['step']}), {len(by_step)} eval points"
+        )
         for domain in sorted(last.get("per_domain") or {}):
             before = (first.get("per_domain") or {}).get(domain)
-            lines.append(f"  {domain}: {_fmt(before, '.3f', 'n/a')} -> "
-                         f"{_fmt(last['per_domain'][domain], '.3f', 'n/a')}")
+            lines.append(
+                f"  {domain}: {_fmt(before, '.3f', 'n/a')} -> "
+                f"{_fmt(last['per_domain'][domain], '.3f', 'n/a')}"
+            )
         compute = last.get("compute") or {}
         if compute:
-            lines.append("compute: " + ", ".join(
-                f"{_fmt(compute.get(key), '.3g', 'n/a')} {unit}"
-                for key, unit in (("device_hours", "device-hours"), ("flops", "FLOPs"),
-                                  ("tokens", "tokens"))))
+            lines.append(
+                "compute: "
+                + ", ".join(
+                    f"{_fmt(compute.get(key), '.3g', 'n/a')} {unit}"
+                    for key, unit in (
+                        ("device_hours", "device-hours"),
+                        ("flops", "FLOPs"),
+                        ("tokens", "tokens"),
+                    )
+                )
+            )
     else:
         lines.append("validation pass rate: no eval points")
     lines.append(_fit_line("fit", fit, fit_reason, x_label))
     for domain, dfit in (domain_fits or {}).items():
-        lines.append(_fit_line(f"  fit {domain}", None if "reason" in dfit else dfit,
-                               dfit.get("reason"), x_label))
+        lines.append(
+            _fit_line(
+                f"  fit {domain}", None if "reason" in dfit else dfit, dfit.get("reason"), x_label
+            )
+        )
     tb_dir, fit_dir = os.path.join(workdir, "tensorboard"), os.path.join(workdir, "fit")
     lines += [f"files: {workdir}", f"  metrics      {os.path.join(workdir, 'metrics.jsonl')}"]
     if os.path.isdir(tb_dir):
@@ -345,6 +399,9 @@ def summary_lines(workdir: str, evals: Sequence[dict], fit: Optional[dict] = Non
     model_dir = os.path.join(workdir, "model")
     if os.path.isdir(model_dir):
         lines.append(f"  model        {model_dir} (HF checkpoint)")
-    lines.append(f"  fit          {fit_dir}" if os.path.isdir(fit_dir)
-                 else f"  fit          python experiments/fit.py {workdir}")
+    lines.append(
+        f"  fit          {fit_dir}"
+        if os.path.isdir(fit_dir)
+        else f"  fit          python experiments/fit.py {workdir}"
+    )
     return lines

@@ -29,6 +29,7 @@ per checkpoint step once Orbax has committed it and checks it before restoring, 
 does not notice flipped bytes. CRC32 (zlib, ~3.5 GB/s per core, GIL released) is for
 detecting corruption, not tampering.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -183,7 +184,8 @@ def lock_workdir(workdir: str | os.PathLike) -> WorkdirLock:
                     break
             raise WorkdirInUseError(
                 f"{workdir} is in use by {_describe(holder)}; stop that run or choose "
-                "another --workdir") from None
+                "another --workdir"
+            ) from None
         try:
             same = os.fstat(fd).st_ino == os.stat(path).st_ino
         except FileNotFoundError:
@@ -194,11 +196,17 @@ def lock_workdir(workdir: str | os.PathLike) -> WorkdirLock:
 
     previous = _read_holder(fd)
     if previous:
-        log.warning("workdir %s: taking over the lock of %s, which ended without releasing it "
-                    "(killed?)", workdir, _describe(previous))
-    holder = {"host": socket.gethostname(), "pid": os.getpid(),
-              "since": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-              "command": " ".join(sys.argv)[:300]}
+        log.warning(
+            "workdir %s: taking over the lock of %s, which ended without releasing it (killed?)",
+            workdir,
+            _describe(previous),
+        )
+    holder = {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "since": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "command": " ".join(sys.argv)[:300],
+    }
     os.ftruncate(fd, 0)
     os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
     return WorkdirLock(workdir, fd, created)
@@ -229,8 +237,9 @@ def _ignored(path: str, ignore: Sequence[str]) -> bool:
     return any(path == key or path.startswith(key + ".") for key in ignore)
 
 
-def config_diff(old: dict, new: dict, ignore: Sequence[str] = RESUMABLE,
-                defaults: Optional[dict] = None) -> list[tuple]:
+def config_diff(
+    old: dict, new: dict, ignore: Sequence[str] = RESUMABLE, defaults: Optional[dict] = None
+) -> list[tuple]:
     """[(dotted key, old value, new value)] where the configs differ, `ignore`d keys (and
     everything under them) left out; a key present on one side only shows as <absent>, except
     a key the old config predates whose new value is its default (`defaults`: {dotted key:
@@ -239,13 +248,22 @@ def config_diff(old: dict, new: dict, ignore: Sequence[str] = RESUMABLE,
     # JSON round trip so that tuples compare equal to the lists read back from config.json.
     _diff(old, json.loads(json.dumps(new)), "", out)
     defaults = defaults or {}
-    return [d for d in out if not _ignored(d[0], ignore) and
-            not (d[1] is _ABSENT and d[0] in defaults and defaults[d[0]] == d[2])]
+    return [
+        d
+        for d in out
+        if not _ignored(d[0], ignore)
+        and not (d[1] is _ABSENT and d[0] in defaults and defaults[d[0]] == d[2])
+    ]
 
 
-def check_config(workdir: str | os.PathLike, config: dict, *, allow_change: bool = False,
-                 ignore: Sequence[str] = RESUMABLE,
-                 defaults: Optional[dict] = None) -> list[tuple]:
+def check_config(
+    workdir: str | os.PathLike,
+    config: dict,
+    *,
+    allow_change: bool = False,
+    ignore: Sequence[str] = RESUMABLE,
+    defaults: Optional[dict] = None,
+) -> list[tuple]:
     """Refuse (ConfigMismatch) a config that differs from WORKDIR/config.json in any key but
     `ignore`; returns the differences (empty for a fresh workdir or an equal config).
 
@@ -260,11 +278,14 @@ def check_config(workdir: str | os.PathLike, config: dict, *, allow_change: bool
             old = json.load(f)
     except ValueError as err:
         if allow_change:
-            log.warning("%s is not valid JSON (%s); replacing it (--allow-config-change)",
-                        path, err)
+            log.warning(
+                "%s is not valid JSON (%s); replacing it (--allow-config-change)", path, err
+            )
             return [("<root>", "<unreadable>", "<new config>")]
-        raise ConfigError(f"{path} is not valid JSON ({err}); restore it, choose another "
-                          "--workdir, or pass --allow-config-change to replace it") from None
+        raise ConfigError(
+            f"{path} is not valid JSON ({err}); restore it, choose another "
+            "--workdir, or pass --allow-config-change to replace it"
+        ) from None
     diffs = config_diff(old, config, ignore, defaults)
     if not diffs:
         return []
@@ -274,9 +295,11 @@ def check_config(workdir: str | os.PathLike, config: dict, *, allow_change: bool
     if allow_change:
         log.warning("config change allowed (--allow-config-change): %s", text)
         return diffs
-    raise ConfigMismatch(f"this command's config differs from the run in {workdir}: {text}. "
-                         "Resume with the same config, choose another --workdir, or pass "
-                         "--allow-config-change to continue the run with the new config")
+    raise ConfigMismatch(
+        f"this command's config differs from the run in {workdir}: {text}. "
+        "Resume with the same config, choose another --workdir, or pass "
+        "--allow-config-change to continue the run with the new config"
+    )
 
 
 def write_config(workdir: str | os.PathLike, config: dict) -> str:
@@ -331,8 +354,11 @@ def manifest_files(directory: str) -> list[str]:
     out."""
     out = []
     for root, _, files in os.walk(directory):
-        out += [os.path.relpath(os.path.join(root, name), directory) for name in files
-                if not (root == directory and name.startswith((MANIFEST, f".{MANIFEST}")))]
+        out += [
+            os.path.relpath(os.path.join(root, name), directory)
+            for name in files
+            if not (root == directory and name.startswith((MANIFEST, f".{MANIFEST}")))
+        ]
     return sorted(out)
 
 

@@ -36,6 +36,7 @@ is kept in WORKDIR/wandb/run_id so a resumed run continues the same W&B run.
 
 Only process 0 should write: pass `enabled=False` elsewhere and every method is a no-op.
 """
+
 from __future__ import annotations
 
 import json
@@ -49,9 +50,11 @@ from typing import Any, Optional
 RL_EVENTS = ("run", "train", "eval", "forecast")
 COMPUTE_RUN = "vs_compute"
 _NOT_SCALARS = ("event", "step", "wall_s", "_line", "time", "schema", "resumed", "config")
-WANDB_MISSING = ("Weights & Biases logging was asked for (project {project!r}) but the `wandb` "
-                 "package is not installed; run `pip install wandb` (or "
-                 "`pip install 'scalerl_jax[wandb]'`), or drop the W&B project setting")
+WANDB_MISSING = (
+    "Weights & Biases logging was asked for (project {project!r}) but the `wandb` "
+    "package is not installed; run `pip install wandb` (or "
+    "`pip install 'scalerl_jax[wandb]'`), or drop the W&B project setting"
+)
 
 
 def scalars(tree: dict, prefix: str) -> dict[str, float]:
@@ -77,9 +80,16 @@ def _record_scalars(record: dict) -> dict[str, float]:
 class Tracker:
     """TensorBoard (always) and W&B (when `wandb_project` is given) sink for metric records."""
 
-    def __init__(self, workdir: str | os.PathLike, *, enabled: bool = True,
-                 wandb_project: Optional[str] = None, wandb_name: Optional[str] = None,
-                 wandb_kwargs: Optional[dict] = None, flush_secs: int = 30):
+    def __init__(
+        self,
+        workdir: str | os.PathLike,
+        *,
+        enabled: bool = True,
+        wandb_project: Optional[str] = None,
+        wandb_name: Optional[str] = None,
+        wandb_kwargs: Optional[dict] = None,
+        flush_secs: int = 30,
+    ):
         self.enabled = enabled
         self.workdir = os.fspath(workdir)
         self.logdir = os.path.join(self.workdir, "tensorboard")
@@ -122,10 +132,14 @@ class Tracker:
 
     def _write_vs_compute(self, record: dict) -> None:
         compute = record.get("compute") or {}
-        rates = scalars({"pass_rate": record.get("pass_rate"),
-                         "per_domain": record.get("per_domain") or {}}, "eval")
-        for suffix, value, scale in (("device_seconds", compute.get("device_hours"), 3600.0),
-                                     ("gflops", compute.get("flops"), 1e-9)):
+        rates = scalars(
+            {"pass_rate": record.get("pass_rate"), "per_domain": record.get("per_domain") or {}},
+            "eval",
+        )
+        for suffix, value, scale in (
+            ("device_seconds", compute.get("device_hours"), 3600.0),
+            ("gflops", compute.get("flops"), 1e-9),
+        ):
             if not isinstance(value, numbers.Real) or not math.isfinite(value):
                 continue
             writer = self._writer(COMPUTE_RUN)
@@ -135,12 +149,16 @@ class Tracker:
     def _writer(self, run: str):
         if run not in self._writers:
             from tensorboardX import SummaryWriter
+
             # tensorboardX names files by the second and opens them with "wb": a writer
             # reopened within the same second (a purge) would overwrite the last file. The
             # nanosecond suffix keeps names unique and in creation order.
             self._writers[run] = SummaryWriter(
-                os.path.join(self.logdir, run), purge_step=self._purge.get(run),
-                flush_secs=self.flush_secs, filename_suffix=f".{time.time_ns() % 10**9:09d}")
+                os.path.join(self.logdir, run),
+                purge_step=self._purge.get(run),
+                flush_secs=self.flush_secs,
+                filename_suffix=f".{time.time_ns() % 10**9:09d}",
+            )
         return self._writers[run]
 
     def _wandb_log(self, event: str, step: int, values: dict[str, float]) -> None:
@@ -185,8 +203,7 @@ def _init_wandb(workdir: str, project: str, name: Optional[str], kwargs: dict):
         os.makedirs(id_dir, exist_ok=True)
         with open(id_path, "w", encoding="utf-8") as f:
             f.write(run_id + "\n")
-    return wandb.init(project=project, name=name, id=run_id, resume="allow", dir=workdir,
-                      **kwargs)
+    return wandb.init(project=project, name=name, id=run_id, resume="allow", dir=workdir, **kwargs)
 
 
 def replay(workdir: str | os.PathLike, **tracker_kwargs: Any) -> int:
@@ -194,6 +211,7 @@ def replay(workdir: str | os.PathLike, **tracker_kwargs: Any) -> int:
     and WORKDIR/metrics.jsonl, e.g. for a run from before tracking; into an empty directory,
     since points already there would be doubled. Returns the number of records forwarded."""
     from scalerl_jax.metrics import FILENAME, read_metrics
+
     workdir = os.fspath(workdir)
     paths = [os.path.join(workdir, "sft", FILENAME), os.path.join(workdir, FILENAME)]
     events = [e for path in paths if os.path.exists(path) for e in read_metrics(path).events]
@@ -205,5 +223,6 @@ def replay(workdir: str | os.PathLike, **tracker_kwargs: Any) -> int:
 
 if __name__ == "__main__":
     import sys
+
     for run_dir in sys.argv[1:] or ["."]:
         print(json.dumps({"workdir": run_dir, "records": replay(run_dir)}))

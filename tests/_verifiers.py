@@ -3,6 +3,7 @@
 Imported by `RewardConfig.verifier="_verifiers:NAME"` (tests/ is on sys.path under pytest;
 subprocess runs put it on PYTHONPATH).
 """
+
 import time
 
 

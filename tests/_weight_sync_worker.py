@@ -6,14 +6,16 @@ bf16 compute: fp32 masters arrive as bf16 (norms and the LM head fp32), in group
 16 KiB, every process running the same groups in the same order.
 Prints "OK <process id>" when every check passed.
 """
+
 import sys
 
 import jax
 import numpy as np
 
 jax.config.update("jax_cpu_collectives_implementation", "gloo")
-jax.distributed.initialize(coordinator_address=f"127.0.0.1:{sys.argv[1]}", num_processes=2,
-                           process_id=int(sys.argv[2]))
+jax.distributed.initialize(
+    coordinator_address=f"127.0.0.1:{sys.argv[1]}", num_processes=2, process_id=int(sys.argv[2])
+)
 
 from scalerl_jax import mesh as mesh_lib  # noqa: E402
 from scalerl_jax.config import MeshConfig, SamplerConfig  # noqa: E402
@@ -30,12 +32,21 @@ def main():
     assert {d.process_index for d in sampler.devices.flat} == {jax.process_index()}
 
     cfg = presets.get("tiny-llama", compute_dtype="bfloat16")
-    engine = Engine(cfg, sampler, SamplerConfig(max_concurrent_decodes=2, max_prefill_length=8,
-                                                max_target_length=16, interruptions=False,
-                                                weight_sync_group_mib=1))
+    engine = Engine(
+        cfg,
+        sampler,
+        SamplerConfig(
+            max_concurrent_decodes=2,
+            max_prefill_length=8,
+            max_target_length=16,
+            interruptions=False,
+            weight_sync_group_mib=1,
+        ),
+    )
     rng = np.random.default_rng(0)  # same values in both processes: the "trainer's" weights
-    host = jax.tree.map(lambda a: rng.normal(size=a.shape).astype(np.float32),
-                        engine.abstract_params)
+    host = jax.tree.map(
+        lambda a: rng.normal(size=a.shape).astype(np.float32), engine.abstract_params
+    )
     shardings = mesh_lib.state_shardings(engine.abstract_params, trainer)
     sharded_over_hosts = 0
 
@@ -44,6 +55,7 @@ def main():
         arr = jax.make_array_from_callback(x.shape, sh, lambda idx: x[idx])
         sharded_over_hosts += not arr.is_fully_addressable and not arr.is_fully_replicated
         return arr
+
     leaves, treedef = jax.tree.flatten(host)
     params = treedef.unflatten(map(to_trainer, leaves, jax.tree.leaves(shardings)))
     assert sharded_over_hosts > 0  # no process holds these params whole before the sync
@@ -59,9 +71,12 @@ def main():
     assert compiles == [], compiles
     assert np.isclose(second, 2 * first, rtol=1e-5), (first, second)
     assert len(sync.groups) > 4 and sync.largest_group_bytes <= 64 << 10, sync.groups
-    for got, want, target, dt in zip(jax.tree.leaves(out), jax.tree.leaves(host),
-                                     jax.tree.leaves(engine.param_shardings),
-                                     jax.tree.leaves(engine.param_dtypes)):
+    for got, want, target, dt in zip(
+        jax.tree.leaves(out),
+        jax.tree.leaves(host),
+        jax.tree.leaves(engine.param_shardings),
+        jax.tree.leaves(engine.param_dtypes),
+    ):
         assert got.is_fully_addressable and got.sharding == target, (got.sharding, target)
         assert got.dtype == dt
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want.astype(dt)))

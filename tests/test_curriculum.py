@@ -1,4 +1,5 @@
 """No-positive-resampling: retirement rule, permanence, JSON round trip, errors."""
+
 import json
 
 import numpy as np

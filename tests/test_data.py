@@ -1,4 +1,5 @@
 """Prompt data: loading with bad rows, validation split, host shards, epochs, cursor, synthetic."""
+
 import dataclasses
 import json
 import os
@@ -12,21 +13,35 @@ import pyarrow.parquet as pq
 import pytest
 
 from scalerl_jax.config import ConfigError, DataConfig
-from scalerl_jax.data import (TASKS, CharTokenizer, DataError, PromptSource, answer_reader,
-                              format_prompt, generate, gsm8k_answer, load_rows)
+from scalerl_jax.data import (
+    TASKS,
+    CharTokenizer,
+    DataError,
+    PromptSource,
+    answer_reader,
+    format_prompt,
+    generate,
+    gsm8k_answer,
+    load_rows,
+)
 from scalerl_jax.rewards import verify_exact
 
 
 def _good(i):
-    return {"id": f"q{i}", "problem": f"What is {i} + {i}? Put it in \\boxed{{}}.",
-            "answer": str(2 * i)}
+    return {
+        "id": f"q{i}",
+        "problem": f"What is {i} + {i}? Put it in \\boxed{{}}.",
+        "answer": str(2 * i),
+    }
 
 
-BAD_LINES = ['{"problem": "no answer here"}',  # missing answer
-             '{"id": "x", "problem": ["a list"], "answer": "1"}',  # wrong type
-             '{"problem": "   ", "answer": "1"}',  # empty
-             '{"problem": "truncated", "answ',  # invalid JSON
-             '[1, 2, 3]']  # not an object
+BAD_LINES = [
+    '{"problem": "no answer here"}',  # missing answer
+    '{"id": "x", "problem": ["a list"], "answer": "1"}',  # wrong type
+    '{"problem": "   ", "answer": "1"}',  # empty
+    '{"problem": "truncated", "answ',  # invalid JSON
+    "[1, 2, 3]",
+]  # not an object
 
 
 def _write_jsonl(path, n_good, bad_lines, seed=0):
@@ -40,35 +55,52 @@ def test_jsonl_bad_rows_counted(tmp_path):
     path = _write_jsonl(tmp_path / "train.jsonl", 600, BAD_LINES)
     rows, stats = load_rows(DataConfig(source=str(path)))
     assert len(rows) == 600 and stats.records == 605 and stats.num_bad == 5
-    assert stats.bad == {"missing 'answer'": 1, "wrong type of 'problem' (list)": 1,
-                         "empty 'problem'": 1, "invalid JSON": 1, "not an object (list)": 1}
+    assert stats.bad == {
+        "missing 'answer'": 1,
+        "wrong type of 'problem' (list)": 1,
+        "empty 'problem'": 1,
+        "invalid JSON": 1,
+        "not an object (list)": 1,
+    }
     assert {r.prompt_id for r in rows} == {f"q{i}" for i in range(600)}
     assert dict((r.prompt_id, r.answer) for r in rows)["q7"] == "14"
 
 
 def test_too_many_bad_rows_raises_with_numbers(tmp_path):
     path = _write_jsonl(tmp_path / "train.jsonl", 100, BAD_LINES * 2)
-    with pytest.raises(DataError, match=r"10 of 110 rows are malformed \(9\.09% > "
-                                        r"max_bad_fraction=1\.00%\).*invalid JSON: 2"):
+    with pytest.raises(
+        DataError,
+        match=r"10 of 110 rows are malformed \(9\.09% > "
+        r"max_bad_fraction=1\.00%\).*invalid JSON: 2",
+    ):
         load_rows(DataConfig(source=str(path)))
     rows, _ = load_rows(DataConfig(source=str(path), max_bad_fraction=0.1))  # tolerated
     assert len(rows) == 100
 
 
 def test_parquet_nested_fields_and_bad_rows(tmp_path):
-    records = [{"uid": i, "meta": {"question": f"q {i}?"}, "solution": {"final": i * 3}}
-               for i in range(300)]
+    records = [
+        {"uid": i, "meta": {"question": f"q {i}?"}, "solution": {"final": i * 3}}
+        for i in range(300)
+    ]
     records[5]["meta"]["question"] = None  # null
     records[9]["meta"]["question"] = ""  # empty
     records[11]["solution"] = None  # missing nested answer
     path = tmp_path / "train.parquet"
     pq.write_table(pa.Table.from_pylist(records), path)
-    config = DataConfig(source=str(path), prompt_field="meta.question",
-                        answer_field="solution.final", max_bad_fraction=0.02)
+    config = DataConfig(
+        source=str(path),
+        prompt_field="meta.question",
+        answer_field="solution.final",
+        max_bad_fraction=0.02,
+    )
     rows, stats = load_rows(config, id_field="uid")
     assert stats.records == 300 and len(rows) == 297
-    assert stats.bad == {"missing 'meta.question'": 1, "empty 'meta.question'": 1,
-                         "missing 'solution.final'": 1}
+    assert stats.bad == {
+        "missing 'meta.question'": 1,
+        "empty 'meta.question'": 1,
+        "missing 'solution.final'": 1,
+    }
     assert rows[0].prompt_id == "0" and rows[0].answer == "0" and rows[3].answer == "9"
     strict = dataclasses.replace(config, max_bad_fraction=0.01)
     assert len(load_rows(strict)[0]) == 297  # exactly 1% bad is allowed
@@ -119,8 +151,9 @@ def test_hf_and_tfds_sources_with_stand_in_modules(tmp_path, monkeypatch):
         calls.append((name, config, split, kw))
         return [{"question": f"q{i}", "answer": i} for i in range(20)]
 
-    fake_datasets = types.SimpleNamespace(load_dataset=load_dataset, DatasetDict=dict,
-                                          load_from_disk=None)
+    fake_datasets = types.SimpleNamespace(
+        load_dataset=load_dataset, DatasetDict=dict, load_from_disk=None
+    )
     monkeypatch.setitem(sys.modules, "datasets", fake_datasets)
     rows, _ = load_rows(DataConfig(source="hf:openai/gsm8k:main", prompt_field="question"))
     assert calls == [("openai/gsm8k", "main", "train", {})] and len(rows) == 20
@@ -142,15 +175,19 @@ def test_hf_and_tfds_sources_with_stand_in_modules(tmp_path, monkeypatch):
 
     fake_tfds = types.SimpleNamespace(
         load=lambda name, split: (name, split),
-        as_numpy=lambda ds: [{"problem": b"bytes problem", "answer": Scalar(7)}])
+        as_numpy=lambda ds: [{"problem": b"bytes problem", "answer": Scalar(7)}],
+    )
     monkeypatch.setitem(sys.modules, "tensorflow_datasets", fake_tfds)
     rows, _ = load_rows(DataConfig(source="tfds:gsm8k"))
     assert rows[0].problem == "bytes problem" and rows[0].answer == "7"
 
 
 def _source(path, **kw):
-    config = DataConfig(source=str(path), num_validation=kw.pop("num_validation", 50), **{
-        k: kw.pop(k) for k in list(kw) if k in ("seed", "template", "system_prompt")})
+    config = DataConfig(
+        source=str(path),
+        num_validation=kw.pop("num_validation", 50),
+        **{k: kw.pop(k) for k in list(kw) if k in ("seed", "template", "system_prompt")},
+    )
     return PromptSource(config, **kw)
 
 
@@ -222,8 +259,12 @@ def test_templates_and_chat(tmp_path):
     cfg = DataConfig(template="{system}|{prompt}", system_prompt="S")
     assert format_prompt("p", cfg) == "S|p"
     tok = CharTokenizer()
-    chat = DataConfig(source="synthetic:addition?num=200", template="chat",
-                      system_prompt="add.", num_validation=10)
+    chat = DataConfig(
+        source="synthetic:addition?num=200",
+        template="chat",
+        system_prompt="add.",
+        num_validation=10,
+    )
     src = PromptSource(chat, tok)
     p = next(src)
     assert p.text == f"add.\nq:{p.problem}\na:" and tok.decode(tok.encode(p.text)) == p.text
@@ -257,8 +298,11 @@ def test_countup_counts_on_and_direct_share_answers_from_memory():
     for r in worked:
         a, b = map(int, re.fullmatch(r"(\d+)\+(\d+)=", r.prompt).groups())
         assert r.thought.split(",") == [f"{a + i}:{b - i}" for i in range(1, b + 1)]
-        assert r.completion == f"<think>{r.thought}</think>{a + b}" \
+        assert (
+            r.completion
+            == f"<think>{r.thought}</think>{a + b}"
             == f"<think>{r.thought}</think>{r.answer}"
+        )
     quick = [r for r in mixed if not r.thought]
     assert 140 <= len(quick) <= 220  # ~60% of 300
     assert all(abs(int(r.demo_answer) - int(r.answer)) <= 3 for r in quick)
@@ -317,8 +361,7 @@ def test_synthetic_knobs_and_limits():
         generate("addition", 101, max_digits=1)
     with pytest.raises(ValueError, match="bad knobs"):
         generate("reverse", 10, digits=3)
-    src = PromptSource(DataConfig(source="synthetic:reverse?max_len=4&num=120",
-                                  num_validation=20))
+    src = PromptSource(DataConfig(source="synthetic:reverse?max_len=4&num=120", num_validation=20))
     assert src.num_train == 100 and all(len(p.answer) <= 4 for p in src.take(100))
 
 
@@ -327,8 +370,10 @@ def test_char_tokenizer():
     assert 32 <= tok.vocab_size <= 64 and tok.bos_id is None
     ids = tok.encode("<think>12+34</think>46")
     assert ids[0] == tok.think_id and tok.think_close_id in ids and len(ids) == 9
-    assert tok.decode(ids + [tok.eos_id, tok.pad_id], skip_special_tokens=True) == \
-        "<think>12+34</think>46"
+    assert (
+        tok.decode(ids + [tok.eos_id, tok.pad_id], skip_special_tokens=True)
+        == "<think>12+34</think>46"
+    )
     assert tok.decode([tok.eos_id]) == "<eos>" and tok.eos_ids == (tok.eos_id,)
     assert tok.encode("1", add_special_tokens=True) == tok.encode("1")  # no BOS
     assert len({tok.pad_id, tok.eos_id, tok.think_id, tok.think_close_id}) == 4
@@ -339,8 +384,9 @@ def test_char_tokenizer():
 
 
 # --------------------------------------------------------------------- answer formats, GSM8K
-GSM8K = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared",
-                     "data", "gsm8k")
+GSM8K = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data", "gsm8k"
+)
 
 
 def gsm8k_lines(split, *numbers):
@@ -366,13 +412,16 @@ def test_gsm8k_answer_format_on_real_rows():
     assert read is gsm8k_answer and answer_reader("raw")(" 72\n") == "72"
 
 
-@pytest.mark.parametrize("text,why", [
-    ("She has 5 apples.", "no '####' line"),
-    ("5 + 2 = 7\n#### seven", "not a number"),
-    ("#### 1,08", "not a number"),  # a broken thousands group
-    ("#### 12,3456", "not a number"),
-    ("#### ", "not a number"),
-])
+@pytest.mark.parametrize(
+    "text,why",
+    [
+        ("She has 5 apples.", "no '####' line"),
+        ("5 + 2 = 7\n#### seven", "not a number"),
+        ("#### 1,08", "not a number"),  # a broken thousands group
+        ("#### 12,3456", "not a number"),
+        ("#### ", "not a number"),
+    ],
+)
 def test_gsm8k_answer_format_refuses_what_it_cannot_read(text, why):
     with pytest.raises(ValueError, match=why):
         gsm8k_answer(text)
@@ -382,8 +431,11 @@ def test_boxed_answer_format():
     read = answer_reader("boxed")
     assert read(r"So $x = 2$, and the answer is $\boxed{\frac{1}{2}}$.") == r"\frac{1}{2}"
     assert read(r"First \boxed{3}, then \boxed{x = \boxed{5}}") == "5"
-    for text, why in ((r"no box here", "no \\\\boxed"), (r"\boxed{12", "not closed"),
-                      (r"\boxed{ }", "empty")):
+    for text, why in (
+        (r"no box here", "no \\\\boxed"),
+        (r"\boxed{12", "not closed"),
+        (r"\boxed{ }", "empty"),
+    ):
         with pytest.raises(ValueError, match=why):
             read(text)
     with pytest.raises(ConfigError, match=r"answer_format='hash'.*\('raw', 'gsm8k', 'boxed'\)"):
@@ -391,18 +443,28 @@ def test_boxed_answer_format():
 
 
 def test_answer_format_rows_skipped_and_counted(tmp_path):
-    good = [{"question": f"What is {i} times 1,000?", "answer": f"{i} x 1000 = <<{i}*1000={i}000>>"
-             f"{i}000\n#### {i},000"} for i in range(1, 201)]
-    bad = [{"question": "q no mark", "answer": "It is 4."},
-           {"question": "q words", "answer": "#### four"}]
+    good = [
+        {
+            "question": f"What is {i} times 1,000?",
+            "answer": f"{i} x 1000 = <<{i}*1000={i}000>>{i}000\n#### {i},000",
+        }
+        for i in range(1, 201)
+    ]
+    bad = [
+        {"question": "q no mark", "answer": "It is 4."},
+        {"question": "q words", "answer": "#### four"},
+    ]
     path = tmp_path / "train.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in good + bad) + "\n")
-    config = DataConfig(source=str(path), prompt_field="question", answer_format="gsm8k",
-                        max_bad_fraction=0.01)
+    config = DataConfig(
+        source=str(path), prompt_field="question", answer_format="gsm8k", max_bad_fraction=0.01
+    )
     rows, stats = load_rows(config)
     assert len(rows) == 200 and rows[2].answer == "3000"
-    assert stats.bad == {"bad 'answer' (no '####' line with the final answer)": 1,
-                         "bad 'answer' (the text after '####' is not a number)": 1}
+    assert stats.bad == {
+        "bad 'answer' (no '####' line with the final answer)": 1,
+        "bad 'answer' (the text after '####' is not a number)": 1,
+    }
     path.write_text("\n".join(json.dumps(r) for r in good[:50] + bad) + "\n")
     with pytest.raises(DataError, match=r"2 of 52 rows are malformed"):
         load_rows(config)
@@ -411,23 +473,31 @@ def test_answer_format_rows_skipped_and_counted(tmp_path):
 
 
 def _qa_file(path, items):
-    path.write_text("\n".join(json.dumps({"question": q, "answer": f"... #### {a}"})
-                              for q, a in items) + "\n")
+    path.write_text(
+        "\n".join(json.dumps({"question": q, "answer": f"... #### {a}"}) for q, a in items) + "\n"
+    )
     return str(path)
 
 
 def test_validation_from_its_own_file(tmp_path):
-    train = _qa_file(tmp_path / "train.jsonl", [(f"train q{i}", i) for i in range(40)] +
-                     [("shared q", 7)])
+    train = _qa_file(
+        tmp_path / "train.jsonl", [(f"train q{i}", i) for i in range(40)] + [("shared q", 7)]
+    )
     _qa_file(tmp_path / "test.jsonl", [(f"test q{i}", -i) for i in range(12)] + [("shared q", 7)])
-    config = DataConfig(source=train, prompt_field="question", answer_format="gsm8k",
-                        validation_source="{data_dir}/test.jsonl", num_validation=100)
+    config = DataConfig(
+        source=train,
+        prompt_field="question",
+        answer_format="gsm8k",
+        validation_source="{data_dir}/test.jsonl",
+        num_validation=100,
+    )
     src = PromptSource(config)
     val = src.validation()
     # Every test row is validation (fewer than num_validation), none is held out of train;
     # the train copy of a validation problem is dropped and counted.
-    assert sorted(p.problem for p in val) == sorted([f"test q{i}" for i in range(12)] +
-                                                    ["shared q"])
+    assert sorted(p.problem for p in val) == sorted(
+        [f"test q{i}" for i in range(12)] + ["shared q"]
+    )
     assert src.num_train == 40 and src.num_overlap == 1
     assert all(p.prompt_id.startswith("test:") for p in val)
     assert {p.problem for p in src.take(40)} == {f"train q{i}" for i in range(40)}
@@ -438,7 +508,8 @@ def test_validation_from_its_own_file(tmp_path):
     assert [p.prompt_id for p in few] == [p.prompt_id for p in val[:5]]
     # Unset: held out of the training file as before.
     held = PromptSource(dataclasses.replace(config, validation_source=None, num_validation=5))
-    assert held.num_train == 36 and all(p.problem.startswith(("train", "shared"))
-                                        for p in held.validation())
+    assert held.num_train == 36 and all(
+        p.problem.startswith(("train", "shared")) for p in held.validation()
+    )
     with pytest.raises(DataError, match="no such file"):
         PromptSource(dataclasses.replace(config, validation_source="{data_dir}/dev.jsonl"))

@@ -8,6 +8,7 @@ uses their names; `needs CKPT` first sets `CKPT` to a tiny Hugging Face checkpoi
 Each block runs in its own process with a time limit, compiled under its page's name and line
 numbers, so a traceback points at the page.
 """
+
 import dataclasses
 import json
 import os
@@ -73,8 +74,15 @@ def parse(path: pathlib.Path) -> tuple:
         if end is None:
             problems.append(f"{page}:{i + 2}: the python fence is never closed")
             continue
-        snippets.append(Snippet(page, i + 3, "\n".join(lines[i + 2:end]) + "\n",
-                                "continues" in options, "needs CKPT" in options))
+        snippets.append(
+            Snippet(
+                page,
+                i + 3,
+                "\n".join(lines[i + 2 : end]) + "\n",
+                "continues" in options,
+                "needs CKPT" in options,
+            )
+        )
     return snippets, problems
 
 
@@ -97,14 +105,15 @@ def chain(snippet: Snippet) -> list:
     start = k
     while on_page[start].continues and start > 0:
         start -= 1
-    return on_page[start:k + 1]
+    return on_page[start : k + 1]
 
 
 def test_markers_are_well_formed():
     assert not PROBLEMS, "\n".join(PROBLEMS)
     assert EXPECTED_PAGES <= {s.page for s in SNIPPETS}
-    assert not any(s.continues for s in SNIPPETS if s is chain(s)[0]), \
+    assert not any(s.continues for s in SNIPPETS if s is chain(s)[0]), (
         "a `continues` block needs a marked block before it on its page"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -113,9 +122,15 @@ def hf_checkpoint(tmp_path_factory):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=96,
-                                      num_hidden_layers=2, num_attention_heads=4,
-                                      num_key_value_heads=2, max_position_embeddings=256)
+    config = transformers.LlamaConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
     path = tmp_path_factory.mktemp("docs_ckpt")
     transformers.LlamaForCausalLM(config).eval().save_pretrained(path, safe_serialization=True)
     return str(path)
@@ -130,17 +145,29 @@ def test_snippet_runs(snippet, request, tmp_path):
     pieces += [[s.page, s.line, s.code] for s in chain(snippet)]
     program = tmp_path / "pieces.json"
     program.write_text(json.dumps(pieces))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(
+            [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        ),
+    )
     try:
         # cwd: a scratch directory, so a snippet that writes files leaves nothing in the checkout.
-        done = subprocess.run([sys.executable, "-c", RUNNER, str(program)], cwd=tmp_path, env=env,
-                              capture_output=True, text=True, timeout=TIMEOUT_S)
+        done = subprocess.run(
+            [sys.executable, "-c", RUNNER, str(program)],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+        )
     except subprocess.TimeoutExpired:
         pytest.fail(f"{snippet.where}: the snippet ran past {TIMEOUT_S} s")
     if done.returncode != 0:
-        pytest.fail(f"{snippet.where}: the snippet failed (exit {done.returncode}):\n"
-                    f"{done.stderr[-4000:]}", pytrace=False)
+        pytest.fail(
+            f"{snippet.where}: the snippet failed (exit {done.returncode}):\n{done.stderr[-4000:]}",
+            pytrace=False,
+        )
 
 
 def test_readme_links_exist():

@@ -1,4 +1,5 @@
 """Driver: continuous batching, groups, interruptions, in-flight weight updates, errors."""
+
 import dataclasses
 
 import jax
@@ -10,17 +11,32 @@ from jax.sharding import Mesh
 from _sampler_params import random_params
 from scalerl_jax.config import ConfigError, SamplerConfig
 from scalerl_jax.models import presets, transformer
-from scalerl_jax.sampler import (Driver, DriverError, Engine, Prompt, PromptTooLongError,
-                                 count_compilations)
+from scalerl_jax.sampler import (
+    Driver,
+    DriverError,
+    Engine,
+    Prompt,
+    PromptTooLongError,
+    count_compilations,
+)
 
 CFG = presets.get("tiny-qwen3")
 S = 96  # KV-cache length
 EOS = list(range(100, 148))  # 48 of 256 tokens: a random model stops after ~5 tokens on average
 PHRASE = [240, 241, 242]
 CLOSE = [250, 251]
-SCFG = SamplerConfig(max_concurrent_decodes=4, max_prefill_length=32, max_target_length=S,
-                     max_new_tokens=40, temperature=1.0, decode_steps_per_call=4,
-                     interruptions=True, think_min=6, think_max=6, answer_budget=6)
+SCFG = SamplerConfig(
+    max_concurrent_decodes=4,
+    max_prefill_length=32,
+    max_target_length=S,
+    max_new_tokens=40,
+    temperature=1.0,
+    decode_steps_per_call=4,
+    interruptions=True,
+    think_min=6,
+    think_max=6,
+    answer_budget=6,
+)
 
 
 @pytest.fixture(scope="module")
@@ -42,25 +58,31 @@ def params(engine):
 
 @pytest.fixture(scope="module")
 def reference(engine):
-    fn = jax.jit(lambda p, t: jax.nn.log_softmax(
-        transformer.forward_logits(engine.graphdef, p, t), axis=-1))
+    fn = jax.jit(
+        lambda p, t: jax.nn.log_softmax(transformer.forward_logits(engine.graphdef, p, t), axis=-1)
+    )
 
     def ref(p, groups):
         """Per completion, the full-forward log-probs of its tokens under params p."""
         rows = [(g.prompt_tokens, c) for g in groups for c in g.completions]
         seqs = np.zeros((len(rows), S), np.int32)
         for i, (prompt, c) in enumerate(rows):
-            seqs[i, :len(prompt) + len(c.tokens)] = np.concatenate([prompt, c.tokens])
+            seqs[i, : len(prompt) + len(c.tokens)] = np.concatenate([prompt, c.tokens])
         lp = np.asarray(fn(p, jnp.asarray(seqs)))
-        return [lp[i, np.arange(len(prompt) - 1, len(prompt) - 1 + len(c.tokens)), c.tokens]
-                for i, (prompt, c) in enumerate(rows)]
+        return [
+            lp[i, np.arange(len(prompt) - 1, len(prompt) - 1 + len(c.tokens)), c.tokens]
+            for i, (prompt, c) in enumerate(rows)
+        ]
+
     return ref
 
 
 def prompts(n, lengths=(5, 9, 3, 20, 31, 12), seed=0):
     rng = np.random.default_rng(seed)
-    return [Prompt(f"p{i}", rng.integers(150, 240, lengths[i % len(lengths)]).tolist(),
-                   {"answer": i}) for i in range(n)]
+    return [
+        Prompt(f"p{i}", rng.integers(150, 240, lengths[i % len(lengths)]).tolist(), {"answer": i})
+        for i in range(n)
+    ]
 
 
 def collect(engine, params, ps, **kw):
@@ -73,12 +95,22 @@ def collect(engine, params, ps, **kw):
 
 @pytest.mark.parametrize("steps_per_call,ahead", [(4, True), (4, False), (1, True)])
 def test_interruption_forces_the_phrase_at_the_budget_and_the_answer_follows(
-        engine, engine1, params, reference, steps_per_call, ahead):
+    engine, engine1, params, reference, steps_per_call, ahead
+):
     # The budget falls inside a 4-step call, or (dispatch ahead) after a call already in
     # flight: either way the slot is rewound to the budget before the phrase.
     eng = engine if steps_per_call == 4 else engine1
-    groups, _ = collect(eng, params, prompts(3), group_size=16, eos_ids=EOS,
-                        think_close_ids=CLOSE, phrase_ids=PHRASE, seed=3, dispatch_ahead=ahead)
+    groups, _ = collect(
+        eng,
+        params,
+        prompts(3),
+        group_size=16,
+        eos_ids=EOS,
+        think_close_ids=CLOSE,
+        phrase_ids=PHRASE,
+        seed=3,
+        dispatch_ahead=ahead,
+    )
     comps = [c for g in groups for c in g.completions]
     assert len(comps) == 48
     b, answer = SCFG.think_min, SCFG.answer_budget
@@ -90,10 +122,10 @@ def test_interruption_forces_the_phrase_at_the_budget_and_the_answer_follows(
             assert not c.forced.any()
             continue
         assert c.interrupted
-        assert toks[b:b + 3] == PHRASE
+        assert toks[b : b + 3] == PHRASE
         want_forced = [False] * b + [True] * 3 + [False] * (len(toks) - b - 3)
         np.testing.assert_array_equal(c.forced, want_forced)
-        after = toks[b + 3:]
+        after = toks[b + 3 :]
         assert len(after) <= answer
         if c.finish_reason == "interrupted":
             assert after and after[-1] in EOS and not set(after[:-1]) & set(EOS)
@@ -112,10 +144,21 @@ def test_samples_do_not_depend_on_dispatch_ahead_or_steps_per_call(engine, engin
     # slots run past ends and thinking budgets; the extra steps are dropped and interrupted
     # slots rewound. Each draw depends only on the sample's key and the position, so every
     # mode gives the same samples, interrupted ones included (EOS endings, refills, G > slots).
-    runs = {(k, ahead): collect(engine if k == 4 else engine1, params, prompts(3), group_size=16,
-                                eos_ids=EOS, think_close_ids=CLOSE, phrase_ids=PHRASE, seed=3,
-                                dispatch_ahead=ahead)
-            for k in (4, 1) for ahead in (False, True)}
+    runs = {
+        (k, ahead): collect(
+            engine if k == 4 else engine1,
+            params,
+            prompts(3),
+            group_size=16,
+            eos_ids=EOS,
+            think_close_ids=CLOSE,
+            phrase_ids=PHRASE,
+            seed=3,
+            dispatch_ahead=ahead,
+        )
+        for k in (4, 1)
+        for ahead in (False, True)
+    }
     base, base_driver = runs[4, False]
     comps = [c for g in base for c in g.completions]
     assert {c.finish_reason for c in comps} == {"eos", "interrupted", "truncated"}
@@ -132,8 +175,7 @@ def test_samples_do_not_depend_on_dispatch_ahead_or_steps_per_call(engine, engin
         assert driver.stats["tokens"] == base_driver.stats["tokens"]
 
 
-def test_a_batched_first_fill_samples_what_one_prompt_at_a_time_samples(engine1, params,
-                                                                          reference):
+def test_a_batched_first_fill_samples_what_one_prompt_at_a_time_samples(engine1, params, reference):
     # All 4 slots free: the prompts of one length bucket are prefilled in one batched pass. A
     # stream that offers one prompt per step (None between them: "nothing now") prefills one
     # at a time; each sample depends only on (seed, ticket, index) and the params, so both runs
@@ -147,8 +189,10 @@ def test_a_batched_first_fill_samples_what_one_prompt_at_a_time_samples(engine1,
             yield None
 
     off = dataclasses.replace(cfg, prefill_batch_tokens=0)  # batching off: one per pass
-    runs = [collect(engine1, params, stream, group_size=1, eos_ids=EOS, cfg=c, seed=3)
-            for stream, c in ((ps, cfg), (trickle(), cfg), (ps, off))]
+    runs = [
+        collect(engine1, params, stream, group_size=1, eos_ids=EOS, cfg=c, seed=3)
+        for stream, c in ((ps, cfg), (trickle(), cfg), (ps, off))
+    ]
     (batched, bd), singles = runs[0], runs[1:]
     assert bd.stats["prefills"] == 9 and bd.stats["prefill_calls"] < 9
     for single, sd in singles:
@@ -159,8 +203,9 @@ def test_a_batched_first_fill_samples_what_one_prompt_at_a_time_samples(engine1,
             for c, d in zip(g.completions, by_id[g.prompt_id].completions):
                 np.testing.assert_array_equal(c.tokens, d.tokens)
                 np.testing.assert_allclose(c.logprobs, d.logprobs, atol=1e-5, rtol=0)
-    for got, ref in zip((c.logprobs for g in batched for c in g.completions),
-                        reference(params, batched)):
+    for got, ref in zip(
+        (c.logprobs for g in batched for c in g.completions), reference(params, batched)
+    ):
         np.testing.assert_allclose(got, ref, atol=1e-5, rtol=0)
 
 
@@ -171,13 +216,22 @@ def test_prefill_batch_tokens_must_not_be_negative():
 
 def test_budgets_are_drawn_per_sample_within_range(engine, params):
     cfg = dataclasses.replace(SCFG, think_min=4, think_max=9, answer_budget=2)
-    groups, _ = collect(engine, params, prompts(2), group_size=8, eos_ids=[],
-                        think_close_ids=CLOSE, phrase_ids=PHRASE, cfg=cfg, seed=5)
+    groups, _ = collect(
+        engine,
+        params,
+        prompts(2),
+        group_size=8,
+        eos_ids=[],
+        think_close_ids=CLOSE,
+        phrase_ids=PHRASE,
+        cfg=cfg,
+        seed=5,
+    )
     starts = []
     for c in (c for g in groups for c in g.completions):
         start = int(np.argmax(c.forced))
         assert c.interrupted and c.finish_reason == "truncated"
-        assert c.tokens[start:start + 3].tolist() == PHRASE and c.forced.sum() == 3
+        assert c.tokens[start : start + 3].tolist() == PHRASE and c.forced.sum() == 3
         assert len(c.tokens) == start + 3 + 2
         starts.append(start)
     assert min(starts) >= 4 and max(starts) <= 9 and len(set(starts)) >= 3
@@ -199,23 +253,30 @@ def test_groups_with_more_samples_than_slots_and_uneven_lengths(engine, params, 
             assert c.finish_reason == "eos" or len(c.tokens) == 24
     lengths = [len(c.tokens) for g in groups for c in g.completions]
     assert len(set(lengths)) > 5  # uneven
-    for got, ref in zip((c.logprobs for g in groups for c in g.completions),
-                        reference(params, groups)):
+    for got, ref in zip(
+        (c.logprobs for g in groups for c in g.completions), reference(params, groups)
+    ):
         np.testing.assert_allclose(got, ref, atol=1e-5, rtol=0)
     st = driver.stats
     assert st["prefills"] == 7 and st["completions"] == 42 and st["tokens"] == sum(lengths)
     assert 0 < driver.utilisation <= 1
 
 
-def test_weight_update_between_steps_tags_versions_without_recompiling(engine, params,
-                                                                       reference):
+def test_weight_update_between_steps_tags_versions_without_recompiling(engine, params, reference):
     # Only the LM head changes, so the KV cache is the same under both versions and every
     # token's log-prob must equal the full forward of the params version it is tagged with.
     new = random_params(engine, 1, head_seed=9)
     cfg = dataclasses.replace(SCFG, interruptions=False, max_new_tokens=30)
     out = []
-    driver = Driver(engine, params, prompts(6, lengths=(10, 14)), group_size=3, eos_ids=EOS[:8],
-                    cfg=cfg, on_group=out.append)
+    driver = Driver(
+        engine,
+        params,
+        prompts(6, lengths=(10, 14)),
+        group_size=3,
+        eos_ids=EOS[:8],
+        cfg=cfg,
+        on_group=out.append,
+    )
     driver.precompile()  # every program compiled before the window, so any compile is the swap's
     for _ in range(3):
         driver.step()
@@ -239,8 +300,15 @@ def test_precompile_leaves_nothing_to_compile_in_the_run(engine, params):
     fresh = Engine(CFG, engine.mesh, SCFG)
     cfg = dataclasses.replace(SCFG, interruptions=False, max_new_tokens=30)
     out = []
-    driver = Driver(fresh, params, prompts(6, lengths=(3, 20, 31)), group_size=2,
-                    eos_ids=EOS[:4], cfg=cfg, on_group=out.append)
+    driver = Driver(
+        fresh,
+        params,
+        prompts(6, lengths=(3, 20, 31)),
+        group_size=2,
+        eos_ids=EOS[:4],
+        cfg=cfg,
+        on_group=out.append,
+    )
     compiled = driver.precompile()
     assert compiled.count("generate") == len(fresh.cache_windows) == 4
     # buckets 16 and 32, each for one prompt and for a batched fill (4 slots / G=2: 2 rows)
@@ -255,8 +323,9 @@ def test_precompile_leaves_nothing_to_compile_in_the_run(engine, params):
 def test_thread_mode_streams_groups_and_takes_updates(engine, params):
     cfg = dataclasses.replace(SCFG, interruptions=False, max_new_tokens=16)
     # a one-group queue: the driver cannot run ahead of the consumer by more than a group
-    with Driver(engine, params, prompts(8), group_size=4, eos_ids=EOS, cfg=cfg,
-                max_queued_groups=1).start() as d:
+    with Driver(
+        engine, params, prompts(8), group_size=4, eos_ids=EOS, cfg=cfg, max_queued_groups=1
+    ).start() as d:
         first = d.get(timeout=60)
         d.update_params(params, version=7)
         rest = list(iter(lambda: d.get(timeout=60), None))
@@ -268,8 +337,9 @@ def test_thread_mode_streams_groups_and_takes_updates(engine, params):
 
 def test_long_prompt_is_an_error_or_truncated_and_counted(engine, params):
     long = Prompt("long", list(range(150, 190)))  # 40 tokens > 32
-    d = Driver(engine, params, [prompts(1)[0], long], group_size=2, eos_ids=EOS,
-               phrase_ids=PHRASE).start()
+    d = Driver(
+        engine, params, [prompts(1)[0], long], group_size=2, eos_ids=EOS, phrase_ids=PHRASE
+    ).start()
     with pytest.raises(DriverError) as err:
         while d.get(timeout=60) is not None:
             pass
@@ -297,8 +367,10 @@ def test_errors_in_the_driver_thread_reach_the_caller(engine, params):
 
     def bad_callback(group):
         raise ValueError("consumer broke")
-    d = Driver(engine, params, prompts(2), group_size=2, eos_ids=EOS, cfg=cfg,
-               on_group=bad_callback).start()
+
+    d = Driver(
+        engine, params, prompts(2), group_size=2, eos_ids=EOS, cfg=cfg, on_group=bad_callback
+    ).start()
     with pytest.raises(DriverError, match="consumer broke"):
         d.join(timeout=60)
 
@@ -310,21 +382,48 @@ def test_a_cfg_whose_compiled_fields_differ_from_the_engine_is_refused(engine, p
     # The engine samples with its own temperature / top-k / top-p (compiled in): a driver cfg
     # that says otherwise used to be silently overridden.
     cfg = dataclasses.replace(SCFG, temperature=0.7, top_p=0.9, top_k=5)
-    with pytest.raises(ValueError, match=r"temperature=0.7 \(engine: 1.0\), top_p=0.9 \(engine: "
-                                         r"1.0\), top_k=5 \(engine: 0\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"temperature=0.7 \(engine: 1.0\), top_p=0.9 \(engine: "
+        r"1.0\), top_k=5 \(engine: 0\)",
+    ):
         Driver(engine, params, [], group_size=2, eos_ids=EOS, phrase_ids=PHRASE, cfg=cfg)
     with pytest.raises(ValueError, match=r"max_concurrent_decodes=8 \(engine: 4\)"):
-        Driver(engine, params, [], group_size=2, eos_ids=EOS, phrase_ids=PHRASE,
-               cfg=dataclasses.replace(SCFG, max_concurrent_decodes=8))
+        Driver(
+            engine,
+            params,
+            [],
+            group_size=2,
+            eos_ids=EOS,
+            phrase_ids=PHRASE,
+            cfg=dataclasses.replace(SCFG, max_concurrent_decodes=8),
+        )
     # driver-side fields may differ: that is what cfg is for
-    Driver(engine, params, [], group_size=2, eos_ids=EOS, phrase_ids=PHRASE,
-           cfg=dataclasses.replace(SCFG, think_min=3, think_max=9, max_new_tokens=20))
+    Driver(
+        engine,
+        params,
+        [],
+        group_size=2,
+        eos_ids=EOS,
+        phrase_ids=PHRASE,
+        cfg=dataclasses.replace(SCFG, think_min=3, think_max=9, max_new_tokens=20),
+    )
     # ids that would never be read (interruptions off) are refused too
     off = dataclasses.replace(SCFG, interruptions=False)
-    with pytest.raises(ValueError, match="think_close_ids and phrase_ids given but "
-                                         "SamplerConfig.interruptions is False"):
-        Driver(engine, params, [], group_size=2, eos_ids=EOS, think_close_ids=CLOSE,
-               phrase_ids=PHRASE, cfg=off)
+    with pytest.raises(
+        ValueError,
+        match="think_close_ids and phrase_ids given but SamplerConfig.interruptions is False",
+    ):
+        Driver(
+            engine,
+            params,
+            [],
+            group_size=2,
+            eos_ids=EOS,
+            think_close_ids=CLOSE,
+            phrase_ids=PHRASE,
+            cfg=off,
+        )
 
 
 class _WordTokenizer:
@@ -343,33 +442,39 @@ class _WordTokenizer:
 
 def test_driver_token_ids_encode_the_config_strings_or_raise():
     from scalerl_jax.sampler import driver_token_ids
+
     tok = _WordTokenizer({"time": 240, "is": 241, "up.": 242, "</think>": 250})
-    cfg = dataclasses.replace(SCFG, think_close="</think>",
-                              interruption_phrase="time is up. </think>")
+    cfg = dataclasses.replace(
+        SCFG, think_close="</think>", interruption_phrase="time is up. </think>"
+    )
     ids = driver_token_ids(cfg, tok, max_forced_tokens=64)
-    assert ids == dict(eos_ids=(100, 101), think_close_ids=(250,),
-                       phrase_ids=(240, 241, 242, 250))
+    assert ids == dict(eos_ids=(100, 101), think_close_ids=(250,), phrase_ids=(240, 241, 242, 250))
     off = driver_token_ids(dataclasses.replace(cfg, interruptions=False), tok, max_forced_tokens=64)
     assert off == dict(eos_ids=(100, 101), think_close_ids=(), phrase_ids=())
-    with pytest.raises(ValueError, match=r"interruption_phrase='time is up. </think>' encodes to "
-                                         r"4 tokens > the engine's max_forced_tokens=3"):
+    with pytest.raises(
+        ValueError,
+        match=r"interruption_phrase='time is up. </think>' encodes to "
+        r"4 tokens > the engine's max_forced_tokens=3",
+    ):
         driver_token_ids(cfg, tok, max_forced_tokens=3)
     with pytest.raises(ValueError, match=r"interruption_phrase='stop now' encodes to no token"):
-        driver_token_ids(dataclasses.replace(cfg, interruption_phrase="stop now"), tok,
-                         max_forced_tokens=64)
+        driver_token_ids(
+            dataclasses.replace(cfg, interruption_phrase="stop now"), tok, max_forced_tokens=64
+        )
     with pytest.raises(ValueError, match=r"think_close='</end>' encodes to no token"):
-        driver_token_ids(dataclasses.replace(cfg, think_close="</end>"), tok,
-                         max_forced_tokens=64)
+        driver_token_ids(dataclasses.replace(cfg, think_close="</end>"), tok, max_forced_tokens=64)
 
 
 def test_for_tokenizer_forces_the_encoded_phrase(engine, params):
     tok = _WordTokenizer({"time": 240, "is": 241, "up.": 242, "</think>": 250})
     tok.eos_ids = tuple(EOS)
-    cfg = dataclasses.replace(SCFG, think_close="</think>",
-                              interruption_phrase="time is up. </think>")
+    cfg = dataclasses.replace(
+        SCFG, think_close="</think>", interruption_phrase="time is up. </think>"
+    )
     out = []
-    driver = Driver.for_tokenizer(engine, params, prompts(2), tok, group_size=4, cfg=cfg, seed=3,
-                                  on_group=out.append)
+    driver = Driver.for_tokenizer(
+        engine, params, prompts(2), tok, group_size=4, cfg=cfg, seed=3, on_group=out.append
+    )
     driver.run()
     comps = [c for g in out for c in g.completions]
     assert len(comps) == 8 and any(c.interrupted for c in comps)
@@ -377,5 +482,5 @@ def test_for_tokenizer_forces_the_encoded_phrase(engine, params):
         if c.interrupted:
             start = int(np.argmax(c.forced))
             assert start == cfg.think_min
-            assert c.tokens[start:start + 4].tolist() == [240, 241, 242, 250]
+            assert c.tokens[start : start + 4].tolist() == [240, 241, 242, 250]
             assert c.forced.sum() == 4

@@ -1,4 +1,5 @@
 """Engine: exactness against the training forward, forced tokens, weight swaps, sampling."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,8 +17,14 @@ REF_LEN = 64  # reference forward padded to one length: one compile, causality k
 
 
 def sampler_cfg(**kw):
-    base = dict(max_concurrent_decodes=4, max_prefill_length=16, max_target_length=REF_LEN,
-                max_new_tokens=48, interruptions=False, temperature=1.0)
+    base = dict(
+        max_concurrent_decodes=4,
+        max_prefill_length=16,
+        max_target_length=REF_LEN,
+        max_new_tokens=48,
+        interruptions=False,
+        temperature=1.0,
+    )
     base.update(kw)
     return SamplerConfig(**base)
 
@@ -39,21 +46,25 @@ def params(engine):
 
 @pytest.fixture(scope="module")
 def ref_logprobs(engine):
-    fn = jax.jit(lambda p, t: jax.nn.log_softmax(
-        transformer.forward_logits(engine.graphdef, p, t)[0], axis=-1))
+    fn = jax.jit(
+        lambda p, t: jax.nn.log_softmax(
+            transformer.forward_logits(engine.graphdef, p, t)[0], axis=-1
+        )
+    )
 
     def ref(p, seq):
         """[len(seq)-1] log-probs of seq[1:] under the full training forward of params p."""
         padded = np.zeros((1, REF_LEN), np.int32)
-        padded[0, :len(seq)] = seq
+        padded[0, : len(seq)] = seq
         lp = np.asarray(fn(p, jnp.asarray(padded)))
         return lp[np.arange(len(seq) - 1), np.asarray(seq[1:])]
+
     return ref
 
 
 def prefill(engine, params, prompt):
     padded = np.zeros((engine.max_prefill_length,), np.int32)
-    padded[:len(prompt)] = prompt
+    padded[: len(prompt)] = prompt
     return engine.prefill(params, padded, len(prompt))
 
 
@@ -84,8 +95,7 @@ def test_greedy_equals_argmax_of_full_forward(mesh, params):
         seq = seqs[slot]
         assert len(seq) == len(prompt) + 12
         logits = np.asarray(fwd(params, jnp.asarray([seq])))[0]
-        np.testing.assert_array_equal(seq[len(prompt):],
-                                      logits[len(prompt) - 1:-1].argmax(-1))
+        np.testing.assert_array_equal(seq[len(prompt) :], logits[len(prompt) - 1 : -1].argmax(-1))
 
 
 def test_batched_prefill_rows_go_to_their_slots(mesh, params):
@@ -97,16 +107,24 @@ def test_batched_prefill_rows_go_to_their_slots(mesh, params):
     prompts = [[3, 1, 4, 1, 5, 9, 2, 6], [27, 18, 28], [7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7]]
     padded = np.zeros((4, eng.max_prefill_length), np.int32)
     for i, p in enumerate(prompts):
-        padded[i, :len(p)] = p
+        padded[i, : len(p)] = p
     prefix = eng.prefill_batch(params, padded, [len(p) for p in prompts] + [1])
     assert prefix.cache.k[0].shape[0] == 4 and prefix.length.shape == (4,)
     for i, p in enumerate(prompts):
         one, n = prefill(eng, params, p), len(p) - 1
         assert int(prefix.length[i]) == n and int(prefix.last_token[i]) == p[-1]
-        np.testing.assert_allclose(np.asarray(prefix.cache.k[0][i, ..., :n]),
-                                   np.asarray(one.cache.k[0][0, ..., :n]), atol=1e-5, rtol=0)
-        np.testing.assert_allclose(np.asarray(prefix.cache.v[-1][i, :, :n]),
-                                   np.asarray(one.cache.v[-1][0, :, :n]), atol=1e-5, rtol=0)
+        np.testing.assert_allclose(
+            np.asarray(prefix.cache.k[0][i, ..., :n]),
+            np.asarray(one.cache.k[0][0, ..., :n]),
+            atol=1e-5,
+            rtol=0,
+        )
+        np.testing.assert_allclose(
+            np.asarray(prefix.cache.v[-1][i, :, :n]),
+            np.asarray(one.cache.v[-1][0, :, :n]),
+            atol=1e-5,
+            rtol=0,
+        )
     slots, rows = [2, 0, 3], [1, 0, 2]
     state = eng.bulk_insert(prefix, eng.init_decode_state(), slots, rows=rows)
     seqs = {s: list(prompts[r]) for s, r in zip(slots, rows)}
@@ -114,7 +132,7 @@ def test_batched_prefill_rows_go_to_their_slots(mesh, params):
     for s, r in zip(slots, rows):
         n = len(prompts[r])
         logits = np.asarray(fwd(params, jnp.asarray([seqs[s]])))[0]
-        np.testing.assert_array_equal(seqs[s][n:], logits[n - 1:-1].argmax(-1))
+        np.testing.assert_array_equal(seqs[s][n:], logits[n - 1 : -1].argmax(-1))
 
 
 def test_a_slot_reused_without_keys_draws_afresh(engine, params):
@@ -131,18 +149,20 @@ def test_a_slot_reused_without_keys_draws_afresh(engine, params):
     assert out[0] != out[1]
 
 
-def test_logprobs_equal_training_forward_and_slots_sample_independently(engine, params,
-                                                                        ref_logprobs):
+def test_logprobs_equal_training_forward_and_slots_sample_independently(
+    engine, params, ref_logprobs
+):
     prompt = [11, 12, 13, 14, 15]
-    state = engine.bulk_insert(prefill(engine, params, prompt), engine.init_decode_state(),
-                               [0, 1, 3])  # one prefill, three samples of the group
+    state = engine.bulk_insert(
+        prefill(engine, params, prompt), engine.init_decode_state(), [0, 1, 3]
+    )  # one prefill, three samples of the group
     seqs = {s: list(prompt) for s in (0, 1, 3)}
     lps = {s: [] for s in (0, 1, 3)}
     run(engine, params, state, [0, 1, 3], 20, seqs, lps)
     for s in (0, 1, 3):
-        ref = ref_logprobs(params, seqs[s])[len(prompt) - 1:]
+        ref = ref_logprobs(params, seqs[s])[len(prompt) - 1 :]
         np.testing.assert_allclose(lps[s], ref, atol=1e-5, rtol=0)
-    assert len({tuple(seqs[s][len(prompt):]) for s in (0, 1, 3)}) == 3
+    assert len({tuple(seqs[s][len(prompt) :]) for s in (0, 1, 3)}) == 3
 
 
 def test_forced_tokens_and_rewind_keep_the_cache_exact(engine, params, ref_logprobs):
@@ -157,18 +177,19 @@ def test_forced_tokens_and_rewind_keep_the_cache_exact(engine, params, ref_logpr
     phrase = [200, 201, 202, 203]
     state = engine.force_tokens(state, 2, phrase)
     state = run(engine, params, state, [2], 8, seqs, lps, forced)
-    gen = seqs[2][len(prompt):]
+    gen = seqs[2][len(prompt) :]
     assert gen[2:6] == phrase
     assert forced[2] == [False] * 2 + [True] * 4 + [False] * 4
-    ref = ref_logprobs(params, seqs[2])[len(prompt) - 1:]
+    ref = ref_logprobs(params, seqs[2])[len(prompt) - 1 :]
     mask = ~np.asarray(forced[2])
     np.testing.assert_allclose(np.asarray(lps[2])[mask], ref[mask], atol=1e-5, rtol=0)
     # forced tokens report the (full-support, temperature 1) policy log-prob of the phrase
     np.testing.assert_allclose(np.asarray(lps[2])[~mask], ref[~mask], atol=1e-5, rtol=0)
 
 
-def test_weight_swap_mid_generation_uses_new_params_without_recompiling(engine, params,
-                                                                       ref_logprobs):
+def test_weight_swap_mid_generation_uses_new_params_without_recompiling(
+    engine, params, ref_logprobs
+):
     # New params differ in the LM head and final norm only: the KV cache written under the old
     # params is then also the new params' cache, so later tokens must match the new params' full
     # forward exactly (in general PipelineRL keeps the stale cache on purpose).
@@ -187,7 +208,7 @@ def test_weight_swap_mid_generation_uses_new_params_without_recompiling(engine, 
         state = run(engine, engine.load_params(new), state, [1], 6, seqs, lps)
     assert compiles == [] and engine.traces["generate"] == 1
     p = len(prompt)
-    old_ref, new_ref = ref_logprobs(params, seqs[1])[p - 1:], ref_logprobs(new, seqs[1])[p - 1:]
+    old_ref, new_ref = ref_logprobs(params, seqs[1])[p - 1 :], ref_logprobs(new, seqs[1])[p - 1 :]
     got = np.asarray(lps[1])
     np.testing.assert_allclose(got[:n_old], old_ref[:n_old], atol=1e-5, rtol=0)
     np.testing.assert_allclose(got[n_old:], new_ref[n_old:], atol=1e-5, rtol=0)
@@ -273,8 +294,9 @@ def test_windowed_generate_equals_full_cache_generate(mesh, engine, params, step
     for _ in range(2):
         state = eng.init_decode_state()
         for slot, p in prompts.items():
-            state = eng.bulk_insert(prefill(eng, params, p), state, [slot],
-                                    keys=np.array([[slot, 1]], np.uint32))
+            state = eng.bulk_insert(
+                prefill(eng, params, p), state, [slot], keys=np.array([[slot, 1]], np.uint32)
+            )
         states.append(state)
     full, windowed = states
     lengths = {s: len(p) - 1 for s, p in prompts.items()}
@@ -293,10 +315,12 @@ def test_windowed_generate_equals_full_cache_generate(mesh, engine, params, step
     np.testing.assert_array_equal(np.asarray(windowed.lengths), np.asarray(full.lengths))
     for kw, kf, vw, vf in zip(windowed.cache.k, full.cache.k, windowed.cache.v, full.cache.v):
         for s, n in lengths.items():  # the filled part of every live slot is the same
-            np.testing.assert_allclose(np.asarray(kw)[s, :, :, :n], np.asarray(kf)[s, :, :, :n],
-                                       atol=1e-5)
-            np.testing.assert_allclose(np.asarray(vw)[s, :, :n], np.asarray(vf)[s, :, :n],
-                                       atol=1e-5)
+            np.testing.assert_allclose(
+                np.asarray(kw)[s, :, :, :n], np.asarray(kf)[s, :, :, :n], atol=1e-5
+            )
+            np.testing.assert_allclose(
+                np.asarray(vw)[s, :, :n], np.asarray(vf)[s, :, :n], atol=1e-5
+            )
 
 
 def test_cache_is_replicated_over_tensor_when_kv_heads_do_not_divide():

@@ -1,6 +1,7 @@
 """experiments/eval.py on the CPU testbed: a run directory's checkpoint on its validation prompts,
 the figures against the per-completion records, reproducibility, bad input, and a stop signal.
 (The real model against an independent harness: tests/test_real_model.py.)"""
+
 import json
 import os
 import re
@@ -20,8 +21,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def eval_cmd(*args):
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "", "PYTHONUNBUFFERED": "1",
-           "PYTHONPATH": os.path.join(ROOT, "tests"), "SCALERL_PROGRESS_INTERVAL": "1"}
+    env = {
+        **os.environ,
+        "JAX_PLATFORMS": "cpu",
+        "XLA_FLAGS": "",
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": os.path.join(ROOT, "tests"),
+        "SCALERL_PROGRESS_INTERVAL": "1",
+    }
     return [sys.executable, os.path.join(ROOT, "experiments", "eval.py"), *args], env
 
 
@@ -33,16 +40,37 @@ def run_eval(*args):
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     workdir = str(tmp_path_factory.mktemp("eval") / "run")
-    done = run_cli("--workdir", workdir, "--steps", "1", *TESTBED, "data.num_validation=24",
-                   "eval.num_prompts=8", "eval.k=2")
+    done = run_cli(
+        "--workdir",
+        workdir,
+        "--steps",
+        "1",
+        *TESTBED,
+        "data.num_validation=24",
+        "eval.num_prompts=8",
+        "eval.k=2",
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return workdir
 
 
 def test_eval_of_a_run_checkpoint_on_its_validation_prompts(run_dir, tmp_path):
     out = str(tmp_path / "a.jsonl")
-    args = ("--workdir", run_dir, "--num-prompts", "20", "--greedy", "--temperature", "1.0",
-            "--k", "3", "--max-new-tokens", "48", "--slots", "16")
+    args = (
+        "--workdir",
+        run_dir,
+        "--num-prompts",
+        "20",
+        "--greedy",
+        "--temperature",
+        "1.0",
+        "--k",
+        "3",
+        "--max-new-tokens",
+        "48",
+        "--slots",
+        "16",
+    )
     done = run_eval(*args, "--out", out)
     assert done.returncode == 0, done.stderr[-3000:]
     records = [json.loads(line) for line in open(out)]
@@ -57,8 +85,9 @@ def test_eval_of_a_run_checkpoint_on_its_validation_prompts(run_dir, tmp_path):
     assert config["data"]["num_validation"] == 24
     for r in records:
         assert r["prompt"] == r["question"] and len(r["completion_tokens"]) == r["num_tokens"]
-        assert r["num_tokens"] <= 48 and (r["finish_reason"] == "truncated") == \
-            (r["num_tokens"] == 48 and r["completion_tokens"][-1] != 1)  # 1: <eos>
+        assert r["num_tokens"] <= 48 and (r["finish_reason"] == "truncated") == (
+            r["num_tokens"] == 48 and r["completion_tokens"][-1] != 1
+        )  # 1: <eos>
     # The figures are those of the records: pass@1, mean@k and pass@k with their errors.
     g, s = summary["modes"]["greedy"], summary["modes"]["t1_k3"]
     ok = np.array([r["correct"] for r in greedy], float)
@@ -75,19 +104,23 @@ def test_eval_of_a_run_checkpoint_on_its_validation_prompts(run_dir, tmp_path):
     # Seeded by (seed, problem, sample): the same command gives the same completions.
     again = str(tmp_path / "b.jsonl")
     assert run_eval(*args, "--out", again).returncode == 0
-    assert [json.loads(line)["completion_tokens"] for line in open(again)] == \
-        [r["completion_tokens"] for r in records]
+    assert [json.loads(line)["completion_tokens"] for line in open(again)] == [
+        r["completion_tokens"] for r in records
+    ]
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--k", "4"], "--k 4 with --temperature 0: greedy decoding gives one completion"),
-    (["--hf-checkpoint", "/nowhere"], "--data FILE is needed with --hf-checkpoint"),
-    (["--workdir", "/tmp", "--hf-checkpoint", "/x"], "give one model"),
-    (["--temperature", "-1"], "--temperature -1.0: must be >= 0"),
-    (["--workdir", "/nonexistent-run"], "--workdir /nonexistent-run: no config.json there"),
-    (["--workdir", "RUN", "optim.learning_rate=1"], "only data.* and reward.* settings"),
-    (["--workdir", "RUN", "--recipe", "nope"], "--recipe nope: no such recipe"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--k", "4"], "--k 4 with --temperature 0: greedy decoding gives one completion"),
+        (["--hf-checkpoint", "/nowhere"], "--data FILE is needed with --hf-checkpoint"),
+        (["--workdir", "/tmp", "--hf-checkpoint", "/x"], "give one model"),
+        (["--temperature", "-1"], "--temperature -1.0: must be >= 0"),
+        (["--workdir", "/nonexistent-run"], "--workdir /nonexistent-run: no config.json there"),
+        (["--workdir", "RUN", "optim.learning_rate=1"], "only data.* and reward.* settings"),
+        (["--workdir", "RUN", "--recipe", "nope"], "--recipe nope: no such recipe"),
+    ],
+)
 def test_bad_input_is_one_line_and_status_2(run_dir, args, message):
     done = run_eval(*[run_dir if a == "RUN" else a for a in args])
     assert done.returncode == 2, done.stderr[-2000:]
@@ -96,16 +129,32 @@ def test_bad_input_is_one_line_and_status_2(run_dir, args, message):
 
 def test_sigterm_stops_an_evaluation_within_seconds_writing_nothing(run_dir, tmp_path):
     out = tmp_path / "c.jsonl"
-    cmd, env = eval_cmd("--workdir", run_dir, "--temperature", "1.0", "--k", "64",
-                        "--max-new-tokens", "64", "--out", str(out))
-    lines = Lines(subprocess.Popen(cmd, cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE))
+    cmd, env = eval_cmd(
+        "--workdir",
+        run_dir,
+        "--temperature",
+        "1.0",
+        "--k",
+        "64",
+        "--max-new-tokens",
+        "64",
+        "--out",
+        str(out),
+    )
+    lines = Lines(
+        subprocess.Popen(
+            cmd, cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+    )
     lines.wait_for(r"sampling 24 problems x 64: [1-9]\d*/1536", timeout=300)  # compiled
     sent = time.monotonic()
     lines.proc.send_signal(signal.SIGTERM)
     assert lines.finish(timeout=60) == 143, lines.text()[-2000:]
     assert time.monotonic() - sent < 10.0
     # Said by the main thread, or by the watchdog when closing the verifier pool takes longer.
-    assert re.search(r"eval.py: interrupted by SIGTERM; nothing written|SIGTERM: evaluation "
-                     r"stopped, nothing written; exiting now", lines.text()), lines.text()
+    assert re.search(
+        r"eval.py: interrupted by SIGTERM; nothing written|SIGTERM: evaluation "
+        r"stopped, nothing written; exiting now",
+        lines.text(),
+    ), lines.text()
     assert not out.exists() and not os.path.exists(summary_path(str(out)))

@@ -1,4 +1,5 @@
 """experiments/fit.py on run directories written here with MetricsWriter and ComputeMeter."""
+
 import importlib.util
 import json
 import os
@@ -13,16 +14,18 @@ from scalerl_jax.metrics import ComputeMeter, MetricsWriter
 from scalerl_jax.scaling import sigmoid_law
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_spec = importlib.util.spec_from_file_location("experiments_fit",
-                                               os.path.join(ROOT, "experiments", "fit.py"))
+_spec = importlib.util.spec_from_file_location(
+    "experiments_fit", os.path.join(ROOT, "experiments", "fit.py")
+)
 fit_cli = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(fit_cli)
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def write_run(workdir, A, B, C_mid, R0=0.2, steps=100, every=2, noise=0.004, seed=0,
-              malformed=False):
+def write_run(
+    workdir, A, B, C_mid, R0=0.2, steps=100, every=2, noise=0.004, seed=0, malformed=False
+):
     """A fake run: 3 sampler devices x 36 s and 1 trainer device x 12 s per step.
 
     malformed=True kills the writer half-way with a torn line, then resumes, as a crash would.
@@ -67,12 +70,23 @@ def test_cli_table_pngs_and_json(runs, capsys):
     dirs = [str(root / d) for d in ("scalerl", "baseline", "stuck", "seeds")]
     compare_dir = root / "cmp"
     # 100 resamples, as in test_scaling_fit, so the compiled shapes are shared.
-    assert fit_cli.main(dirs + ["--bootstrap", "100", "--alternatives",
-                                "--compare-dir", str(compare_dir)]) == 0
+    assert (
+        fit_cli.main(
+            dirs + ["--bootstrap", "100", "--alternatives", "--compare-dir", str(compare_dir)]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     header = out.splitlines()[0]
-    for column in ("run", "A [95% CI]", "B [95% CI]", "C_mid [95% CI]", "RMSE", "R at target C",
-                   "extrapolation"):
+    for column in (
+        "run",
+        "A [95% CI]",
+        "B [95% CI]",
+        "C_mid [95% CI]",
+        "RMSE",
+        "R at target C",
+        "extrapolation",
+    ):
         assert column in header
     rows = {line.split()[0]: line for line in out.splitlines()[1:5]}
     assert set(rows) == {"scalerl", "baseline", "stuck", "seeds"}
@@ -103,8 +117,24 @@ def test_cli_table_pngs_and_json(runs, capsys):
 def test_cli_flops_axis_and_pool(runs, capsys):
     root, flops_per_hour = runs
     seeds = [str(root / "seeds" / f"seed{s}") for s in range(3)]
-    assert fit_cli.main(seeds + ["--pool", "--name", "pooled", "--x", "compute.flops",
-                                 "--bootstrap", "0", "--extrapolate", "0", "--no-plots"]) == 0
+    assert (
+        fit_cli.main(
+            seeds
+            + [
+                "--pool",
+                "--name",
+                "pooled",
+                "--x",
+                "compute.flops",
+                "--bootstrap",
+                "0",
+                "--extrapolate",
+                "0",
+                "--no-plots",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     result = json.loads((root / "seeds" / "seed0" / "fit" / "fit.json").read_text())
     assert result["run"] == "pooled" and result["seeds"] == 3 and result["x_key"] == "compute.flops"
@@ -126,15 +156,28 @@ def test_block_length_needs_the_pairs_interval(runs, capsys):
 def test_documented_command_runs(runs):
     root, _ = runs
     proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "experiments", "fit.py"), str(root / "scalerl"),
-         "--bootstrap", "0", "--extrapolate", "0", "--no-plots"],
-        capture_output=True, text=True, timeout=300, cwd=str(root))
+        [
+            sys.executable,
+            os.path.join(ROOT, "experiments", "fit.py"),
+            str(root / "scalerl"),
+            "--bootstrap",
+            "0",
+            "--extrapolate",
+            "0",
+            "--no-plots",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=str(root),
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[1].startswith("scalerl")
 
 
 def test_readable_numbers():
     from scalerl_jax.scaling.plot import readable
+
     assert readable(2470.3) == "2,470" and readable(2424.9) == "2,420"
     assert readable(0.0123456) == "0.0123" and readable(0.5) == "0.500"
     assert readable(999_999.0) == "1e+06" and readable(123_456.0) == "123,000"
@@ -148,11 +191,28 @@ def test_out_dir_and_fit_end_check_the_points_after_it(runs, capsys):
     before = sorted(os.listdir(os.path.join(run_dir, "fit")))
     outs = {end: root / f"window{end}" for end in (1.0, 2.0)}
     for end, out in outs.items():  # two windows of one run, side by side
-        assert fit_cli.main([run_dir, "--fit-start", "0.2", "--fit-end", str(end), "--out",
-                             str(out), "--bootstrap", "0", "--target", "5"]) == 0
+        assert (
+            fit_cli.main(
+                [
+                    run_dir,
+                    "--fit-start",
+                    "0.2",
+                    "--fit-end",
+                    str(end),
+                    "--out",
+                    str(out),
+                    "--bootstrap",
+                    "0",
+                    "--target",
+                    "5",
+                ]
+            )
+            == 0
+        )
     text = capsys.readouterr().out
     assert sorted(os.listdir(os.path.join(run_dir, "fit"))) == before  # RUN_DIR/fit untouched
     from scalerl_jax.scaling import report
+
     curve, _ = report.load_curve([run_dir])
     for end, out in outs.items():
         result = json.loads((out / "scalerl" / "fit.json").read_text())
@@ -165,11 +225,11 @@ def test_out_dir_and_fit_end_check_the_points_after_it(runs, capsys):
         assert e["mode"] == "after fit_end" and e["split"] == end
         assert e["n_heldout"] == int(after.sum())
         pred = sigmoid_law(curve.x[after], fit["A"], fit["B"], fit["C_mid"], fit["R0"])
-        assert e["rmse"] == pytest.approx(np.sqrt(np.mean((pred - curve.y[after]) ** 2)),
-                                          rel=1e-6)
+        assert e["rmse"] == pytest.approx(np.sqrt(np.mean((pred - curve.y[after]) ** 2)), rel=1e-6)
         assert e["final_err"] == pytest.approx(pred[-1] - curve.y[after][-1], rel=1e-6)
         assert (out / "scalerl" / "fit.png").exists()
     from scalerl_jax.scaling.plot import readable
+
     row = [line for line in text.splitlines() if line.startswith("scalerl")][-1]
     assert f"{int((curve.x > 2.0).sum())} pts after 2.00: RMSE" in row
     lo, hi = fit["x_range"]  # the x range fitted
@@ -179,12 +239,14 @@ def test_out_dir_and_fit_end_check_the_points_after_it(runs, capsys):
 
 def test_fit_png_draws_both_bands_fit_end_and_target(runs):
     from scalerl_jax.scaling import FitSpec, plot, report
+
     root, _ = runs
     curve, _ = report.load_curve([str(root / "scalerl")])
     spec = FitSpec(fit_end=2.0)
     a = report.analyse(curve, spec, n_boot=100, target=5.0)
-    fig = plot.run_figure(curve, spec, a.fit, boot=a.boot, extrap=a.extrap, target=5.0,
-                          at_target=a.at_target())
+    fig = plot.run_figure(
+        curve, spec, a.fit, boot=a.boot, extrap=a.extrap, target=5.0, at_target=a.at_target()
+    )
     ax = fig.axes[0]
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert any(t.startswith("fit end = 2.00: RMSE after it") for t in labels)
@@ -200,6 +262,7 @@ def test_fit_png_draws_both_bands_fit_end_and_target(runs):
 
 def test_compare_png_is_readable_with_seven_runs():
     from scalerl_jax.scaling import Curve, fit_curve, plot
+
     x = np.concatenate([[0.0], np.geomspace(100, 5000, 30)])
     curves, fits = [], []
     for i in range(7):  # asymptotes within 0.03 of each other, as in the issue
@@ -212,8 +275,11 @@ def test_compare_png_is_readable_with_seven_runs():
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
     ax, eff = fig.axes
-    styles = {(line.get_color(), line.get_linestyle()) for line in ax.get_lines()
-              if line.get_label().startswith("recipe-")}
+    styles = {
+        (line.get_color(), line.get_linestyle())
+        for line in ax.get_lines()
+        if line.get_label().startswith("recipe-")
+    }
     assert len(styles) == 7
     legend = fig.legends[0].get_window_extent(renderer)
     for axes in (ax, eff):
@@ -221,8 +287,9 @@ def test_compare_png_is_readable_with_seven_runs():
     labels = [t for t in ax.texts if t.get_text().startswith("A=")]
     assert len(labels) == 7
     from matplotlib.text import Text
+
     boxes = [Text.get_window_extent(t, renderer) for t in labels]  # the text, not its leader
-    assert not any(b.overlaps(c) for i, b in enumerate(boxes) for c in boxes[i + 1:])
+    assert not any(b.overlaps(c) for i, b in enumerate(boxes) for c in boxes[i + 1 :])
     frame = ax.get_window_extent(renderer)
     assert all(b.x0 >= frame.x1 and frame.y0 <= b.y0 < b.y1 <= frame.y1 + 2 for b in boxes)
     # Efficiency view: each fit is a line of slope -B in ln C.
@@ -238,8 +305,12 @@ def test_compare_applies_the_paper_rule_with_intervals(runs, capsys, tmp_path):
     write_run(tmp_path / "steep", A=0.605, B=2.6, C_mid=0.8, seed=5)
     dirs = [str(root / "scalerl"), str(root / "baseline"), str(tmp_path / "steep")]
     out = tmp_path / "cmp"
-    assert fit_cli.main(["--compare", *dirs, "--bootstrap", "100", "--extrapolate", "0",
-                         "--out", str(out)]) == 0
+    assert (
+        fit_cli.main(
+            ["--compare", *dirs, "--bootstrap", "100", "--extrapolate", "0", "--out", str(out)]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     lines = {line.strip().split(":")[0]: line for line in text.splitlines() if " vs " in line}
     # A apart (0.60 vs 0.50): A decides, the higher A wins, the difference's interval is clear.
@@ -262,8 +333,23 @@ def test_compare_applies_the_paper_rule_with_intervals(runs, capsys, tmp_path):
         assert f.read(8) == PNG_MAGIC
     assert {p.name for p in out.iterdir()} >= {"scalerl", "baseline", "steep"}
     # Every pair; bad combinations are refused with a one-line error.
-    assert fit_cli.main(["--compare", "--pairwise", *dirs, "--bootstrap", "0",
-                         "--extrapolate", "0", "--no-plots", "--out", str(out)]) == 0
+    assert (
+        fit_cli.main(
+            [
+                "--compare",
+                "--pairwise",
+                *dirs,
+                "--bootstrap",
+                "0",
+                "--extrapolate",
+                "0",
+                "--no-plots",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert "every pair" in text and "baseline vs steep: A decides" in text
     assert fit_cli.main(["--compare", dirs[0]]) == 2

@@ -1,5 +1,6 @@
 """Online forecast: the fit fields on a known curve, the stability rule, a background refit that
 never blocks the caller, and forecast events written by a real (tiny) training run."""
+
 import time
 
 import numpy as np
@@ -12,10 +13,36 @@ from scalerl_jax.scaling import report, sigmoid_law
 from scalerl_jax.scaling.forecast import Forecaster, forecast, is_stable, required_compute
 from test_pipeline import tiny_config as pipeline_tiny_config
 
-FIELDS = ("ok", "reason", "x_key", "n_points", "x_max", "interval", "A", "A_lo", "A_hi", "B",
-          "B_lo", "B_hi", "C_mid", "C_mid_lo", "C_mid_hi", "R0", "budget", "budget_source",
-          "at_budget", "at_budget_lo", "at_budget_hi", "target", "compute_to_target",
-          "compute_to_target_lo", "compute_to_target_hi", "stable", "superseded", "fit_s")
+FIELDS = (
+    "ok",
+    "reason",
+    "x_key",
+    "n_points",
+    "x_max",
+    "interval",
+    "A",
+    "A_lo",
+    "A_hi",
+    "B",
+    "B_lo",
+    "B_hi",
+    "C_mid",
+    "C_mid_lo",
+    "C_mid_hi",
+    "R0",
+    "budget",
+    "budget_source",
+    "at_budget",
+    "at_budget_lo",
+    "at_budget_hi",
+    "target",
+    "compute_to_target",
+    "compute_to_target_lo",
+    "compute_to_target_hi",
+    "stable",
+    "superseded",
+    "fit_s",
+)
 
 
 def test_stable_once_A_settles_within_the_margin():
@@ -79,6 +106,7 @@ def sleepy(seconds, calls):
         calls.append((len(x), kwargs["budget"]))
         time.sleep(seconds)
         return {"ok": True, "A": 0.5 + 0.001 * len(x), "A_lo": 0.49, "A_hi": 0.52}
+
     return run
 
 
@@ -109,14 +137,16 @@ def test_forecaster_never_blocks_and_counts_superseded_jobs():
 
 
 def test_forecaster_stability_failures_and_disabled():
-    f = Forecaster(run=lambda x, y, **kw: {"ok": True, "A": 0.61}, budget=5.0,
-                   history=[0.60, 0.605])  # a resumed run's earlier forecasts
+    f = Forecaster(
+        run=lambda x, y, **kw: {"ok": True, "A": 0.61}, budget=5.0, history=[0.60, 0.605]
+    )  # a resumed run's earlier forecasts
     f.submit(eval_record(30, 3.0))
     (done,) = f.finish(timeout=10)
     assert done["stable"] and done["budget_source"] == "config" and f.history[-1] == 0.61
 
     def broken(x, y, **kwargs):
         raise FloatingPointError("nan in the fit")
+
     f = Forecaster(run=broken, history=[0.6, 0.6])
     f.submit(eval_record(5, 1.0))
     (done,) = f.finish(timeout=10)
@@ -130,8 +160,10 @@ def test_forecaster_stability_failures_and_disabled():
 
 
 def test_progress_shows_the_forecast():
-    assert forecast_text({"ok": True, "A": 0.7412, "A_lo": 0.72, "A_hi": 0.76,
-                          "stable": True}) == "A≈0.74±0.02 stable"
+    assert (
+        forecast_text({"ok": True, "A": 0.7412, "A_lo": 0.72, "A_hi": 0.76, "stable": True})
+        == "A≈0.74±0.02 stable"
+    )
     assert forecast_text({"ok": False, "A": None}) == "A≈ n/a"
     bar = Progress("rl", 10, enabled=False)
     bar.set_eval(4, 0.52)
@@ -141,8 +173,9 @@ def test_progress_shows_the_forecast():
 
 def tiny_config(workdir, *overrides, steps):
     # test_pipeline's tiny testbed run, evaluating every 2 steps (a forecast needs 5 points).
-    return pipeline_tiny_config(workdir, "eval.every_steps=2", "checkpoint_every=10", *overrides,
-                                steps=steps)
+    return pipeline_tiny_config(
+        workdir, "eval.every_steps=2", "checkpoint_every=10", *overrides, steps=steps
+    )
 
 
 def test_training_run_writes_forecast_events(tmp_path):
@@ -151,8 +184,13 @@ def test_training_run_writes_forecast_events(tmp_path):
 
     # x = step: the tiny model's pass rate is noise around 0.5, but the forecast is still
     # written at every evaluation, with a reason when the points support no fit.
-    cfg = tiny_config(tmp_path / "run", "forecast.x_key=step", "forecast.target=0.9",
-                      "forecast.n_boot=20", steps=8)
+    cfg = tiny_config(
+        tmp_path / "run",
+        "forecast.x_key=step",
+        "forecast.target=0.9",
+        "forecast.n_boot=20",
+        steps=8,
+    )
     result = trainer.run(cfg, fit=False)
     log = read_metrics(result.workdir)
     eval_steps = [e["step"] for e in log.of("eval")]

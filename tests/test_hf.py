@@ -1,4 +1,5 @@
 """HF interop: tiny random transformers models -> our loader -> same logits, and export back."""
+
 import json
 
 import jax
@@ -14,12 +15,24 @@ from scalerl_jax.models.transformer import forward_logits
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-COMMON = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+COMMON = dict(
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+)
 # original_max_position_embeddings=16 spreads the 8 RoPE frequencies of head_dim 16 over the
 # Llama-3 bands (blended / divided by `factor`), so a 40-token batch sees the scaling.
-LLAMA3_ROPE = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
-                   original_max_position_embeddings=16)
+LLAMA3_ROPE = dict(
+    rope_type="llama3",
+    factor=8.0,
+    low_freq_factor=1.0,
+    high_freq_factor=4.0,
+    original_max_position_embeddings=16,
+)
 
 
 def _hf_config(arch):
@@ -31,8 +44,11 @@ def _hf_config(arch):
 
 
 def _hf_model(arch, seed=0):
-    cls = {"llama": transformers.LlamaForCausalLM, "qwen2": transformers.Qwen2ForCausalLM,
-           "qwen3": transformers.Qwen3ForCausalLM}[arch]
+    cls = {
+        "llama": transformers.LlamaForCausalLM,
+        "qwen2": transformers.Qwen2ForCausalLM,
+        "qwen3": transformers.Qwen3ForCausalLM,
+    }[arch]
     torch.manual_seed(seed)
     model = cls(_hf_config(arch)).eval()
     with torch.no_grad():  # HF zero-inits biases and one-inits norms: perturb so both are tested
@@ -78,13 +94,17 @@ def test_logits_match_transformers(checkpoint):
     tokens, mask = _batch()
     cfg, graphdef, params = hf.load_params(path)
     assert (cfg.qkv_bias, cfg.qk_norm, cfg.tie_embeddings) == (
-        arch == "qwen2", arch == "qwen3", arch == "qwen2")
+        arch == "qwen2",
+        arch == "qwen3",
+        arch == "qwen2",
+    )
     out = forward_logits(graphdef, params, tokens, segment_ids=mask)
     assert out.dtype == jnp.float32
     assert _max_diff(out, ref, mask) <= 1e-4
     if arch == "llama":  # the comparison can see RoPE scaling: without it logits differ
-        plain = forward_logits(*hf.load_params(path, cfg=cfg.replace(rope_scaling=None))[1:],
-                               tokens, segment_ids=mask)
+        plain = forward_logits(
+            *hf.load_params(path, cfg=cfg.replace(rope_scaling=None))[1:], tokens, segment_ids=mask
+        )
         assert _max_diff(plain, ref, mask) > 1e-3
 
 
@@ -106,7 +126,8 @@ def test_sharded_load_and_export_round_trip(checkpoint, mesh, tmp_path):
     assert _max_diff(_hf_logits(back, tokens, mask), ref, mask) <= 1e-5
     exported = json.loads((tmp_path / "config.json").read_text())
     assert hf.config_from_hf(exported, attention_chunk=16) == cfg.replace(
-        name=exported["architectures"][0])
+        name=exported["architectures"][0]
+    )
 
 
 def test_sharded_checkpoint_via_index(tmp_path):
@@ -139,52 +160,91 @@ def test_read_slice_maps_every_block(checkpoint):
     """A device's block read straight from the file equals slicing the fully loaded array,
     including a block that cuts head_dim (read whole, sliced afterwards)."""
     from safetensors import safe_open
+
     _, path, _, _ = checkpoint
     cfg, _, params = hf.load_params(path)
     entries = {e.path: e for e in hf.tensor_map(cfg)}
     with safe_open(str(path / "model.safetensors"), framework="numpy") as f:
-        for key, index in [(("layers", 1, "attn", "q"), np.s_[8:40, 1:3, 2:7]),
-                           (("layers", 0, "attn", "o"), np.s_[2:4, :, 16:48]),
-                           (("layers", 0, "mlp", "down"), np.s_[48:96, 0:32])]:
+        for key, index in [
+            (("layers", 1, "attn", "q"), np.s_[8:40, 1:3, 2:7]),
+            (("layers", 0, "attn", "o"), np.s_[2:4, :, 16:48]),
+            (("layers", 0, "mlp", "down"), np.s_[48:96, 0:32]),
+        ]:
             full = np.asarray(params[key[0]][key[1]][key[2]][key[3]].get_value())
             got = hf._read_slice(f, entries[key], index, np.float32)
             np.testing.assert_array_equal(got, full[index])
 
 
 def test_config_from_hf_reads_both_rope_spellings_and_matches_presets():
-    v4 = dict(architectures=["LlamaForCausalLM"], vocab_size=128256, hidden_size=4096,
-              intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-              num_key_value_heads=8, rms_norm_eps=1e-5, max_position_embeddings=131072,
-              rope_theta=500000.0, tie_word_embeddings=False, hidden_act="silu",
-              rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
-                                high_freq_factor=4.0, original_max_position_embeddings=8192))
+    v4 = dict(
+        architectures=["LlamaForCausalLM"],
+        vocab_size=128256,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        rms_norm_eps=1e-5,
+        max_position_embeddings=131072,
+        rope_theta=500000.0,
+        tie_word_embeddings=False,
+        hidden_act="silu",
+        rope_scaling=dict(
+            rope_type="llama3",
+            factor=8.0,
+            low_freq_factor=1.0,
+            high_freq_factor=4.0,
+            original_max_position_embeddings=8192,
+        ),
+    )
     v5 = {k: v for k, v in v4.items() if k not in ("rope_theta", "rope_scaling")}
     v5["rope_parameters"] = dict(v4["rope_scaling"], rope_theta=500000.0)
     v5["head_dim"] = 128
     want = presets.get("llama-3.1-8b")
     assert hf.config_from_hf(v4).replace(name=want.name) == want
     assert hf.config_from_hf(v5).replace(name=want.name) == want
-    qwen = dict(architectures=["Qwen2ForCausalLM"], vocab_size=151936, hidden_size=896,
-                intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                num_key_value_heads=2, rms_norm_eps=1e-6, max_position_embeddings=32768,
-                rope_theta=1000000.0, tie_word_embeddings=True, use_sliding_window=False)
+    qwen = dict(
+        architectures=["Qwen2ForCausalLM"],
+        vocab_size=151936,
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-6,
+        max_position_embeddings=32768,
+        rope_theta=1000000.0,
+        tie_word_embeddings=True,
+        use_sliding_window=False,
+    )
     got = hf.config_from_hf(qwen, param_dtype="bfloat16")
     assert got.param_dtype == "bfloat16"
     assert got.replace(name="qwen2.5-0.5b", param_dtype="float32") == presets.get("qwen2.5-0.5b")
 
 
-@pytest.mark.parametrize("change, match", [
-    (dict(architectures=["MistralForCausalLM"]),
-     r"unsupported architecture 'MistralForCausalLM'.*LlamaForCausalLM.*Qwen3ForCausalLM"),
-    (dict(architectures=None, model_type="gemma"), r"unsupported architecture 'gemma'"),
-    (dict(rope_scaling=dict(rope_type="yarn", factor=4.0)), r"rope type 'yarn'"),
-    (dict(attention_bias=True), r"attention_bias=True is not supported for LlamaForCausalLM"),
-    (dict(hidden_act="gelu"), r"hidden_act='gelu'"),
-    (dict(intermediate_size=None), r"config.json has no 'intermediate_size'"),
-])
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (
+            dict(architectures=["MistralForCausalLM"]),
+            r"unsupported architecture 'MistralForCausalLM'.*LlamaForCausalLM.*Qwen3ForCausalLM",
+        ),
+        (dict(architectures=None, model_type="gemma"), r"unsupported architecture 'gemma'"),
+        (dict(rope_scaling=dict(rope_type="yarn", factor=4.0)), r"rope type 'yarn'"),
+        (dict(attention_bias=True), r"attention_bias=True is not supported for LlamaForCausalLM"),
+        (dict(hidden_act="gelu"), r"hidden_act='gelu'"),
+        (dict(intermediate_size=None), r"config.json has no 'intermediate_size'"),
+    ],
+)
 def test_config_from_hf_rejects_what_it_cannot_represent(change, match):
-    base = dict(architectures=["LlamaForCausalLM"], vocab_size=128, hidden_size=64,
-                intermediate_size=96, num_hidden_layers=2, num_attention_heads=4)
+    base = dict(
+        architectures=["LlamaForCausalLM"],
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+    )
     with pytest.raises(hf.HFError, match=match):
         hf.config_from_hf({**base, **change})
 
@@ -192,6 +252,7 @@ def test_config_from_hf_rejects_what_it_cannot_represent(change, match):
 def _rewrite(src, dst, edit):
     """Copy a single-file checkpoint, editing its tensor dict."""
     from safetensors.numpy import load_file, save_file
+
     tensors = load_file(str(src / "model.safetensors"))
     edit(tensors)
     dst.mkdir(exist_ok=True)
@@ -207,22 +268,40 @@ def test_missing_unexpected_and_misshapen_tensors_are_named(tmp_path):
     bad = _rewrite(src, tmp_path / "missing", lambda t: t.pop(name))
     with pytest.raises(hf.HFError, match=rf"missing tensor '{name}' \(expected shape \(32, 64\)\)"):
         hf.load_params(bad)
-    bad = _rewrite(src, tmp_path / "extra", lambda t: t.update(
-        {"model.layers.0.mlp.extra.weight": np.zeros((3, 5), np.float32)}))
-    with pytest.raises(hf.HFError, match=r"unexpected tensors.*'model.layers.0.mlp.extra.weight': "
-                                         r"\(3, 5\)"):
+    bad = _rewrite(
+        src,
+        tmp_path / "extra",
+        lambda t: t.update({"model.layers.0.mlp.extra.weight": np.zeros((3, 5), np.float32)}),
+    )
+    with pytest.raises(
+        hf.HFError,
+        match=r"unexpected tensors.*'model.layers.0.mlp.extra.weight': "
+        r"\(3, 5\)",
+    ):
         hf.load_params(bad)
-    bad = _rewrite(src, tmp_path / "shape", lambda t: t.update(
-        {name: np.zeros((48, 64), np.float32)}))
-    with pytest.raises(hf.HFError, match=rf"'{name}': checkpoint shape \(48, 64\) != expected "
-                                         r"shape \(32, 64\)"):
+    bad = _rewrite(
+        src, tmp_path / "shape", lambda t: t.update({name: np.zeros((48, 64), np.float32)})
+    )
+    with pytest.raises(
+        hf.HFError,
+        match=rf"'{name}': checkpoint shape \(48, 64\) != expected "
+        r"shape \(32, 64\)",
+    ):
         hf.load_params(bad)
     cfg = hf.config_from_hf(src).replace(intermediate_size=80)
-    with pytest.raises(hf.HFError, match=r"mlp.gate_proj.weight': checkpoint shape \(96, 64\) "
-                                         r"!= expected shape \(80, 64\)"):
+    with pytest.raises(
+        hf.HFError,
+        match=r"mlp.gate_proj.weight': checkpoint shape \(96, 64\) "
+        r"!= expected shape \(80, 64\)",
+    ):
         hf.load_params(src, cfg=cfg)
-    ignorable = _rewrite(src, tmp_path / "inv_freq", lambda t: t.update(
-        {"model.layers.0.self_attn.rotary_emb.inv_freq": np.zeros(8, np.float32)}))
+    ignorable = _rewrite(
+        src,
+        tmp_path / "inv_freq",
+        lambda t: t.update(
+            {"model.layers.0.self_attn.rotary_emb.inv_freq": np.zeros(8, np.float32)}
+        ),
+    )
     hf.load_params(ignorable)  # old checkpoints' RoPE buffers are not weights
 
 

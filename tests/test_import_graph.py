@@ -1,5 +1,6 @@
 """The package's import graph: layers respected, no cycle (tools/import_graph.py), and the
 child processes' entry points import nothing heavy."""
+
 import importlib.util
 import os
 import subprocess
@@ -10,7 +11,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def _tool():
     spec = importlib.util.spec_from_file_location(
-        "import_graph", os.path.join(ROOT, "tools", "import_graph.py"))
+        "import_graph", os.path.join(ROOT, "tools", "import_graph.py")
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -18,8 +20,9 @@ def _tool():
 
 def test_no_upward_edge_and_no_cycle():
     problems = _tool().check()
-    assert not problems, ("tools/import_graph.py (layers, highest first, in its LAYERS):\n"
-                          + "\n".join(problems))
+    assert not problems, (
+        "tools/import_graph.py (layers, highest first, in its LAYERS):\n" + "\n".join(problems)
+    )
 
 
 def test_the_checker_finds_cycles():
@@ -32,11 +35,19 @@ def test_the_checker_finds_cycles():
 
 def test_child_entry_points_import_nothing_heavy():
     # A spawned child imports its entry point's module, packages included, before it starts.
-    code = ("import sys, scalerl_jax.rewards.pool_child, scalerl_jax.scaling.forecast_child; "
-            "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in "
-            "('scalerl_jax', 'jax', 'numpy', 'sympy', 'math_verify'))))")
+    code = (
+        "import sys, scalerl_jax.rewards.pool_child, scalerl_jax.scaling.forecast_child; "
+        "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('scalerl_jax', 'jax', 'numpy', 'sympy', 'math_verify'))))"
+    )
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                         check=True, cwd=ROOT).stdout.split()
-    assert out == ["scalerl_jax", "scalerl_jax.rewards", "scalerl_jax.rewards.pool_child",
-                   "scalerl_jax.scaling", "scalerl_jax.scaling.forecast_child"], out
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True, cwd=ROOT
+    ).stdout.split()
+    assert out == [
+        "scalerl_jax",
+        "scalerl_jax.rewards",
+        "scalerl_jax.rewards.pool_child",
+        "scalerl_jax.scaling",
+        "scalerl_jax.scaling.forecast_child",
+    ], out

@@ -2,6 +2,7 @@
 local attention, L2 qk-norm, interleaved RoPE, routed + shared experts, dense layers) on padded
 batches, export -> transformers reload, KV-cache decode across chunk boundaries, the
 multimodal checkpoint's language model, config refusals and the Scout preset's counts."""
+
 import json
 
 import jax
@@ -20,15 +21,37 @@ T = 20  # with chunk 8 every full row crosses two chunk boundaries
 # Layers 1 and 3 NoPE (global attention, temperature tuning), 0 and 2 RoPE (chunked, L2 qk-norm);
 # MoE on 0, 1, 3 (off the interleave-step grid), layer 2 dense and wider. floor_scale 4 makes the
 # temperature change every 4 positions; the llama3 RoPE scaling is exercised too.
-HF_CFG = dict(vocab_size=128, hidden_size=64, intermediate_size=32, intermediate_size_mlp=96,
-              num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-              num_local_experts=4, num_experts_per_tok=2, moe_layers=[0, 1, 3],
-              interleave_moe_layer_step=1, no_rope_layers=[1, 0, 1, 0], attention_chunk_size=8,
-              use_qk_norm=True, attn_temperature_tuning=True, floor_scale=4, attn_scale=0.5,
-              max_position_embeddings=256, rms_norm_eps=1e-5, tie_word_embeddings=False,
-              rope_parameters=dict(rope_type="llama3", rope_theta=10000.0, factor=8.0,
-                                   low_freq_factor=1.0, high_freq_factor=4.0,
-                                   original_max_position_embeddings=16))
+HF_CFG = dict(
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=32,
+    intermediate_size_mlp=96,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    num_local_experts=4,
+    num_experts_per_tok=2,
+    moe_layers=[0, 1, 3],
+    interleave_moe_layer_step=1,
+    no_rope_layers=[1, 0, 1, 0],
+    attention_chunk_size=8,
+    use_qk_norm=True,
+    attn_temperature_tuning=True,
+    floor_scale=4,
+    attn_scale=0.5,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=False,
+    rope_parameters=dict(
+        rope_type="llama3",
+        rope_theta=10000.0,
+        factor=8.0,
+        low_freq_factor=1.0,
+        high_freq_factor=4.0,
+        original_max_position_embeddings=16,
+    ),
+)
 
 
 def _hf_model(seed=0):
@@ -75,18 +98,31 @@ def _assert_rows_match(ours, model, tokens, mask):
     for b in range(tokens.shape[0]):
         keep = mask[b] > 0
         want = _hf_row_logits(model, tokens[b][keep].tolist())
-        np.testing.assert_allclose(np.asarray(ours[b])[keep], want, atol=1e-4, rtol=0,
-                                   err_msg=f"row {b}")
+        np.testing.assert_allclose(
+            np.asarray(ours[b])[keep], want, atol=1e-4, rtol=0, err_msg=f"row {b}"
+        )
 
 
 def test_config_maps_every_llama4_field(checkpoint):
     path, _ = checkpoint
     cfg = hf.config_from_hf(path)
-    assert (cfg.nope_layers, cfg.local_attention_chunk, cfg.qk_l2_norm, cfg.qk_norm,
-            cfg.attn_temperature_tuning, cfg.attn_floor_scale, cfg.attn_scale) == \
-        ((1, 3), 8, True, False, True, 4, 0.5)
-    assert (cfg.num_experts, cfg.experts_per_token, cfg.expert_size, cfg.shared_expert_size,
-            cfg.intermediate_size, cfg.router) == (4, 2, 32, 32, 96, "sigmoid")
+    assert (
+        cfg.nope_layers,
+        cfg.local_attention_chunk,
+        cfg.qk_l2_norm,
+        cfg.qk_norm,
+        cfg.attn_temperature_tuning,
+        cfg.attn_floor_scale,
+        cfg.attn_scale,
+    ) == ((1, 3), 8, True, False, True, 4, 0.5)
+    assert (
+        cfg.num_experts,
+        cfg.experts_per_token,
+        cfg.expert_size,
+        cfg.shared_expert_size,
+        cfg.intermediate_size,
+        cfg.router,
+    ) == (4, 2, 32, 32, 96, "sigmoid")
     assert [cfg.is_moe_layer(i) for i in range(4)] == [True, True, False, True]
     assert [cfg.is_local_attention_layer(i) for i in range(4)] == [True, False, True, False]
     assert cfg.rope_scaling.original_max_position_embeddings == 16
@@ -111,8 +147,9 @@ def test_packed_segments_equal_separate_sequences(checkpoint):
     tokens = np.zeros((3, T), np.int64)
     tokens[0], tokens[1, :11], tokens[2, :9] = np.concatenate([a, b]), a, b
     segments = np.array([[1] * 11 + [2] * 9, [1] * 11 + [0] * 9, [1] * 9 + [0] * 11])
-    positions = np.array([list(range(11)) + list(range(9)), list(range(11)) + [0] * 9,
-                          list(range(9)) + [0] * 11])
+    positions = np.array(
+        [list(range(11)) + list(range(9)), list(range(11)) + [0] * 9, list(range(9)) + [0] * 11]
+    )
     out = np.asarray(_forward(graphdef, params, tokens, positions, segments))
     np.testing.assert_allclose(out[0, :11], out[1, :11], atol=1e-5)
     np.testing.assert_allclose(out[0, 11:], out[2, :9], atol=1e-5)
@@ -124,8 +161,12 @@ def test_each_feature_changes_the_logits(checkpoint):
     _, model = checkpoint
     row = np.random.RandomState(4).randint(0, 128, T).tolist()
     base = _hf_row_logits(model, row)
-    for change in (dict(layer_types=["full_attention"] * 4), dict(no_rope_layers=[1] * 4),
-                   dict(use_qk_norm=False), dict(attn_temperature_tuning=False)):
+    for change in (
+        dict(layer_types=["full_attention"] * 4),
+        dict(no_rope_layers=[1] * 4),
+        dict(use_qk_norm=False),
+        dict(attn_temperature_tuning=False),
+    ):
         config = transformers.Llama4TextConfig(**{**HF_CFG, **change})
         config._attn_implementation = "eager"
         other = transformers.Llama4ForCausalLM(config).eval()
@@ -138,6 +179,7 @@ def test_sharded_load_equals_unsharded(checkpoint):
     and q/k head_dim permuted, under an expert x fsdp x tensor mesh."""
     from scalerl_jax import mesh as mesh_lib
     from scalerl_jax.config import MeshConfig
+
     path, _ = checkpoint
     mesh = mesh_lib.trainer_mesh(MeshConfig(expert=2, fsdp=2, tensor=2), jax.devices())
     _, _, sharded = hf.load_params(path, mesh=mesh)
@@ -145,8 +187,9 @@ def test_sharded_load_equals_unsharded(checkpoint):
     up = sharded["layers"][0]["mlp"]["up"].get_value()
     assert up.sharding.spec == jax.sharding.PartitionSpec("expert", "fsdp", "tensor")
     for (k, a), (_, b) in zip(nnx.to_flat_state(sharded), nnx.to_flat_state(single)):
-        np.testing.assert_array_equal(np.asarray(a.get_value()), np.asarray(b.get_value()),
-                                      err_msg=str(k))
+        np.testing.assert_array_equal(
+            np.asarray(a.get_value()), np.asarray(b.get_value()), err_msg=str(k)
+        )
 
 
 def test_export_reloads_in_transformers(checkpoint, tmp_path):
@@ -154,7 +197,8 @@ def test_export_reloads_in_transformers(checkpoint, tmp_path):
     cfg, graphdef, params = hf.load_params(path)
     hf.export(params, cfg, tmp_path / "out", max_shard_bytes=100_000)  # several files
     back = transformers.Llama4ForCausalLM.from_pretrained(
-        tmp_path / "out", attn_implementation="eager").eval()
+        tmp_path / "out", attn_implementation="eager"
+    ).eval()
     want = model.state_dict()
     for name, value in back.state_dict().items():
         assert torch.equal(value, want[name]), name
@@ -167,24 +211,34 @@ def test_multimodal_checkpoint_loads_its_language_model(checkpoint, tmp_path, ca
     """A Llama4ForConditionalGeneration directory (nested text_config, language_model.*
     tensors, a vision tower) loads the language model's params and says the rest is skipped."""
     from safetensors.numpy import load_file, save_file
+
     path, _ = checkpoint
-    tensors = {"language_model." + k: v
-               for k, v in load_file(str(path / "model.safetensors")).items()}
+    tensors = {
+        "language_model." + k: v for k, v in load_file(str(path / "model.safetensors")).items()
+    }
     tensors["vision_model.patch_embedding.linear.weight"] = np.ones((8, 4), np.float32)
     tensors["multi_modal_projector.linear_1.weight"] = np.ones((4, 8), np.float32)
     save_file(tensors, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
     text = json.loads((path / "config.json").read_text())
-    (tmp_path / "config.json").write_text(json.dumps(dict(
-        architectures=["Llama4ForConditionalGeneration"], model_type="llama4",
-        text_config=text, vision_config=dict(hidden_size=8))))
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            dict(
+                architectures=["Llama4ForConditionalGeneration"],
+                model_type="llama4",
+                text_config=text,
+                vision_config=dict(hidden_size=8),
+            )
+        )
+    )
     with caplog.at_level("INFO", logger="scalerl_jax.models.hf"):
         cfg, _, params = hf.load_params(tmp_path)
     assert "vision tower" in caplog.text and "ignoring 2 vision-tower tensors" in caplog.text
     _, _, want = hf.load_params(path)
     assert cfg == hf.config_from_hf(path).replace(name=cfg.name)
     for (k, a), (_, b) in zip(nnx.to_flat_state(params), nnx.to_flat_state(want)):
-        np.testing.assert_array_equal(np.asarray(a.get_value()), np.asarray(b.get_value()),
-                                      err_msg=str(k))
+        np.testing.assert_array_equal(
+            np.asarray(a.get_value()), np.asarray(b.get_value()), err_msg=str(k)
+        )
 
 
 def test_kv_cache_decode_equals_full_forward_across_chunks(checkpoint):
@@ -214,8 +268,12 @@ def test_kv_cache_decode_equals_full_forward_across_chunks(checkpoint):
         p = np.minimum(pos, T - 1)
         logits, cache = decode(params, tokens[rows, p][:, None], p[:, None], cache)
         for b in rows[pos < T]:
-            np.testing.assert_allclose(np.asarray(logits)[b, 0], full[b, pos[b]], atol=1e-5,
-                                       err_msg=f"row {b} position {pos[b]}")
+            np.testing.assert_allclose(
+                np.asarray(logits)[b, 0],
+                full[b, pos[b]],
+                atol=1e-5,
+                err_msg=f"row {b} position {pos[b]}",
+            )
         pos = pos + 1
 
 
@@ -223,10 +281,13 @@ def test_unsupported_settings_are_refused_by_name():
     base = json.loads(json.dumps(transformers.Llama4TextConfig(**HF_CFG).to_dict()))
     base["architectures"] = ["Llama4ForCausalLM"]
     assert hf.config_from_hf(base).nope_layers == (1, 3)
-    bad = {"layer_types": ["full_attention", "full_attention", "chunked_attention",
-                           "full_attention"],
-           "hidden_act": "gelu", "attention_bias": True, "router_jitter_noise": 0.1,
-           "no_rope_layers": [1, 0]}
+    bad = {
+        "layer_types": ["full_attention", "full_attention", "chunked_attention", "full_attention"],
+        "hidden_act": "gelu",
+        "attention_bias": True,
+        "router_jitter_noise": 0.1,
+        "no_rope_layers": [1, 0],
+    }
     for key, value in bad.items():
         with pytest.raises(hf.HFError, match=rf"{key}={value!r}".replace("[", r"\[")):
             hf.config_from_hf({**base, key: value})
@@ -253,23 +314,49 @@ def test_scout_preset_is_the_hf_scout_config():
     parameter counts equal a transformers Llama4ForCausalLM built on the meta device."""
     scout = presets.get("llama-4-scout-17b-16e")
     published = dict(  # meta-llama/Llama-4-Scout-17B-16E config.json, text_config
-        architectures=["Llama4ForCausalLM"], attention_bias=False, attention_chunk_size=8192,
-        attn_scale=0.1, attn_temperature_tuning=4, floor_scale=8192, head_dim=128,
-        hidden_act="silu", hidden_size=5120, interleave_moe_layer_step=1,
-        intermediate_size=8192, intermediate_size_mlp=16384, max_position_embeddings=262144,
-        model_type="llama4_text", moe_layers=list(range(48)),
-        no_rope_layers=[int((i + 1) % 4 != 0) for i in range(48)], num_attention_heads=40,
-        num_experts_per_tok=1, num_hidden_layers=48, num_key_value_heads=8,
-        num_local_experts=16, output_router_logits=False, rms_norm_eps=1e-5,
-        rope_scaling=dict(factor=8.0, high_freq_factor=4.0, low_freq_factor=1.0,
-                          original_max_position_embeddings=8192, rope_type="llama3"),
-        rope_theta=500000.0, router_aux_loss_coef=0.001, router_jitter_noise=0.0,
-        use_qk_norm=True, vocab_size=202048, tie_word_embeddings=False)
+        architectures=["Llama4ForCausalLM"],
+        attention_bias=False,
+        attention_chunk_size=8192,
+        attn_scale=0.1,
+        attn_temperature_tuning=4,
+        floor_scale=8192,
+        head_dim=128,
+        hidden_act="silu",
+        hidden_size=5120,
+        interleave_moe_layer_step=1,
+        intermediate_size=8192,
+        intermediate_size_mlp=16384,
+        max_position_embeddings=262144,
+        model_type="llama4_text",
+        moe_layers=list(range(48)),
+        no_rope_layers=[int((i + 1) % 4 != 0) for i in range(48)],
+        num_attention_heads=40,
+        num_experts_per_tok=1,
+        num_hidden_layers=48,
+        num_key_value_heads=8,
+        num_local_experts=16,
+        output_router_logits=False,
+        rms_norm_eps=1e-5,
+        rope_scaling=dict(
+            factor=8.0,
+            high_freq_factor=4.0,
+            low_freq_factor=1.0,
+            original_max_position_embeddings=8192,
+            rope_type="llama3",
+        ),
+        rope_theta=500000.0,
+        router_aux_loss_coef=0.001,
+        router_jitter_noise=0.0,
+        use_qk_norm=True,
+        vocab_size=202048,
+        tie_word_embeddings=False,
+    )
     assert hf.config_from_hf(published) == scout.replace(name="Llama4ForCausalLM")
     kw = {k: v for k, v in published.items() if k not in ("architectures", "model_type")}
     with torch.device("meta"):  # transformers 5's strict config wants a bool for the 4
-        model = transformers.Llama4ForCausalLM(transformers.Llama4TextConfig(
-            **{**kw, "attn_temperature_tuning": True}))
+        model = transformers.Llama4ForCausalLM(
+            transformers.Llama4TextConfig(**{**kw, "attn_temperature_tuning": True})
+        )
     total = sum(p.numel() for p in model.parameters())
     experts = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n)
     assert total == scout.num_params() == 107_769_861_120
@@ -281,6 +368,7 @@ def test_sampler_engine_logprobs_equal_training_forward():
     training forward's log-probs for a tiny-llama4 continuation that crosses chunk boundaries
     (positions 8 and 16)."""
     from _sampler_params import engine_and_forward_logprobs
+
     seq, lps, ref = engine_and_forward_logprobs(presets.get("tiny-llama4"), calls=4)
     assert len(seq) == 21  # the last log-prob is read at position 19, in the third chunk
     np.testing.assert_allclose(lps, ref, atol=1e-5, rtol=0)

@@ -1,6 +1,7 @@
 """plan/local.py: a run's memory estimate on this machine's devices (host RAM on CPU, device memory
 elsewhere), the one-line refusal with the largest items and settings that fit, and the CLI: a run
 that cannot fit exits 2 before allocating anything; `--dry-run` alone prints the local plan."""
+
 import dataclasses
 
 from scalerl_jax import recipes
@@ -11,12 +12,24 @@ from test_cli import refused
 from test_run import run_cli
 
 # config.json of SmolLM2-135M-Instruct as experiments/fetch_model.py converts it from the GGUF.
-SMOLLM2 = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 576,
-           "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
-           "num_key_value_heads": 3, "head_dim": 64, "vocab_size": 49152,
-           "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "hidden_act": "silu",
-           "rope_parameters": {"rope_theta": 100000.0, "rope_type": "default"},
-           "tie_word_embeddings": True, "attention_bias": False, "mlp_bias": False}
+SMOLLM2 = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "head_dim": 64,
+    "vocab_size": 49152,
+    "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-5,
+    "hidden_act": "silu",
+    "rope_parameters": {"rope_theta": 100000.0, "rope_type": "default"},
+    "tie_word_embeddings": True,
+    "attention_bias": False,
+    "mlp_bias": False,
+}
 
 
 def _cpu(gib, devices=1):
@@ -28,8 +41,10 @@ def _issue_run():
     kernel killed on a 24 GB machine."""
     cfg = recipes.get("scalerl")
     m = hf.config_from_hf(SMOLLM2, name="SmolLM2-135M").replace(
-        param_dtype=cfg.model.param_dtype, compute_dtype=cfg.model.compute_dtype,
-        fp32_head=cfg.model.fp32_head)
+        param_dtype=cfg.model.param_dtype,
+        compute_dtype=cfg.model.compute_dtype,
+        fp32_head=cfg.model.fp32_head,
+    )
     return dataclasses.replace(cfg, model=m, mesh=dataclasses.replace(cfg.mesh, colocate=True))
 
 
@@ -40,10 +55,11 @@ def test_host_memory_takes_the_lower_of_meminfo_and_a_cgroup_limit(tmp_path):
     limit.write_text(f"{4 * GIB}\n")
     usage.write_text(f"{GIB}\n")
     assert local.host_memory(str(meminfo), ((str(limit), str(usage)),)) == (
-        3 * GIB, "cgroup limit memory.max minus usage")
+        3 * GIB,
+        "cgroup limit memory.max minus usage",
+    )
     limit.write_text("max\n")  # cgroup v2 without a limit
-    assert local.host_memory(str(meminfo), ((str(limit), str(usage)),)) == (
-        8 * GIB, "MemAvailable")
+    assert local.host_memory(str(meminfo), ((str(limit), str(usage)),)) == (8 * GIB, "MemAvailable")
 
 
 def test_the_issue_run_is_refused_with_its_kv_cache_and_settings_that_fit():
@@ -59,9 +75,15 @@ def test_the_issue_run_is_refused_with_its_kv_cache_and_settings_that_fit():
     assert "activations (768 rows x 16,384 tokens per micro-batch per device, remat off)" in line
     settings = line.split("Settings that fit: ")[1].split()
     assert {s.partition("=")[0] for s in settings} <= {
-        "model.remat", "optim.micro_batches", "sampler.max_concurrent_decodes",
-        "sampler.max_new_tokens", "sampler.max_target_length", "sampler.think_min",
-        "sampler.think_max", "sampler.answer_budget"}
+        "model.remat",
+        "optim.micro_batches",
+        "sampler.max_concurrent_decodes",
+        "sampler.max_new_tokens",
+        "sampler.max_target_length",
+        "sampler.think_min",
+        "sampler.think_max",
+        "sampler.answer_budget",
+    }
     fixed = apply_overrides(cfg, settings)  # valid settings, and with them it fits
     assert local.local_plan(fixed, machine).fits
     assert fixed.sampler.think_max + fixed.sampler.answer_budget <= fixed.sampler.max_new_tokens
@@ -83,16 +105,17 @@ def test_shared_ram_sums_the_devices_and_device_memory_takes_the_fullest():
     assert ram.need == 4 * ram.trainer.peak + 4 * ram.sampler.peak
     gpu = local.local_plan(cfg, dataclasses.replace(_cpu(100, devices=8), shared=False))
     assert gpu.need == max(gpu.trainer.peak, gpu.sampler.peak)
-    colocated = local.local_plan(recipes.testbed(), dataclasses.replace(_cpu(100, 8),
-                                                                        shared=False))
+    colocated = local.local_plan(recipes.testbed(), dataclasses.replace(_cpu(100, 8), shared=False))
     assert colocated.need == colocated.trainer.peak + colocated.sampler.peak
 
 
 def test_a_machine_nothing_fits_says_so():
     plan = local.local_plan(_issue_run(), _cpu(0.01))
-    assert local.explain(plan).endswith("No shorter lengths, remat, micro-batches or decode "
-                                        "slots fit: use a smaller model or a machine with more "
-                                        "memory")
+    assert local.explain(plan).endswith(
+        "No shorter lengths, remat, micro-batches or decode "
+        "slots fit: use a smaller model or a machine with more "
+        "memory"
+    )
 
 
 def test_the_testbed_fits_this_machine():
@@ -105,12 +128,16 @@ def test_the_testbed_fits_this_machine():
 # --------------------------------------------------------------------------------- the CLI
 def test_cli_refuses_a_run_that_cannot_fit_before_allocating(tmp_path):
     workdir = tmp_path / "w"
-    done = run_cli("--workdir", str(workdir), "--steps", "3",
-                   "sampler.max_concurrent_decodes=10000000")
-    refused(done, "testbed does not fit this machine: it needs",
-            "KV cache (10000000 slots x 96 tokens per device)",
-            "Settings that fit: sampler.max_concurrent_decodes=", "(--dry-run prints the whole "
-            "plan)")
+    done = run_cli(
+        "--workdir", str(workdir), "--steps", "3", "sampler.max_concurrent_decodes=10000000"
+    )
+    refused(
+        done,
+        "testbed does not fit this machine: it needs",
+        "KV cache (10000000 slots x 96 tokens per device)",
+        "Settings that fit: sampler.max_concurrent_decodes=",
+        "(--dry-run prints the whole plan)",
+    )
     assert not workdir.exists()  # refused before the trainer started
 
 

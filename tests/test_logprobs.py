@@ -1,5 +1,6 @@
 """Chunked log-probs and entropy: equal to the all-at-once computation, values and gradients,
 and the chunked peak memory does not grow with T x V."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -101,8 +102,12 @@ def _temp_bytes(t, chunk, b=2, d=64, v=4096):
     def f(h, w, tg):
         lp, ent = token_logprobs(h, w, tg, chunk_size=chunk)
         return jnp.sum(lp) + 0.1 * jnp.sum(ent)
-    args = (jax.ShapeDtypeStruct((b, t, d), jnp.float32),
-            jax.ShapeDtypeStruct((d, v), jnp.float32), jax.ShapeDtypeStruct((b, t), jnp.int32))
+
+    args = (
+        jax.ShapeDtypeStruct((b, t, d), jnp.float32),
+        jax.ShapeDtypeStruct((d, v), jnp.float32),
+        jax.ShapeDtypeStruct((b, t), jnp.int32),
+    )
     compiled = jax.jit(jax.grad(f, argnums=(0, 1))).lower(*args).compile()
     return compiled.memory_analysis().temp_size_in_bytes
 

@@ -10,6 +10,7 @@ memory cap and show both that real answers fit in it and that a verifier exceedi
 as an error while the pool goes on. Nothing here is destructive: the memory test asks a child
 for 3 GiB that its cap refuses before anything is allocated.
 """
+
 import operator
 import time
 
@@ -27,13 +28,28 @@ def boxed(answer: str) -> str:
 
 # (reference, answer): each answer states something besides the reference value.
 HEDGES = [
-    ("3", "2 = 3"), ("2", "2 = 3"), ("11", "x = 5+5+1 = 7 = 11"), ("5", "2+2 = 5"),
-    ("3", "2 \\approx 3"), ("2", "2 \\approx 3"), ("\\frac{1}{3}", "x = \\frac{1}{3} \\approx 1.3"),
-    ("4", "4 \\approx 4.0001"), ("3", "2 \\simeq 3"),
-    ("B", "(B) \\text{ or } (C)"), ("B", "\\textbf{(B)} \\text{ or } \\textbf{(C)}"),
-    ("B", "B \\text{ or } C"), ("B", "\\text{B or C}"), ("B", "(B) (C)"), ("B", "B, C"),
-    ("4", "3 or 4"), ("4", "4 \\text{ or } 3"), ("4", "4 \\text{ (or 3)}"),
-    ("4", "x = 3 \\text{ or } x = 4"), ("4", "3, 4"), ("4", "\\{3, 4\\}"), ("4", "3 \\pm 1"),
+    ("3", "2 = 3"),
+    ("2", "2 = 3"),
+    ("11", "x = 5+5+1 = 7 = 11"),
+    ("5", "2+2 = 5"),
+    ("3", "2 \\approx 3"),
+    ("2", "2 \\approx 3"),
+    ("\\frac{1}{3}", "x = \\frac{1}{3} \\approx 1.3"),
+    ("4", "4 \\approx 4.0001"),
+    ("3", "2 \\simeq 3"),
+    ("B", "(B) \\text{ or } (C)"),
+    ("B", "\\textbf{(B)} \\text{ or } \\textbf{(C)}"),
+    ("B", "B \\text{ or } C"),
+    ("B", "\\text{B or C}"),
+    ("B", "(B) (C)"),
+    ("B", "B, C"),
+    ("4", "3 or 4"),
+    ("4", "4 \\text{ or } 3"),
+    ("4", "4 \\text{ (or 3)}"),
+    ("4", "x = 3 \\text{ or } x = 4"),
+    ("4", "3, 4"),
+    ("4", "\\{3, 4\\}"),
+    ("4", "3 \\pm 1"),
 ]
 
 
@@ -59,39 +75,83 @@ def test_answers_that_only_look_like_hedges_are_accepted():
     assert verify_math("\\boxed{1} and \\boxed{2}", "1, 2")
 
 
-@pytest.mark.parametrize("answer,product", [
-    ("2 \\quad 3", "6"), ("12 \\; 5", "60"), ("2~3", "6"), ("2\\,3", "6"), ("2\\ 3", "6"),
-    ("2 3", "6"), ("2 \\qquad 3", "6"), ("2\\:3", "6"), ("12 \\; 500", "12500"),
-    ("2 \\quad 300", "2300"), ("\\frac{1}{2} 3", "\\frac{3}{2}")])
+@pytest.mark.parametrize(
+    "answer,product",
+    [
+        ("2 \\quad 3", "6"),
+        ("12 \\; 5", "60"),
+        ("2~3", "6"),
+        ("2\\,3", "6"),
+        ("2\\ 3", "6"),
+        ("2 3", "6"),
+        ("2 \\qquad 3", "6"),
+        ("2\\:3", "6"),
+        ("12 \\; 500", "12500"),
+        ("2 \\quad 300", "2300"),
+        ("\\frac{1}{2} 3", "\\frac{3}{2}"),
+    ],
+)
 def test_numbers_side_by_side_are_no_product(answer, product):
     assert not verify_math(boxed(answer), product)
 
 
 def test_thousands_separators_still_group_digits():
-    for answer, value in [("1\\,000", "1000"), ("10 000", "10000"), ("1,000,000", "1000000"),
-                          ("1{,}000", "1000"), ("10,\\!000", "10000"), ("12 500", "12500")]:
+    for answer, value in [
+        ("1\\,000", "1000"),
+        ("10 000", "10000"),
+        ("1,000,000", "1000000"),
+        ("1{,}000", "1000"),
+        ("10,\\!000", "10000"),
+        ("12 500", "12500"),
+    ]:
         assert verify_math(boxed(answer), value), answer
 
 
-@pytest.mark.parametrize("answer,reference", [
-    ("1000000.9", "1000000"), ("123456800.0", "123456789"), ("1.8446744e19", "2^{64}"),
-    ("4.0000001", "4"), ("3.9999999", "4"), ("0.1251", "\\frac{1}{8}"), ("2.0000001", "\\sqrt{4}")])
+@pytest.mark.parametrize(
+    "answer,reference",
+    [
+        ("1000000.9", "1000000"),
+        ("123456800.0", "123456789"),
+        ("1.8446744e19", "2^{64}"),
+        ("4.0000001", "4"),
+        ("3.9999999", "4"),
+        ("0.1251", "\\frac{1}{8}"),
+        ("2.0000001", "\\sqrt{4}"),
+    ],
+)
 def test_inexact_decimals_for_exact_references_are_wrong(answer, reference):
     assert not verify_math(boxed(answer), reference)
 
 
-@pytest.mark.parametrize("answer,reference", [
-    ("1000000.0", "1000000"), ("1.8446744073709551616e19", "2^{64}"), ("0.125", "\\frac{1}{8}"),
-    ("0.333333", "\\frac{1}{3}"), ("3.14159265", "\\pi"), ("\\frac{1}{3}", "0.33"),
-    ("0.334", "0.33")])
+@pytest.mark.parametrize(
+    "answer,reference",
+    [
+        ("1000000.0", "1000000"),
+        ("1.8446744073709551616e19", "2^{64}"),
+        ("0.125", "\\frac{1}{8}"),
+        ("0.333333", "\\frac{1}{3}"),
+        ("3.14159265", "\\pi"),
+        ("\\frac{1}{3}", "0.33"),
+        ("0.334", "0.33"),
+    ],
+)
 def test_exact_and_within_tolerance_decimals_are_right(answer, reference):
     assert verify_math(boxed(answer), reference)
 
 
-@pytest.mark.parametrize("answer,reference", [
-    ("0.0", "\\frac{1}{10^7}"), ("0", "0.000001"), ("0", "10^{-9}"), ("1e-9", "0"),
-    ("0.000000001", "0"), ("0", "10^{-20}\\sqrt{2}"), ("10^{-30}\\sqrt{2}", "0"),
-    ("0.0000001", "0.0000002")])
+@pytest.mark.parametrize(
+    "answer,reference",
+    [
+        ("0.0", "\\frac{1}{10^7}"),
+        ("0", "0.000001"),
+        ("0", "10^{-9}"),
+        ("1e-9", "0"),
+        ("0.000000001", "0"),
+        ("0", "10^{-20}\\sqrt{2}"),
+        ("10^{-30}\\sqrt{2}", "0"),
+        ("0.0000001", "0.0000002"),
+    ],
+)
 def test_zero_and_absolute_neighbours_are_wrong(answer, reference):
     assert not verify_math(boxed(answer), reference)
 
@@ -106,11 +166,15 @@ def test_small_references_match_relatively():
 SLOW = {
     "cancellation": (boxed("\\frac{a^{9999}-b^{9999}}{a-b}"), "1"),
     "cancellation, other reference": (boxed("\\frac{a^{9999}-b^{9999}}{a-b}"), "a+b"),
-    "expansion": (boxed("(" + "+".join("abcdefghijklmnopqr") + ")^{12} + \\lfloor 1 \\rfloor"),
-                  "1"),
+    "expansion": (
+        boxed("(" + "+".join("abcdefghijklmnopqr") + ")^{12} + \\lfloor 1 \\rfloor"),
+        "1",
+    ),
     "integral": (boxed("\\int_0^1 x^{12} \\sin(x) dx"), "1"),
-    "product of cancellations": (boxed("\\frac{x^{16}-y^{16}}{x-y}\\cdot\\frac{z^{16}-w^{16}}{z-w}"
-                                       " + \\lfloor 1 \\rfloor"), "1"),
+    "product of cancellations": (
+        boxed("\\frac{x^{16}-y^{16}}{x-y}\\cdot\\frac{z^{16}-w^{16}}{z-w} + \\lfloor 1 \\rfloor"),
+        "1",
+    ),
     "nested binomial": (boxed("\\binom{\\binom{z}{8} k}{9} + \\lfloor 1 \\rfloor"), "1"),
     "spans": ("We compute.\n" + "\\(" * 40_000, "1"),
 }
@@ -127,12 +191,24 @@ def test_slow_inputs_return_fast(name):
 def test_size_screens():
     assert within_limits("\\frac{a^{9999}-b^{9999}}{a-b}")  # compared, by evaluation only
     eighteen = "+".join("abcdefghijklmnopqr")
-    for answer in ["\\frac{a^{9999}-b^{9999}}{a-b}", f"({eighteen})^{{12}}",
-                   "\\int_0^1 x^2 dx", "\\sum_{k=1}^{n} k", "\\binom{\\binom{z}{8}}{9}",
-                   "(\\pi+3+\\pi)^{11}"]:
+    for answer in [
+        "\\frac{a^{9999}-b^{9999}}{a-b}",
+        f"({eighteen})^{{12}}",
+        "\\int_0^1 x^2 dx",
+        "\\sum_{k=1}^{n} k",
+        "\\binom{\\binom{z}{8}}{9}",
+        "(\\pi+3+\\pi)^{11}",
+    ]:
         assert not symbolic_ok(answer), answer
-    for answer in ["x^2 + 2x + 1", "(a+b)^{12}", "\\binom{n}{2}", "\\frac{x^4-1}{x-1}",
-                   "\\sin^2 x + \\cos^2 x", "2^{10000}", "\\lfloor x \\rfloor + 1"]:
+    for answer in [
+        "x^2 + 2x + 1",
+        "(a+b)^{12}",
+        "\\binom{n}{2}",
+        "\\frac{x^4-1}{x-1}",
+        "\\sin^2 x + \\cos^2 x",
+        "2^{10000}",
+        "\\lfloor x \\rfloor + 1",
+    ]:
         assert symbolic_ok(answer), answer
 
 
@@ -146,9 +222,31 @@ def test_high_degree_identities_are_still_decided():
 
 
 # Completions that repeat one piece up to the length limit: every extraction scan is linear.
-PIECES = ["\\(", "$", "$$", "\\[", "\\boxed{", "\\boxed{1}", "\\boxed{1} and ", "answer is ",
-          "Answer: ", "1,", "1 ", "{", "\\text{", "$1$ and ", "final ", "<think>", "x=", " ",
-          "\\frac{1}{2}", ",\\!", "\\quad", "answer is $", "$x$ is "]
+PIECES = [
+    "\\(",
+    "$",
+    "$$",
+    "\\[",
+    "\\boxed{",
+    "\\boxed{1}",
+    "\\boxed{1} and ",
+    "answer is ",
+    "Answer: ",
+    "1,",
+    "1 ",
+    "{",
+    "\\text{",
+    "$1$ and ",
+    "final ",
+    "<think>",
+    "x=",
+    " ",
+    "\\frac{1}{2}",
+    ",\\!",
+    "\\quad",
+    "answer is $",
+    "$x$ is ",
+]
 
 
 @pytest.mark.parametrize("piece", PIECES)
@@ -186,12 +284,17 @@ def test_memory_cap_is_validated(memory_mb):
 def test_extraction_reads_final_sentences_and_box_groups():
     assert extract_answer("Final Answer: The largest $n$ is 34.") == "34"
     assert extract_answer("Final Answer: Jane started 3 hours ago. I hope it is correct.") == "3"
-    assert extract_answer("\\boxed{200} ... Final Answer: The final answer is $10,455$.") \
-        == "10,455"
-    assert extract_answer("$\\boxed{k = 45} \\quad \\text{and} \\quad \\boxed{n = 2}$") \
+    assert (
+        extract_answer("\\boxed{200} ... Final Answer: The final answer is $10,455$.") == "10,455"
+    )
+    assert (
+        extract_answer("$\\boxed{k = 45} \\quad \\text{and} \\quad \\boxed{n = 2}$")
         == "k = 45, n = 2"
-    assert extract_answer("\\( y_1 = \\boxed{2x} \\) and \\( y_2 = \\boxed{3x} \\)") \
+    )
+    assert (
+        extract_answer("\\( y_1 = \\boxed{2x} \\) and \\( y_2 = \\boxed{3x} \\)")
         == "y_1 = 2x, y_2 = 3x"
+    )
     assert extract_answer("first \\boxed{3}, finally \\boxed{4}") == "4"  # a correction
     assert extract_answer("Therefore $x \\geq 5$ is the solution.") == "x \\geq 5"
     assert extract_answer("so x \\geq 5") is None  # not 5

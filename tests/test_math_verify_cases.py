@@ -10,6 +10,7 @@ a tuple; `x < 2` is not `x \\le 2`; named values must use the same names.
 Also here: hypothesis-generated strings through the verifier (no crash, no eval, each call
 within its limit) and adversarial answers through the process pool.
 """
+
 import time
 
 import pytest
@@ -20,8 +21,10 @@ from scalerl_jax.rewards import RewardPool, extract_answer, verify_math
 from scalerl_jax.rewards.math import MAX_COMPLETION_CHARS, is_equivalent, within_limits
 from test_rewards import _NoEval  # tests/ is on sys.path (rootdir conftest)
 
-COT = ("Let me think step by step. We set up the equation and simplify both sides, checking "
-       "the arithmetic twice: 3 + 4 = 7 and 2 * 6 = 12.\n\n")
+COT = (
+    "Let me think step by step. We set up the equation and simplify both sides, checking "
+    "the arithmetic twice: 3 + 4 = 7 and 2 * 6 = 12.\n\n"
+)
 
 
 def boxed(answer: str) -> str:
@@ -211,18 +214,36 @@ CASES = [
     ("x \\neq 0", boxed("x \\ne 0"), True),
     ("x < 2", boxed("(-\\infty, 2)"), True),
     # ---- matrices and vectors
-    ("\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}",
-     boxed("\\begin{pmatrix}1&2\\\\3&4\\end{pmatrix}"), True),
-    ("\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}",
-     boxed("\\begin{bmatrix} 1 & 2 \\\\ 3 & 4 \\end{bmatrix}"), True),
-    ("\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}",
-     boxed("\\begin{pmatrix} 1 & 3 \\\\ 2 & 4 \\end{pmatrix}"), False),
-    ("\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}",
-     boxed("\\begin{pmatrix} 1 & 2 & 3 & 4 \\end{pmatrix}"), False),
-    ("\\begin{pmatrix} \\frac{1}{2} \\\\ -1 \\end{pmatrix}",
-     boxed("\\begin{pmatrix} 0.5 \\\\ -1 \\end{pmatrix}"), True),
-    ("\\begin{pmatrix} \\frac{1}{2} \\\\ -1 \\end{pmatrix}",
-     boxed("\\begin{pmatrix} -1 \\\\ 0.5 \\end{pmatrix}"), False),
+    (
+        "\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}",
+        boxed("\\begin{pmatrix}1&2\\\\3&4\\end{pmatrix}"),
+        True,
+    ),
+    (
+        "\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}",
+        boxed("\\begin{bmatrix} 1 & 2 \\\\ 3 & 4 \\end{bmatrix}"),
+        True,
+    ),
+    (
+        "\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}",
+        boxed("\\begin{pmatrix} 1 & 3 \\\\ 2 & 4 \\end{pmatrix}"),
+        False,
+    ),
+    (
+        "\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}",
+        boxed("\\begin{pmatrix} 1 & 2 & 3 & 4 \\end{pmatrix}"),
+        False,
+    ),
+    (
+        "\\begin{pmatrix} \\frac{1}{2} \\\\ -1 \\end{pmatrix}",
+        boxed("\\begin{pmatrix} 0.5 \\\\ -1 \\end{pmatrix}"),
+        True,
+    ),
+    (
+        "\\begin{pmatrix} \\frac{1}{2} \\\\ -1 \\end{pmatrix}",
+        boxed("\\begin{pmatrix} -1 \\\\ 0.5 \\end{pmatrix}"),
+        False,
+    ),
     # ---- expressions with variables
     ("x^2+2x+1", boxed("(x+1)^2"), True),
     ("x+1", boxed("\\frac{x^2-1}{x-1}"), True),
@@ -279,10 +300,24 @@ def test_agreement():
     assert agreement >= 0.98, misses
 
 
-@pytest.mark.parametrize("answer", [
-    "9^{9^{9^{9}}}", "9^9^9", "\\binom{10^9}{5*10^8}", "\\sum_{k=1}^{20000} k", "(" * 3000,
-    "\\{" + ",".join(["1"] * 5000) + "\\}", "(10^{6})!", "((5!)!)!", "10^{10^{10}}",
-    "2^{2^{2^{2^{2}}}}", "x" * 1_000_000, "\\int_0^1 x^{1000000} dx", "2^{99999999}"])
+@pytest.mark.parametrize(
+    "answer",
+    [
+        "9^{9^{9^{9}}}",
+        "9^9^9",
+        "\\binom{10^9}{5*10^8}",
+        "\\sum_{k=1}^{20000} k",
+        "(" * 3000,
+        "\\{" + ",".join(["1"] * 5000) + "\\}",
+        "(10^{6})!",
+        "((5!)!)!",
+        "10^{10^{10}}",
+        "2^{2^{2^{2^{2}}}}",
+        "x" * 1_000_000,
+        "\\int_0^1 x^{1000000} dx",
+        "2^{99999999}",
+    ],
+)
 def test_limits_refuse_before_parsing(answer):
     t0 = time.perf_counter()
     assert not within_limits(answer)
@@ -291,23 +326,70 @@ def test_limits_refuse_before_parsing(answer):
 
 
 def test_limits_accept_real_answers():
-    for answer in ["2^{10}", "e^{x^2}", "\\binom{10}{3}", "10!", "\\sum_{k=1}^{n} k^2",
-                   "\\frac{1+\\sqrt{5}}{2}", "(-\\infty, 1) \\cup (2, \\infty)",
-                   "\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}", "10^{100}"]:
+    for answer in [
+        "2^{10}",
+        "e^{x^2}",
+        "\\binom{10}{3}",
+        "10!",
+        "\\sum_{k=1}^{n} k^2",
+        "\\frac{1+\\sqrt{5}}{2}",
+        "(-\\infty, 1) \\cup (2, \\infty)",
+        "\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}",
+        "10^{100}",
+    ]:
         assert within_limits(answer), answer
     assert extract_answer("x" * (MAX_COMPLETION_CHARS + 1)) is None
 
 
-_PIECES = st.sampled_from(["\\boxed{", "\\frac{", "\\sqrt", "}", "{", "^", "^{", "9", "10",
-                           "!", "\\binom", "\\sum_{k=1}", "\\{", "\\}", "(", ")", "[", ",",
-                           "\\cup", "<", "\\le", "=", "x", "\\pi", "\\infty", "%", "\\text{",
-                           "\\begin{pmatrix}", "&", "\\\\", "\\end{pmatrix}", ".5", "-", "e"])
+_PIECES = st.sampled_from(
+    [
+        "\\boxed{",
+        "\\frac{",
+        "\\sqrt",
+        "}",
+        "{",
+        "^",
+        "^{",
+        "9",
+        "10",
+        "!",
+        "\\binom",
+        "\\sum_{k=1}",
+        "\\{",
+        "\\}",
+        "(",
+        ")",
+        "[",
+        ",",
+        "\\cup",
+        "<",
+        "\\le",
+        "=",
+        "x",
+        "\\pi",
+        "\\infty",
+        "%",
+        "\\text{",
+        "\\begin{pmatrix}",
+        "&",
+        "\\\\",
+        "\\end{pmatrix}",
+        ".5",
+        "-",
+        "e",
+    ]
+)
 _ANSWERS = st.lists(st.one_of(_PIECES, st.text(max_size=5)), max_size=30).map("".join)
 
 
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(answer=_ANSWERS, reference=st.one_of(_ANSWERS, st.sampled_from(
-    ["5", "\\frac{1}{2}", "(1,2)", "[1,2)", "x<2", "\\{1,2\\}", "B", "12\\%"])))
+@given(
+    answer=_ANSWERS,
+    reference=st.one_of(
+        _ANSWERS,
+        st.sampled_from(["5", "\\frac{1}{2}", "(1,2)", "[1,2)", "x<2", "\\{1,2\\}", "B", "12\\%"]),
+    ),
+)
 def test_generated_answers_return_fast(answer, reference):
     t0 = time.perf_counter()
     with _NoEval() as guard:

@@ -19,6 +19,7 @@ its reason; they are left out of the denominator. Of the rest, agreement must be
 false positive (an answer Math-Verify's tests call wrong that we accept). `pytest -s` prints
 the figure and the disagreements.
 """
+
 import json
 import os
 
@@ -28,28 +29,34 @@ SUITE = os.path.join(os.path.dirname(__file__), "data", "math_verify_suite.jsonl
 
 _HEDGE = "hedge: the prediction's chain also states {}, so it is not accepted for {}"
 EXCLUDED = {
-    "test_all.py::test_latex_notation[5]":
+    "test_all.py::test_latex_notation[5]": (
         "a line break inside $...$ does not change the answer 9; Math-Verify refuses inline "
-        "math over several lines as a parsing rule, not because the answer is wrong",
+        "math over several lines as a parsing rule, not because the answer is wrong"
+    ),
     "test_all.py::test_latex_notation[6]": "as [5], with \\( ... \\) around the 9",
     "test_all.py::test_relations_math[10]": _HEDGE.format("7 (x = 5+5+1 = 7 = 11)", "11"),
     "test_all.py::test_relations_math[12]": "the same row as [10]",
     "test_all.py::test_relations_math[13]": _HEDGE.format("11 (= 1/3 \\approx 11)", "1/3"),
     "test_all.py::test_relations_math[16]": _HEDGE.format("1.3 (x = 1/3 \\approx 1.3)", "1/3"),
-    "test_all.py::test_relations_math[26]":
+    "test_all.py::test_relations_math[26]": (
         "the prediction z = 3+3 = 2 states a false equation (6 = 2); accepting it would reward "
-        "any chain that ends in the right number",
+        "any chain that ends in the right number"
+    ),
     "test_all.py::test_relations_math[27]": "the same row as [26]",
-    "test_all.py::test_complex_math_expressions[7]":
+    "test_all.py::test_complex_math_expressions[7]": (
         "asserted with float_rounding=2: 0.33 for the exact 1/3 is an approximation, wrong "
-        "under the exact-answer rule (Math-Verify's default precision refuses it too)",
-    "test_all.py::test_complex_math_expressions[13]":
-        "asserted with float_rounding=2: 2.6667 for the exact 8/3, as [7]",
-    "test_all.py::test_set_rel_assymetry[3]":
+        "under the exact-answer rule (Math-Verify's default precision refuses it too)"
+    ),
+    "test_all.py::test_complex_math_expressions[13]": (
+        "asserted with float_rounding=2: 2.6667 for the exact 8/3, as [7]"
+    ),
+    "test_all.py::test_set_rel_assymetry[3]": (
         "x \\in [-2,7] and -2 \\le x \\le 7 are the same answer; Math-Verify refuses it only "
-        "under its default allow_set_relation_comp=False (row [2] accepts it with True)",
-    "test_strict.py::test_strict_variable_comparison[1]":
-        "asserted with strict=False; under the default (row [0]) f(y) is not f(x)",
+        "under its default allow_set_relation_comp=False (row [2] accepts it with True)"
+    ),
+    "test_strict.py::test_strict_variable_comparison[1]": (
+        "asserted with strict=False; under the default (row [0]) f(y) is not f(x)"
+    ),
     "test_yujianll.py::test_string_extraction[9]": "1 + 1/e is not 1 - 1/e",
 }
 
@@ -82,8 +89,10 @@ def test_agreement_with_math_verify_suite():
         if got != r["expected"]:
             (false_pos if got else false_neg).append(r["id"])
     agreement = 1 - (len(false_pos) + len(false_neg)) / len(rows)
-    print(f"\nMath-Verify suite: {len(rows)} cases ({len(EXCLUDED)} excluded), agreement "
-          f"{agreement:.1%}, false positives {false_pos}, false negatives {false_neg}")
+    print(
+        f"\nMath-Verify suite: {len(rows)} cases ({len(EXCLUDED)} excluded), agreement "
+        f"{agreement:.1%}, false positives {false_pos}, false negatives {false_neg}"
+    )
     assert false_pos == []
     assert agreement >= 0.95, false_neg
 
@@ -91,8 +100,12 @@ def test_agreement_with_math_verify_suite():
 def test_excluded_rows_are_refused_as_documented():
     # The hedges and the false equation above must stay refused, not merely excluded.
     rows = {r["id"]: r for r in _rows()}
-    for key in ["test_all.py::test_relations_math[10]", "test_all.py::test_relations_math[13]",
-                "test_all.py::test_relations_math[16]", "test_all.py::test_relations_math[26]",
-                "test_yujianll.py::test_string_extraction[9]"]:
+    for key in [
+        "test_all.py::test_relations_math[10]",
+        "test_all.py::test_relations_math[13]",
+        "test_all.py::test_relations_math[16]",
+        "test_all.py::test_relations_math[26]",
+        "test_yujianll.py::test_string_extraction[9]",
+    ]:
         r = rows[key]
         assert r["expected"] and not verify_math(r["pred"], _reference(r["gold"])), key

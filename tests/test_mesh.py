@@ -1,4 +1,5 @@
 """Device split, mesh shapes, logical-axis rules, distributed init from the environment."""
+
 from types import SimpleNamespace
 
 import jax
@@ -13,8 +14,11 @@ from scalerl_jax.models import presets, transformer
 
 def _fake_hosts(hosts, per_host):
     """Stand-ins for devices of a multi-host job (only .id and .process_index are read)."""
-    return [SimpleNamespace(id=h * per_host + i, process_index=h)
-            for h in range(hosts) for i in range(per_host)]
+    return [
+        SimpleNamespace(id=h * per_host + i, process_index=h)
+        for h in range(hosts)
+        for i in range(per_host)
+    ]
 
 
 def test_split_devices_on_eight_local_devices():
@@ -43,8 +47,11 @@ def test_split_devices_across_two_fake_hosts():
 
 
 def test_split_devices_errors_name_the_numbers():
-    with pytest.raises(mesh_lib.MeshError, match=r"trainer_devices_per_host=8 must be in \[1, 7\] "
-                                                 r"with 8 local devices"):
+    with pytest.raises(
+        mesh_lib.MeshError,
+        match=r"trainer_devices_per_host=8 must be in \[1, 7\] "
+        r"with 8 local devices",
+    ):
         mesh_lib.split_devices(MeshConfig(trainer_devices_per_host=8), jax.devices())
     with pytest.raises(mesh_lib.MeshError, match=r"1 local device\(s\).*colocate=True"):
         mesh_lib.split_devices(MeshConfig(), jax.devices()[:1])
@@ -62,8 +69,11 @@ def test_trainer_and_sampler_meshes():
 
 
 def test_mesh_divisibility_errors_name_the_numbers():
-    with pytest.raises(mesh_lib.MeshError, match=r"8 devices are not divisible by the fixed axes "
-                                                 r".*'tensor': 3.*product 3"):
+    with pytest.raises(
+        mesh_lib.MeshError,
+        match=r"8 devices are not divisible by the fixed axes "
+        r".*'tensor': 3.*product 3",
+    ):
         mesh_lib.trainer_mesh(MeshConfig(tensor=3), jax.devices())
     with pytest.raises(mesh_lib.MeshError, match=r"needs 4 devices but 8 are available"):
         mesh_lib.trainer_mesh(MeshConfig(data=2, fsdp=2, tensor=1), jax.devices())
@@ -79,10 +89,12 @@ def test_logical_to_spec_follows_the_rules_and_replicates_what_does_not_divide()
     mesh = mesh_lib.trainer_mesh(MeshConfig(fsdp=2, tensor=4), jax.devices())
     assert mesh_lib.logical_to_spec(("embed", "mlp"), mesh) == P("fsdp", "tensor")
     assert mesh_lib.logical_to_spec(("batch", "seq"), mesh) == P("fsdp", None)  # data has size 1
-    assert mesh_lib.logical_to_spec(("embed", "kv_heads", "head_dim"), mesh,
-                                    shape=(64, 2, 16)) == P("fsdp", None, None)  # 2 % 4 != 0
-    assert mesh_lib.logical_to_spec(("embed", "kv_heads", "head_dim"), mesh,
-                                    shape=(64, 8, 16)) == P("fsdp", "tensor", None)
+    assert mesh_lib.logical_to_spec(
+        ("embed", "kv_heads", "head_dim"), mesh, shape=(64, 2, 16)
+    ) == P("fsdp", None, None)  # 2 % 4 != 0
+    assert mesh_lib.logical_to_spec(
+        ("embed", "kv_heads", "head_dim"), mesh, shape=(64, 8, 16)
+    ) == P("fsdp", "tensor", None)
     # a mesh axis is used once: the second "tensor" dim stays replicated
     assert mesh_lib.logical_to_spec(("heads", "mlp"), mesh) == P("tensor", None)
     full = mesh_lib.trainer_mesh(MeshConfig(data=2, fsdp=2, tensor=2), jax.devices())

@@ -1,4 +1,5 @@
 """metrics.jsonl writer/reader and compute accounting."""
+
 import collections
 import json
 import os
@@ -6,24 +7,42 @@ import os
 import numpy as np
 import pytest
 
-from scalerl_jax.metrics import (COMPUTE_KEYS, ComputeMeter, MetricsWriter, eval_xy,
-                                 forward_flops_per_token, get_path, read_metrics, truncate_after)
+from scalerl_jax.metrics import (
+    COMPUTE_KEYS,
+    ComputeMeter,
+    MetricsWriter,
+    eval_xy,
+    forward_flops_per_token,
+    get_path,
+    read_metrics,
+    truncate_after,
+)
 
 
 def _compute(h):
-    return {"device_hours": h, "sampler_device_hours": 0.75 * h, "trainer_device_hours": 0.25 * h,
-            "flops": 1e15 * h, "tokens": 1e4 * h}
+    return {
+        "device_hours": h,
+        "sampler_device_hours": 0.75 * h,
+        "trainer_device_hours": 0.25 * h,
+        "flops": 1e15 * h,
+        "tokens": 1e4 * h,
+    }
 
 
 def test_round_trip_with_malformed_and_torn_lines(tmp_path):
     with MetricsWriter(tmp_path) as w:
         w.run({"model": {"hidden_size": 64}})
         w.train(1, loss=np.float32(0.5), grad_norm=float("nan"))
-        w.eval(1, pass_rate=np.float64(0.25), k=16, compute=_compute(0.1),
-               per_domain={"math": 0.2, "code": 0.3})
+        w.eval(
+            1,
+            pass_rate=np.float64(0.25),
+            k=16,
+            compute=_compute(0.1),
+            per_domain={"math": 0.2, "code": 0.3},
+        )
     path = tmp_path / "metrics.jsonl"
     with open(path, "a") as f:
-        f.write("not json\n[1, 2]\n{\"no_event\": 1}\n\n")
+        f.write('not json\n[1, 2]\n{"no_event": 1}\n\n')
         f.write('{"event": "eval", "step": 2, "pass_')  # a killed writer's torn line
     with MetricsWriter(tmp_path) as w:  # resume: appends, starts on a fresh line
         assert w.resumed
@@ -56,8 +75,11 @@ def test_eval_xy_keeps_last_record_per_step_and_names_missing_keys(tmp_path):
         w.eval(5, pass_rate=0.25, k=4, compute=_compute(1.5))  # re-evaluated after a resume
     x, y = eval_xy(read_metrics(tmp_path / "metrics.jsonl"), "compute.flops")
     assert x.tolist() == [0.0, 1.5e15] and y.tolist() == [0.1, 0.25]
-    with pytest.raises(KeyError, match=r"step 0 .*lacks 'compute.energy'.*no 'energy' under "
-                                       r"compute.*device_hours"):
+    with pytest.raises(
+        KeyError,
+        match=r"step 0 .*lacks 'compute.energy'.*no 'energy' under "
+        r"compute.*device_hours",
+    ):
         eval_xy(read_metrics(tmp_path), "compute.energy")
     with pytest.raises(ValueError, match="no 'eval' records"):
         eval_xy([{"event": "train", "step": 1}])
@@ -69,8 +91,12 @@ def test_writer_rejects_bad_input(tmp_path):
         with pytest.raises(ValueError, match="step=-1"):
             w.train(-1, loss=1.0)
         with pytest.raises(ValueError, match=r"lacks \['flops', 'tokens'\]"):
-            w.eval(1, pass_rate=0.5, k=1, compute={"device_hours": 1, "sampler_device_hours": 1,
-                                                   "trainer_device_hours": 0})
+            w.eval(
+                1,
+                pass_rate=0.5,
+                k=1,
+                compute={"device_hours": 1, "sampler_device_hours": 1, "trainer_device_hours": 0},
+            )
         with pytest.raises(ValueError, match="'wall_s' is set by the writer"):
             w.train(1, wall_s=3.0)
         with pytest.raises(TypeError, match="not JSON-able"):
@@ -142,8 +168,10 @@ def test_truncate_after_supersedes_records_written_after_the_restored_checkpoint
 
     inode = os.stat(path).st_ino
     assert truncate_after(path, 15) == 0 and os.stat(path).st_ino == inode  # nothing to drop
-    assert truncate_after(path, 0) == 20 and [e["step"] for e in read_metrics(path).events] \
-        == [0, 0]
+    assert truncate_after(path, 0) == 20 and [e["step"] for e in read_metrics(path).events] == [
+        0,
+        0,
+    ]
     assert truncate_after(tmp_path / "missing.jsonl", 3) == 0
     assert not (tmp_path / "missing.jsonl").exists()
     with pytest.raises(ValueError, match="step=-1"):

@@ -1,4 +1,5 @@
 """The decoder: KV-cache decode == full forward, sharded == unsharded, masks, dtypes, config."""
+
 import functools
 
 import jax
@@ -21,8 +22,9 @@ def _random_model(name, seed=0, **overrides):
     gives ones / zeros, which would hide layout mistakes). Drawn with numpy: compiling jax's
     threefry costs ~1 s per parameter shape on this CPU."""
     cfg = presets.get(name, **overrides)
-    graphdef, params = nnx.split(nnx.eval_shape(
-        lambda: transformer.Transformer(cfg, nnx.Rngs(params=0))))
+    graphdef, params = nnx.split(
+        nnx.eval_shape(lambda: transformer.Transformer(cfg, nnx.Rngs(params=0)))
+    )
     rng = np.random.RandomState(seed)
     for path, v in nnx.to_flat_state(params):
         shape, dtype = v.get_value().shape, v.get_value().dtype
@@ -89,9 +91,13 @@ def test_padding_and_packing_do_not_leak_between_sequences():
     rng = np.random.RandomState(2)
     a, b = rng.randint(0, cfg.vocab_size, 7), rng.randint(0, cfg.vocab_size, 5)
     # b alone; b right-padded with junk; a and b packed in one row (positions restart)
-    tokens = np.stack([np.concatenate([b, np.zeros(7, int)]),
-                       np.concatenate([b, rng.randint(0, cfg.vocab_size, 7)]),
-                       np.concatenate([a, b])])
+    tokens = np.stack(
+        [
+            np.concatenate([b, np.zeros(7, int)]),
+            np.concatenate([b, rng.randint(0, cfg.vocab_size, 7)]),
+            np.concatenate([a, b]),
+        ]
+    )
     seg = np.array([[1] * 5 + [0] * 7, [1] * 5 + [0] * 7, [1] * 7 + [2] * 5])
     pos = np.stack([np.arange(12), np.arange(12), np.r_[np.arange(7), np.arange(5)]])
     got = np.asarray(fwd(graphdef, params, jnp.asarray(tokens), jnp.asarray(pos), jnp.asarray(seg)))
@@ -120,8 +126,10 @@ def test_bf16_compute_is_close_to_fp32_and_head_stays_fp32():
     cfg, graphdef, params = _random_model("tiny-qwen2")
     tokens = jnp.asarray(np.random.RandomState(3).randint(0, cfg.vocab_size, (2, 24)))
     ref = fwd(graphdef, params, tokens, None, None)
-    for overrides in (dict(compute_dtype="bfloat16"),
-                      dict(compute_dtype="bfloat16", param_dtype="bfloat16", fp32_head=False)):
+    for overrides in (
+        dict(compute_dtype="bfloat16"),
+        dict(compute_dtype="bfloat16", param_dtype="bfloat16", fp32_head=False),
+    ):
         bcfg, bgraph, bstate = _random_model("tiny-qwen2", **overrides)
         bparams = jax.tree.map(lambda x, y: x.astype(y.dtype), params, bstate)
         out = fwd(bgraph, bparams, tokens, None, None)
@@ -152,8 +160,9 @@ def test_bf16_dense_on_cpu_is_one_rounding_of_exact_products_with_row_major_dots
     x2, w2, g2 = x2.reshape(10, 24), w2.reshape(24, 7), g2.reshape(10, 7)
     for name, a, ref in zip(("out", "dx", "dw"), got, (x2 @ w2, g2 @ w2.T, x2.T @ g2)):
         assert a.dtype == jnp.bfloat16, name
-        np.testing.assert_allclose(np.asarray(a, np.float64).reshape(ref.shape), ref,
-                                   rtol=2.0 ** -8, atol=1e-5, err_msg=name)
+        np.testing.assert_allclose(
+            np.asarray(a, np.float64).reshape(ref.shape), ref, rtol=2.0**-8, atol=1e-5, err_msg=name
+        )
 
     dots, fed_by_transpose = [], []
 
@@ -161,13 +170,18 @@ def test_bf16_dense_on_cpu_is_one_rounding_of_exact_products_with_row_major_dots
         made_by = {}
         for eqn in jaxpr.eqns:
             if eqn.primitive.name == "dot_general":
-                dots.append((eqn.params["dimension_numbers"], eqn.params["preferred_element_type"],
-                             eqn.invars[0].aval.ndim))
+                dots.append(
+                    (
+                        eqn.params["dimension_numbers"],
+                        eqn.params["preferred_element_type"],
+                        eqn.invars[0].aval.ndim,
+                    )
+                )
                 fed_by_transpose.extend(made_by.get(v) == "transpose" for v in eqn.invars)
             for v in eqn.outvars:
                 made_by[v] = eqn.primitive.name
             for p in eqn.params.values():
-                for sub in (p if isinstance(p, (tuple, list)) else (p,)):
+                for sub in p if isinstance(p, (tuple, list)) else (p,):
                     if hasattr(sub, "eqns") or hasattr(sub, "jaxpr"):
                         walk(getattr(sub, "jaxpr", sub))
 
@@ -198,17 +212,20 @@ def test_tied_head_is_the_embedding():
     cfg, graphdef, params = _random_model("tiny-qwen2")
     model = nnx.merge(graphdef, params)
     assert "lm_head" not in params
-    np.testing.assert_array_equal(np.asarray(model.head_kernel()),
-                                  np.asarray(params["embed"].get_value()).T)
+    np.testing.assert_array_equal(
+        np.asarray(model.head_kernel()), np.asarray(params["embed"].get_value()).T
+    )
 
 
 def test_flops_per_token_matches_xla_count():
-    cfg, graphdef, params = _random_model("tiny-llama", vocab_size=512, hidden_size=128,
-                                          intermediate_size=384)
+    cfg, graphdef, params = _random_model(
+        "tiny-llama", vocab_size=512, hidden_size=128, intermediate_size=384
+    )
     b, t = 2, 64
     tokens = jnp.zeros((b, t), jnp.int32)
-    compiled = jax.jit(lambda p: transformer.forward_logits(graphdef, p, tokens)).lower(
-        params).compile()
+    compiled = (
+        jax.jit(lambda p: transformer.forward_logits(graphdef, p, tokens)).lower(params).compile()
+    )
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     # XLA computes the full T x T scores; the model count takes the causal half.
@@ -217,7 +234,8 @@ def test_flops_per_token_matches_xla_count():
     got = cost["flops"] / (b * t)
     assert want <= got <= 1.15 * want, (got, want)  # XLA also counts norms, softmax, rope
     assert transformer.num_flops_per_token(cfg, t) == 3 * transformer.num_flops_per_token(
-        cfg, t, training=False)
+        cfg, t, training=False
+    )
 
 
 def test_presets_have_published_parameter_counts():
@@ -228,16 +246,25 @@ def test_presets_have_published_parameter_counts():
         presets.get("gpt-5")
 
 
-@pytest.mark.parametrize("kw, match", [
-    (dict(num_kv_heads=3), r"ModelConfig.num_kv_heads=3: must divide num_heads=4"),
-    (dict(hidden_size=66), r"ModelConfig.hidden_size=66: must be divisible by num_heads=4"),
-    (dict(head_dim=15), r"ModelConfig.head_dim=15: must be even"),
-    (dict(param_dtype="fp8"), r"ModelConfig.param_dtype='fp8': must be one of"),
-    (dict(vocab_size=0), r"ModelConfig.vocab_size=0: must be > 0"),
-    (dict(attention_chunk=-1), r"ModelConfig.attention_chunk=-1: must be >= 0"),
-])
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(num_kv_heads=3), r"ModelConfig.num_kv_heads=3: must divide num_heads=4"),
+        (dict(hidden_size=66), r"ModelConfig.hidden_size=66: must be divisible by num_heads=4"),
+        (dict(head_dim=15), r"ModelConfig.head_dim=15: must be even"),
+        (dict(param_dtype="fp8"), r"ModelConfig.param_dtype='fp8': must be one of"),
+        (dict(vocab_size=0), r"ModelConfig.vocab_size=0: must be > 0"),
+        (dict(attention_chunk=-1), r"ModelConfig.attention_chunk=-1: must be >= 0"),
+    ],
+)
 def test_model_config_errors_name_the_field(kw, match):
-    base = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
-                num_kv_heads=2)
+    base = dict(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+    )
     with pytest.raises(ConfigError, match=match):
         ModelConfig(**{**base, **kw})

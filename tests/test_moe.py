@@ -1,6 +1,7 @@
 """Mixture-of-experts policies: HF Qwen3-MoE parity (both checkpoint layouts, padded batches),
 export round trip, expert x fsdp x tensor sharding, KV-cache decode, the train step's router
 metrics and aux loss, parameter counts of the real presets, and the plan's MoE accounting."""
+
 import dataclasses
 import functools
 import json
@@ -15,8 +16,14 @@ from scalerl_jax import mesh as mesh_lib
 from scalerl_jax import plan
 from scalerl_jax.config import ConfigError, LossConfig, MeshConfig, ModelConfig, OptimConfig
 from scalerl_jax.models import hf, moe, presets
-from scalerl_jax.models.transformer import (Transformer, create, forward_logits, init_cache,
-                                            matmul_params, num_flops_per_token)
+from scalerl_jax.models.transformer import (
+    Transformer,
+    create,
+    forward_logits,
+    init_cache,
+    matmul_params,
+    num_flops_per_token,
+)
 from scalerl_jax.train import state as state_lib
 from scalerl_jax.train.step import make_train_step
 
@@ -24,16 +31,26 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 # Layer 0 MoE, layer 1 dense (mlp_only_layers), layer 2 MoE: the interleaving is exercised.
-HF_MOE = dict(vocab_size=128, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
-              num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-              num_experts=8, num_experts_per_tok=2, norm_topk_prob=True, mlp_only_layers=[1],
-              max_position_embeddings=256)
+HF_MOE = dict(
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=96,
+    moe_intermediate_size=32,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    num_experts=8,
+    num_experts_per_tok=2,
+    norm_topk_prob=True,
+    mlp_only_layers=[1],
+    max_position_embeddings=256,
+)
 
 
 def _hf_model(seed=0, **kw):
     torch.manual_seed(seed)
-    model = transformers.Qwen3MoeForCausalLM(
-        transformers.Qwen3MoeConfig(**{**HF_MOE, **kw})).eval()
+    model = transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(**{**HF_MOE, **kw})).eval()
     with torch.no_grad():  # HF zero-inits the router and one-inits norms: perturb everything
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.1)
@@ -52,8 +69,11 @@ def _padded_batch(side):
 
 def _hf_logits(model, tokens, mask, positions):
     with torch.no_grad():
-        return model(input_ids=torch.tensor(tokens), attention_mask=torch.tensor(mask),
-                     position_ids=torch.tensor(positions, dtype=torch.long)).logits.numpy()
+        return model(
+            input_ids=torch.tensor(tokens),
+            attention_mask=torch.tensor(mask),
+            position_ids=torch.tensor(positions, dtype=torch.long),
+        ).logits.numpy()
 
 
 # One compiled forward per shape: eager op-by-op execution is several times slower here.
@@ -76,8 +96,14 @@ def checkpoint(tmp_path_factory):
 def test_logits_match_transformers(checkpoint, side):
     path, model = checkpoint
     cfg, graphdef, params = hf.load_params(path)
-    assert (cfg.num_experts, cfg.experts_per_token, cfg.expert_size, cfg.dense_layers,
-            cfg.norm_topk_prob, cfg.num_moe_layers) == (8, 2, 32, (1,), True, 2)
+    assert (
+        cfg.num_experts,
+        cfg.experts_per_token,
+        cfg.expert_size,
+        cfg.dense_layers,
+        cfg.norm_topk_prob,
+        cfg.num_moe_layers,
+    ) == (8, 2, 32, (1,), True, 2)
     tokens, mask, positions = _padded_batch(side)
     ours = _forward(graphdef, params, tokens, positions, mask)
     assert _max_diff(ours, _hf_logits(model, tokens, mask, positions), mask) < 1e-4
@@ -87,6 +113,7 @@ def test_fused_layout_and_expert_count_spellings(checkpoint, tmp_path):
     """A checkpoint in transformers 5's in-memory layout (gate_up_proj [E, 2F, D], down_proj
     [E, D, F]) loads to the same params; `num_experts` and `num_local_experts` both parse."""
     from safetensors.torch import save_file
+
     path, model = checkpoint
     state = {k: v.contiguous() for k, v in model.state_dict().items()}
     assert "model.layers.0.mlp.experts.gate_up_proj" in state  # the fused in-memory names
@@ -98,8 +125,9 @@ def test_fused_layout_and_expert_count_spellings(checkpoint, tmp_path):
     _, _, fused = hf.load_params(tmp_path)
     _, _, split = hf.load_params(path)
     for (k, a), (_, b) in zip(nnx.to_flat_state(fused), nnx.to_flat_state(split)):
-        np.testing.assert_array_equal(np.asarray(a.get_value()), np.asarray(b.get_value()),
-                                      err_msg=str(k))
+        np.testing.assert_array_equal(
+            np.asarray(a.get_value()), np.asarray(b.get_value()), err_msg=str(k)
+        )
     with pytest.raises(hf.HFError, match="neither 'num_experts' nor 'num_local_experts'"):
         hf.config_from_hf({k: v for k, v in written.items() if k != "num_experts"})
 
@@ -114,12 +142,14 @@ def test_export_reloads_in_transformers(checkpoint, tmp_path):
     for name, value in back.state_dict().items():
         assert torch.equal(value, want[name]), name
     tokens, mask, positions = _padded_batch("right")
-    np.testing.assert_array_equal(_hf_logits(back, tokens, mask, positions),
-                                  _hf_logits(model, tokens, mask, positions))
+    np.testing.assert_array_equal(
+        _hf_logits(back, tokens, mask, positions), _hf_logits(model, tokens, mask, positions)
+    )
 
 
 def test_missing_expert_tensor_is_named(checkpoint, tmp_path):
     from safetensors.numpy import load_file, save_file
+
     path, _ = checkpoint
     tensors = load_file(str(path / "model.safetensors"))
     del tensors["model.layers.2.mlp.experts.0.up_proj.weight"]
@@ -141,8 +171,10 @@ def test_sharded_over_expert_fsdp_tensor_equals_unsharded(checkpoint):
     tokens, mask, positions = _padded_batch("right")
     batch_sh = mesh_lib.named(mesh, "batch", None)
     assert batch_sh.spec == jax.sharding.PartitionSpec(("expert", "fsdp"), None)
-    args = [jax.device_put(np.pad(x, ((0, 1), (0, 0))), batch_sh)  # rows: 4 = expert x fsdp
-            for x in (tokens, positions, mask)]
+    args = [
+        jax.device_put(np.pad(x, ((0, 1), (0, 0))), batch_sh)  # rows: 4 = expert x fsdp
+        for x in (tokens, positions, mask)
+    ]
     sharded = _forward(graphdef, params, *args)
     ref = _forward(graphdef, single, tokens, positions, mask)
     assert _max_diff(sharded[:3], ref, mask) < 1e-5
@@ -152,6 +184,7 @@ def test_sampler_engine_logprobs_equal_training_forward():
     """The sampler's KV-cache decode path (Engine on a data x tensor sampler mesh) gives the
     training forward's log-probs for a sampled MoE continuation."""
     from _sampler_params import engine_and_forward_logprobs
+
     _, lps, ref = engine_and_forward_logprobs(presets.get("tiny-qwen3-moe"), calls=3)
     np.testing.assert_allclose(lps, ref, atol=1e-5, rtol=0)
 
@@ -168,22 +201,29 @@ def test_kv_cache_decode_equals_full_forward():
         hidden, cache = model.decode(tokens, positions, cache)
         return model.logits(hidden), cache
 
-    logits, cache = decode(params, tokens[:, :9], jnp.broadcast_to(jnp.arange(9), (2, 9)),
-                           init_cache(cfg, 2, 20))
+    logits, cache = decode(
+        params, tokens[:, :9], jnp.broadcast_to(jnp.arange(9), (2, 9)), init_cache(cfg, 2, 20)
+    )
     steps = [logits]
     for t in range(9, 14):  # one token per row per step, as the sampler decodes
-        logits, cache = decode(params, tokens[:, t:t + 1], jnp.full((2, 1), t), cache)
+        logits, cache = decode(params, tokens[:, t : t + 1], jnp.full((2, 1), t), cache)
         steps.append(logits)
-    np.testing.assert_allclose(np.asarray(jnp.concatenate(steps, 1)), np.asarray(full),
-                               atol=1e-5)
+    np.testing.assert_allclose(np.asarray(jnp.concatenate(steps, 1)), np.asarray(full), atol=1e-5)
 
 
 def _tiny_scout():
     """Llama-4-style: sigmoid top-1 router scaling the expert input, plus a shared expert,
     MoE on every second layer (interleave step 2)."""
-    return presets.get("tiny-llama", num_layers=4, num_experts=4, experts_per_token=1,
-                       moe_intermediate_size=48, shared_expert_size=48, router="sigmoid",
-                       moe_layer_step=2)
+    return presets.get(
+        "tiny-llama",
+        num_layers=4,
+        num_experts=4,
+        experts_per_token=1,
+        moe_intermediate_size=48,
+        shared_expert_size=48,
+        router="sigmoid",
+        moe_layer_step=2,
+    )
 
 
 def test_routing_matches_a_dense_reference():
@@ -206,15 +246,15 @@ def test_routing_matches_a_dense_reference():
             ref = ref + (y if cfg.router == "sigmoid" else y * w)
         if cfg.shared_expert_size:
             ref = ref + layer.shared(flat)
-        np.testing.assert_allclose(np.asarray(out.reshape(ref.shape)), np.asarray(ref),
-                                   atol=1e-5)
+        np.testing.assert_allclose(np.asarray(out.reshape(ref.shape)), np.asarray(ref), atol=1e-5)
         if cfg.norm_topk_prob:
             np.testing.assert_allclose(np.asarray(weights.sum(-1)), 1.0, rtol=1e-6)
         assert float(stats.load.sum()) == pytest.approx(1.0)
 
 
-@pytest.mark.parametrize("sizes,block", [((10, 0, 30, 24), 8), ((0, 0, 0, 64), 8),
-                                         ((1, 2, 3, 57, 1), 16)])
+@pytest.mark.parametrize(
+    "sizes,block", [((10, 0, 30, 24), 8), ((0, 0, 0, 64), 8), ((1, 2, 3, 57, 1), 16)]
+)
 def test_blocked_grouped_matmul_equals_ragged_dot(sizes, block):
     """The CPU grouped matmul (rows padded to blocks, a scan over blocks) equals
     jax.lax.ragged_dot in value and gradients, empty and uneven groups included."""
@@ -226,6 +266,7 @@ def test_blocked_grouped_matmul_equals_ragged_dot(sizes, block):
 
     def loss(f):
         return lambda x, w: jnp.sum(f(x, w) * cot)
+
     ours = functools.partial(moe._blocked_matmul, group_sizes=sizes, block=block)
     ref = functools.partial(jax.lax.ragged_dot, group_sizes=sizes)
     np.testing.assert_allclose(ours(x, w), ref(x, w), atol=1e-5)
@@ -235,34 +276,45 @@ def test_blocked_grouped_matmul_equals_ragged_dot(sizes, block):
 
 def test_aux_loss_matches_transformers():
     from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
+
     logits = jax.random.normal(jax.random.PRNGKey(0), (30, 8)) * 2
     valid = np.arange(30) < 21
     cfg = presets.get("tiny-qwen3-moe")
     _, ids, probs = moe.route(logits, cfg)
     ours = moe.router_stats(probs, ids, jnp.asarray(valid), 8).aux_loss
-    ref = load_balancing_loss_func((torch.tensor(np.asarray(logits)),), 8, 2,
-                                   torch.tensor(valid.astype(np.int64)))
+    ref = load_balancing_loss_func(
+        (torch.tensor(np.asarray(logits)),), 8, 2, torch.tensor(valid.astype(np.int64))
+    )
     assert float(ours) == pytest.approx(float(ref), rel=1e-5)
 
 
 def test_train_step_lowers_loss_and_logs_router_metrics():
     from test_train_step import _target_logp, make_batch
+
     cfg = presets.get("tiny-qwen3-moe", router_aux_loss_coef=0.1)
     mesh = mesh_lib.trainer_mesh(MeshConfig(expert=2, fsdp=2), jax.devices()[:4])
     # No weight decay: a parameter without gradient then stays exactly where it is.
-    ocfg = OptimConfig(learning_rate=3e-3, warmup_steps=0, micro_batches=2, logprob_chunk=8,
-                       weight_decay=0.0)
+    ocfg = OptimConfig(
+        learning_rate=3e-3, warmup_steps=0, micro_batches=2, logprob_chunk=8, weight_decay=0.0
+    )
     _, graphdef, state = state_lib.create_train_state(cfg, ocfg, mesh, seed=0)
     _, abstract = state_lib.abstract_train_state(cfg, ocfg, mesh)
-    step = make_train_step(graphdef, abstract, mesh, model_cfg=cfg,
-                           loss_cfg=LossConfig(zero_variance_filter=False), optim_cfg=ocfg,
-                           num_prompts=4)
+    step = make_train_step(
+        graphdef,
+        abstract,
+        mesh,
+        model_cfg=cfg,
+        loss_cfg=LossConfig(zero_variance_filter=False),
+        optim_cfg=ocfg,
+        num_prompts=4,
+    )
     batch, _ = make_batch(micro_batches=2)
 
     # Zero advantages: the policy loss has no gradient, so only the aux loss moves anything:
     # the router does, the LM head (which the aux loss does not reach) does not.
     def params_of(st, *path):
         return np.asarray(functools.reduce(lambda x, k: x[k], path, st.params).get_value())
+
     _, _, fresh = state_lib.create_train_state(cfg, ocfg, mesh, seed=0)
     router0, head0 = params_of(fresh, "layers", 0, "mlp", "router"), params_of(fresh, "lm_head")
     fresh, m = step(fresh, batch.replace(advantages=np.zeros_like(batch.advantages)))
@@ -291,6 +343,7 @@ def test_router_metrics_summarise_many_experts(experts):
     """Per-expert keys up to 16 experts; above that only summary statistics (Qwen3-MoE's 128
     experts would otherwise log 128 keys per step). Hand-computed on a skewed load."""
     from scalerl_jax.train.step import router_metrics
+
     load = np.full((2, experts), 1.0 / experts, np.float32)
     load[:, 0] += 0.5 / experts  # expert 0 takes a share from expert 1, which starves
     load[:, 1] -= 0.5 / experts
@@ -298,13 +351,14 @@ def test_router_metrics_summarise_many_experts(experts):
     load[1, 0] += 0.5 / experts
     m = jax.device_get(router_metrics(moe.RouterStats(jnp.asarray(load), jnp.ones((2,)))))
     mean = load.mean(0)
-    per_expert = sorted(k for k in m if k[len("moe_load_e"):].isdigit())
+    per_expert = sorted(k for k in m if k[len("moe_load_e") :].isdigit())
     assert per_expert == ([] if experts > 16 else sorted(f"moe_load_e{i}" for i in range(experts)))
     assert float(m["moe_load_max"]) == pytest.approx(2.0) and float(m["moe_load_min"]) == 0.0
     assert float(m["moe_load_cv"]) == pytest.approx(mean.std() / mean.mean(), rel=1e-5)
     p = mean / mean.sum()
-    assert float(m["moe_load_entropy"]) == pytest.approx(-(p * np.log(p)).sum() / np.log(experts),
-                                                         rel=1e-5)
+    assert float(m["moe_load_entropy"]) == pytest.approx(
+        -(p * np.log(p)).sum() / np.log(experts), rel=1e-5
+    )
     assert float(m["moe_starved_frac"]) == 0.0  # expert 1's mean load 0.25 / E >= 0.1 / E
     load[:, 1] = 0.0
     m = jax.device_get(router_metrics(moe.RouterStats(jnp.asarray(load), jnp.ones((2,)))))
@@ -344,13 +398,15 @@ def test_counts_and_plan_inventory_match_the_module(name):
     # Per-device bytes under expert x fsdp x tensor equal the real shardings'.
     mesh = mesh_lib.trainer_mesh(MeshConfig(expert=2, fsdp=2, tensor=2), jax.devices())
     shardings = jax.tree.leaves(mesh_lib.state_shardings(nnx.state(abstract), mesh))
-    per_device = sum(4 * int(np.prod(sh.shard_shape(v.get_value().shape)))
-                     for v, sh in zip(leaves, shardings))
+    per_device = sum(
+        4 * int(np.prod(sh.shard_shape(v.get_value().shape))) for v, sh in zip(leaves, shardings)
+    )
     assert plan.param_bytes(cfg, dict(mesh.shape)) == per_device
 
 
 def test_scout_plan_counts_all_experts_in_memory_and_active_in_flops():
     from scalerl_jax import recipes
+
     cfg = recipes.get("scalerl", model="llama-4-scout-17b-16e")
     cfg = dataclasses.replace(cfg, model=cfg.model.replace(param_dtype="bfloat16"))
     p = plan.resolve(cfg, plan.topology("v5p-256"))
@@ -375,8 +431,15 @@ def test_config_validation_names_field_and_value():
     with pytest.raises(ConfigError, match=r"dense_layers=\(5,\)"):
         base.replace(dense_layers=(5,))
     with pytest.raises(ConfigError, match=r"num_experts=0: experts_per_token"):
-        ModelConfig(vocab_size=8, hidden_size=8, intermediate_size=8, num_layers=1,
-                    num_heads=2, num_kv_heads=2, experts_per_token=2)
+        ModelConfig(
+            vocab_size=8,
+            hidden_size=8,
+            intermediate_size=8,
+            num_layers=1,
+            num_heads=2,
+            num_kv_heads=2,
+            experts_per_token=2,
+        )
     with pytest.raises(ConfigError, match=r"MeshConfig.expert=0"):
         MeshConfig(expert=0)
     with pytest.raises(hf.HFError, match="no HF equivalent"):  # Llama-4 needs a shared expert

@@ -10,6 +10,7 @@ anything else.
 
 Parameters are injected the way papermill does: a cell after the one tagged "parameters".
 """
+
 import json
 import os
 import sys
@@ -26,24 +27,41 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOK = os.path.join(ROOT, "notebooks", "quickstart.ipynb")
 KERNEL = "scalerl-jax-test"
 
-TINY_MODEL = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1",
-              "model.num_heads=2", "model.num_kv_heads=2", "data.num_validation=16",
-              "eval.k=2", "pipeline.prompts_per_step=4", "pipeline.generations_per_prompt=4"]
+TINY_MODEL = [
+    "model.hidden_size=32",
+    "model.intermediate_size=64",
+    "model.num_layers=1",
+    "model.num_heads=2",
+    "model.num_kv_heads=2",
+    "data.num_validation=16",
+    "eval.k=2",
+    "pipeline.prompts_per_step=4",
+    "pipeline.generations_per_prompt=4",
+]
 
 
 # Part 5 at CI size: one SFT step, one RL step of 1 prompt x 2 samples, 8 new tokens.
-TINY_REAL = ["sft.batch_size=1", "sft.max_length=256", "sft.optim.warmup_steps=0",
-             "sft.log_every=1", "pipeline.prompts_per_step=1",
-             "pipeline.generations_per_prompt=2", "optim.micro_batches=1",
-             "sampler.max_concurrent_decodes=2", "sampler.max_new_tokens=8",
-             "sampler.max_target_length=264", "eval.num_prompts=2",
-             "model.remat=false"]  # remat doubles the compilation time on a CPU
+TINY_REAL = [
+    "sft.batch_size=1",
+    "sft.max_length=256",
+    "sft.optim.warmup_steps=0",
+    "sft.log_every=1",
+    "pipeline.prompts_per_step=1",
+    "pipeline.generations_per_prompt=2",
+    "optim.micro_batches=1",
+    "sampler.max_concurrent_decodes=2",
+    "sampler.max_new_tokens=8",
+    "sampler.max_target_length=264",
+    "eval.num_prompts=2",
+    "model.remat=false",
+]  # remat doubles the compilation time on a CPU
 
 
 def real_model_and_data():
     """(SmolLM2's HF directory, GSM8K's directory), or (None, why) when either is absent (an
     absent model fails under SCALERL_REQUIRE_MODEL: conftest.smollm2_gguf)."""
     from scalerl_jax.models import fetch
+
     gguf, why = smollm2_gguf()
     if gguf is None:
         return None, why
@@ -55,14 +73,24 @@ def real_model_and_data():
 
 
 def tiny_parameters(workdir: str, real_model=None, gsm8k=None) -> str:
-    return "\n".join([
-        "# injected by tests/test_notebook.py",
-        "SFT_STEPS = 20", "RL_STEPS = 3", "EVAL_PROMPTS = 16", "EVAL_EVERY = 3",
-        f"OVERRIDES = {TINY_MODEL!r}", f"WORKDIR = {workdir!r}",
-        f"REAL_MODEL = {real_model!r}", f"GSM8K = {gsm8k!r}", "REAL_EVAL_PROBLEMS = 2",
-        "REAL_SFT_STEPS = 1", "REAL_RL_STEPS = 1", f"REAL_OVERRIDES = {TINY_REAL!r}",
-        f"REAL_WORKDIR = {workdir + '-gsm8k'!r}",
-    ])
+    return "\n".join(
+        [
+            "# injected by tests/test_notebook.py",
+            "SFT_STEPS = 20",
+            "RL_STEPS = 3",
+            "EVAL_PROMPTS = 16",
+            "EVAL_EVERY = 3",
+            f"OVERRIDES = {TINY_MODEL!r}",
+            f"WORKDIR = {workdir!r}",
+            f"REAL_MODEL = {real_model!r}",
+            f"GSM8K = {gsm8k!r}",
+            "REAL_EVAL_PROBLEMS = 2",
+            "REAL_SFT_STEPS = 1",
+            "REAL_RL_STEPS = 1",
+            f"REAL_OVERRIDES = {TINY_REAL!r}",
+            f"REAL_WORKDIR = {workdir + '-gsm8k'!r}",
+        ]
+    )
 
 
 def inject_parameters(nb, source: str):
@@ -70,8 +98,9 @@ def inject_parameters(nb, source: str):
     nb = nbformat.from_dict(json.loads(json.dumps(nb)))
     at = [i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", [])]
     assert len(at) == 1, "the notebook needs exactly one cell tagged 'parameters'"
-    nb.cells.insert(at[0] + 1, nbformat.v4.new_code_cell(
-        source, metadata={"tags": ["injected-parameters"]}))
+    nb.cells.insert(
+        at[0] + 1, nbformat.v4.new_code_cell(source, metadata={"tags": ["injected-parameters"]})
+    )
     return nb
 
 
@@ -82,11 +111,16 @@ def kernel_manager(tmp_path):
 
     spec_dir = tmp_path / "kernels" / KERNEL
     spec_dir.mkdir(parents=True)
-    (spec_dir / "kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": f"Python ({sys.executable})", "language": "python"}))
-    specs = KernelSpecManager(kernel_dirs=[str(tmp_path / "kernels")],
-                              ensure_native_kernel=False)
+    (spec_dir / "kernel.json").write_text(
+        json.dumps(
+            {
+                "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                "display_name": f"Python ({sys.executable})",
+                "language": "python",
+            }
+        )
+    )
+    specs = KernelSpecManager(kernel_dirs=[str(tmp_path / "kernels")], ensure_native_kernel=False)
     return AsyncKernelManager(kernel_name=KERNEL, kernel_spec_manager=specs)
 
 
@@ -101,8 +135,10 @@ def text_of(cell) -> str:
 
 
 def has_image(cell) -> bool:
-    return any(out.output_type == "display_data" and "image/png" in out.data
-               for out in cell.get("outputs", []))
+    return any(
+        out.output_type == "display_data" and "image/png" in out.data
+        for out in cell.get("outputs", [])
+    )
 
 
 def cell_with(nb, needle: str):
@@ -122,16 +158,24 @@ def test_committed_notebook_has_no_outputs():
 def test_quickstart_notebook_runs_on_cpu(tmp_path):
     workdir = str(tmp_path / "run")
     real_model, gsm8k = real_model_and_data()
-    nb = inject_parameters(nbformat.read(NOTEBOOK, as_version=4),
-                           tiny_parameters(workdir, real_model, gsm8k if real_model else None))
-    env = {**os.environ, "JAX_PLATFORMS": "cpu",
-           "XLA_FLAGS": "",  # one CPU device, as on Colab (conftest asks for 8 fake ones)
-           "MPLBACKEND": "module://matplotlib_inline.backend_inline",
-           "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]).rstrip(
-               os.pathsep)}
+    nb = inject_parameters(
+        nbformat.read(NOTEBOOK, as_version=4),
+        tiny_parameters(workdir, real_model, gsm8k if real_model else None),
+    )
+    env = {
+        **os.environ,
+        "JAX_PLATFORMS": "cpu",
+        "XLA_FLAGS": "",  # one CPU device, as on Colab (conftest asks for 8 fake ones)
+        "MPLBACKEND": "module://matplotlib_inline.backend_inline",
+        "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+    }
     env.pop("SCALERL_REPO", None)
-    client = nbclient.NotebookClient(nb, km=kernel_manager(tmp_path), timeout=600,
-                                     resources={"metadata": {"path": str(tmp_path)}})
+    client = nbclient.NotebookClient(
+        nb,
+        km=kernel_manager(tmp_path),
+        timeout=600,
+        resources={"metadata": {"path": str(tmp_path)}},
+    )
     client.execute(env=env)  # raises CellExecutionError, with the cell's traceback, on an error
 
     install = text_of(cell_with(nb, "find_checkout"))
@@ -155,7 +199,8 @@ def test_quickstart_notebook_runs_on_cpu(tmp_path):
     assert has_image(fit_cell) and (tmp_path / "synthetic_fit.png").exists()
     # Two evaluations are too few for the run's own fit: the reason is shown instead.
     assert "no fit of the run's own curve: too few points" in text_of(
-        cell_with(nb, "run_fit_png ="))
+        cell_with(nb, "run_fit_png =")
+    )
 
     # Part 5: the real model evaluated, warmed up, trained for a step, exported, plotted.
     if real_model is None:

@@ -1,6 +1,7 @@
 """PipelineRL-k / ppo_off_policy / sync: the admission rule, and the real loop on 8 fake devices
 (4 trainer, 4 sampler) with a tiny random model and a verifier that gives any policy mixed
 rewards, so every step has a real loss."""
+
 import dataclasses
 
 import numpy as np
@@ -14,25 +15,65 @@ from scalerl_jax.train import trainer
 from scalerl_jax.train.pipeline import Schedule
 
 # Timing and throughput differ between runs; everything else must not (sync mode).
-TIMING = ("wall_s", "wait_s", "train_s", "step_s", "samples_per_s", "trainer_wait_frac",
-          "sampler_idle_frac", "queue_depth", "admitted_ahead", "eval_seconds", "_line",
-          "compute")
+TIMING = (
+    "wall_s",
+    "wait_s",
+    "train_s",
+    "step_s",
+    "samples_per_s",
+    "trainer_wait_frac",
+    "sampler_idle_frac",
+    "queue_depth",
+    "admitted_ahead",
+    "eval_seconds",
+    "_line",
+    "compute",
+)
 
 
 def tiny_config(workdir, *overrides, steps=6):
-    tiny = ModelConfig(name="tiny", vocab_size=CharTokenizer().vocab_size, hidden_size=32,
-                       intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=2,
-                       max_position_embeddings=64, tie_embeddings=True)
-    cfg = dataclasses.replace(recipes.testbed(), model=tiny, sft=None, workdir=str(workdir),
-                              steps=steps, mesh=MeshConfig(trainer_devices_per_host=4))
-    return apply_overrides(cfg, [
-        "data.source=synthetic:countup?num=400", "data.num_validation=16",
-        "reward.verifier=_verifiers:even_length", "reward.workers=2",
-        "sampler.max_concurrent_decodes=16", "sampler.max_target_length=40",
-        "sampler.max_new_tokens=20", "sampler.think_min=8", "sampler.think_max=12",
-        "pipeline.prompts_per_step=4", "pipeline.generations_per_prompt=4", "pipeline.max_lag=2",
-        "eval.every_steps=3", "eval.num_prompts=8", "eval.k=2", "checkpoint_every=3",
-        "optim.learning_rate=1e-3", *overrides])
+    tiny = ModelConfig(
+        name="tiny",
+        vocab_size=CharTokenizer().vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_layers=1,
+        num_heads=2,
+        num_kv_heads=2,
+        max_position_embeddings=64,
+        tie_embeddings=True,
+    )
+    cfg = dataclasses.replace(
+        recipes.testbed(),
+        model=tiny,
+        sft=None,
+        workdir=str(workdir),
+        steps=steps,
+        mesh=MeshConfig(trainer_devices_per_host=4),
+    )
+    return apply_overrides(
+        cfg,
+        [
+            "data.source=synthetic:countup?num=400",
+            "data.num_validation=16",
+            "reward.verifier=_verifiers:even_length",
+            "reward.workers=2",
+            "sampler.max_concurrent_decodes=16",
+            "sampler.max_target_length=40",
+            "sampler.max_new_tokens=20",
+            "sampler.think_min=8",
+            "sampler.think_max=12",
+            "pipeline.prompts_per_step=4",
+            "pipeline.generations_per_prompt=4",
+            "pipeline.max_lag=2",
+            "eval.every_steps=3",
+            "eval.num_prompts=8",
+            "eval.k=2",
+            "checkpoint_every=3",
+            "optim.learning_rate=1e-3",
+            *overrides,
+        ],
+    )
 
 
 def train_records(workdir):
@@ -45,8 +86,9 @@ def test_schedule_admission_limits_and_pushes():
     assert all(pipe.pushes(v) for v in range(10))
     sync = Schedule.from_config(PipelineConfig(mode="sync", prompts_per_step=48))
     assert sync.limit(0) == 48 and sync.limit(3) == 4 * 48 and sync.max_staleness == 0
-    ppo = Schedule.from_config(PipelineConfig(mode="ppo_off_policy", max_lag=4,
-                                              prompts_per_step=10))
+    ppo = Schedule.from_config(
+        PipelineConfig(mode="ppo_off_policy", max_lag=4, prompts_per_step=10)
+    )
     assert [ppo.limit(v) for v in (0, 3, 4, 7, 8)] == [40, 40, 80, 80, 120]
     assert [ppo.pushes(v) for v in range(1, 9)] == [False, False, False, True] * 2
     assert ppo.max_staleness == 3
@@ -57,11 +99,15 @@ def test_schedule_admission_limits_and_pushes():
                 trained_at = ticket // sched.batch
                 assert trained_at - version <= sched.max_staleness or trained_at < version
     # Uneven host shares add up to the batch; fewer prompts than hosts is refused.
-    shares = [Schedule.from_config(PipelineConfig(prompts_per_step=6), 4, h).batch
-              for h in range(4)]
+    shares = [
+        Schedule.from_config(PipelineConfig(prompts_per_step=6), 4, h).batch for h in range(4)
+    ]
     assert shares == [2, 2, 1, 1]
-    with pytest.raises(ConfigError, match=r"prompts_per_step=3 must be at least the number of "
-                                          r"hosts \(4\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"prompts_per_step=3 must be at least the number of "
+        r"hosts \(4\)",
+    ):
         Schedule.from_config(PipelineConfig(prompts_per_step=3), num_hosts=4)
 
 
@@ -76,6 +122,7 @@ def test_pipeline_mode_never_discards_and_bounds_staleness(tmp_path):
     assert all(r["batch_groups"] == 4 for r in records)  # every step got its B groups
     assert any(r["batch_kept_groups"] > 0 and r["loss"] != 0 for r in records)
     from scalerl_jax.progress import RL_FIELDS
+
     assert all(f.key in records[-1] for f in RL_FIELDS)  # the progress bar shows real fields
     for key in ("queue_depth", "sampler_idle_frac", "trainer_wait_frac", "staleness_mean"):
         assert all(np.isfinite(r[key]) for r in records), key
@@ -112,8 +159,9 @@ def test_ppo_off_policy_takes_k_steps_per_round_with_frozen_weights(tmp_path):
 
 
 def test_a_verifier_that_raises_or_hangs_is_counted_and_the_run_goes_on(tmp_path):
-    cfg = tiny_config(tmp_path / "flaky", "reward.verifier=_verifiers:flaky",
-                      "reward.timeout_s=0.5", steps=3)
+    cfg = tiny_config(
+        tmp_path / "flaky", "reward.verifier=_verifiers:flaky", "reward.timeout_s=0.5", steps=3
+    )
     result = trainer.run(cfg, fit=False)
     records = train_records(result.workdir)
     assert result.step == 3 and len(records) == 3
@@ -125,8 +173,13 @@ def test_a_verifier_that_raises_or_hangs_is_counted_and_the_run_goes_on(tmp_path
 def test_a_run_that_keeps_producing_non_finite_steps_stops_with_an_error(tmp_path):
     # A learning rate of 1e30 makes the first update blow the weights up; every later loss is
     # non-finite and skipped, and after max_skipped_steps of them the run stops.
-    cfg = tiny_config(tmp_path / "nan", "optim.learning_rate=1e30", "optim.warmup_steps=0",
-                      "max_skipped_steps=3", steps=12)
+    cfg = tiny_config(
+        tmp_path / "nan",
+        "optim.learning_rate=1e30",
+        "optim.warmup_steps=0",
+        "max_skipped_steps=3",
+        steps=12,
+    )
     with pytest.raises(FloatingPointError, match=r"3 consecutive steps .* non-finite"):
         trainer.run(cfg, fit=False)
     records = train_records(str(tmp_path / "nan"))

@@ -1,5 +1,6 @@
 """scalerl_jax.plan: the topology table, the parameter inventory against the real module, memory
 per chip against hand-computed values and real shardings, resolution, the hardware check."""
+
 import dataclasses
 from types import SimpleNamespace
 
@@ -23,11 +24,21 @@ def _abstract_params(model_cfg):
 
 
 # ------------------------------------------------------------------------------------ table
-@pytest.mark.parametrize("name,hosts,per_host,gen", [
-    ("v4-8", 1, 4, "v4"), ("v4-32", 4, 4, "v4"), ("v5p-8", 1, 4, "v5p"),
-    ("v5p-256", 32, 4, "v5p"), ("v5p-17920", 2240, 4, "v5p"), ("v5e-1", 1, 1, "v5e"),
-    ("v5e-8", 1, 8, "v5e"), ("v5litepod-16", 4, 4, "v5e"), ("v6e-8", 1, 8, "v6e"),
-    ("v6e-256", 64, 4, "v6e")])
+@pytest.mark.parametrize(
+    "name,hosts,per_host,gen",
+    [
+        ("v4-8", 1, 4, "v4"),
+        ("v4-32", 4, 4, "v4"),
+        ("v5p-8", 1, 4, "v5p"),
+        ("v5p-256", 32, 4, "v5p"),
+        ("v5p-17920", 2240, 4, "v5p"),
+        ("v5e-1", 1, 1, "v5e"),
+        ("v5e-8", 1, 8, "v5e"),
+        ("v5litepod-16", 4, 4, "v5e"),
+        ("v6e-8", 1, 8, "v6e"),
+        ("v6e-256", 64, 4, "v6e"),
+    ],
+)
 def test_topology_table(name, hosts, per_host, gen):
     t = plan.topology(name)
     assert (t.hosts, t.chips_per_host, t.chip.generation) == (hosts, per_host, gen)
@@ -47,9 +58,12 @@ def test_unknown_topology_lists_the_known_ones():
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "tiny-qwen3"])
 def test_param_inventory_matches_the_module(name):
     cfg = presets.get(name)
-    got = sorted((tuple(v.get_value().shape), tuple(v.get_metadata()["logical_axes"]))
-                 for v in jax.tree.leaves(_abstract_params(cfg),
-                                          is_leaf=lambda x: isinstance(x, nnx.Variable)))
+    got = sorted(
+        (tuple(v.get_value().shape), tuple(v.get_metadata()["logical_axes"]))
+        for v in jax.tree.leaves(
+            _abstract_params(cfg), is_leaf=lambda x: isinstance(x, nnx.Variable)
+        )
+    )
     want = sorted((s, a) for s, a, k in plan.param_inventory(cfg) for _ in range(k))
     assert got == want
 
@@ -66,13 +80,16 @@ def test_param_bytes_match_real_shardings(name, shape):
     """The plan's per-device bytes equal what mesh.state_shardings puts on a device of a real
     8-device mesh (including dims replicated because the axis does not divide them)."""
     cfg = presets.get(name, param_dtype="bfloat16")
-    mesh = mesh_lib.trainer_mesh(MeshConfig(data=shape[0], fsdp=shape[1], tensor=shape[2]),
-                                 jax.devices()[:8])
+    mesh = mesh_lib.trainer_mesh(
+        MeshConfig(data=shape[0], fsdp=shape[1], tensor=shape[2]), jax.devices()[:8]
+    )
     state = _abstract_params(cfg)
     shardings = mesh_lib.state_shardings(state, mesh)
     leaves = jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, nnx.Variable))
-    real = sum(2 * int(np.prod(sh.shard_shape(v.get_value().shape)))
-               for v, sh in zip(leaves, jax.tree.leaves(shardings)))
+    real = sum(
+        2 * int(np.prod(sh.shard_shape(v.get_value().shape)))
+        for v, sh in zip(leaves, jax.tree.leaves(shardings))
+    )
     assert plan.param_bytes(cfg, dict(zip(("data", "fsdp", "tensor"), shape))) == real
 
 
@@ -97,46 +114,68 @@ def test_scalerl_8b_on_v5p_256_hand_computed():
     assert p.trainer.weight_sync == 4 * m.vocab_size * m.hidden_size
     # Sampler: 3 chips, no tensor parallelism, slots rounded up to 66 = 3 x 22; KV by hand.
     assert p.layout.sampler_mesh == (3, 1) and p.layout.slots == 66
-    kv = 22 * cfg.sampler.max_target_length * m.num_layers * 2 * m.num_kv_heads * \
-        m.dim_per_head * 2
+    kv = 22 * cfg.sampler.max_target_length * m.num_layers * 2 * m.num_kv_heads * m.dim_per_head * 2
     # Weights in the dtype of use: fp32 norms and LM head, bf16 the rest (the embedding too).
     head = m.vocab_size * m.hidden_size
     assert p.sampler.kv_cache == kv
     assert p.sampler.params == 4 * (norms + head) + 2 * (m.num_params() - norms - head)
     assert p.fits and max(p.chip_peaks) <= 95 * GIB * 0.9
-    assert p.config.mesh == MeshConfig(trainer_devices_per_host=1, colocate=False, data=1,
-                                       fsdp=32, tensor=1, sampler_tensor=1)
+    assert p.config.mesh == MeshConfig(
+        trainer_devices_per_host=1, colocate=False, data=1, fsdp=32, tensor=1, sampler_tensor=1
+    )
     # 48 prompts over 32 hosts: 16 hosts sample 2 per step, 16 sample 1; nothing refuses it.
     assert p.ok and not p.problems
     # FLOPs: P x G rows of mean (prompt + completion) tokens at 6N + attention.
     prompt, completion = p.assumptions.lengths(cfg)
     rows = 48 * 16
     assert p.time.trainer_flops == pytest.approx(
-        rows * (prompt + completion) * num_flops_per_token(m, prompt + completion))
+        rows * (prompt + completion) * num_flops_per_token(m, prompt + completion)
+    )
     assert p.time.step_s == max(p.time.trainer_s, p.time.sampler_s)  # PipelineRL overlaps
 
 
-@pytest.mark.parametrize("name,shape", [("tiny-qwen3-moe", (1, 2)), ("tiny-qwen3-moe", (2, 2)),
-                                        ("tiny-qwen2", (1, 4)), ("tiny-qwen2", (2, 1))])
+@pytest.mark.parametrize(
+    "name,shape",
+    [
+        ("tiny-qwen3-moe", (1, 2)),
+        ("tiny-qwen3-moe", (2, 2)),
+        ("tiny-qwen2", (1, 4)),
+        ("tiny-qwen2", (2, 1)),
+    ],
+)
 def test_sampler_param_bytes_match_the_engine(name, shape):
     """The plan's sampler bytes per chip equal the engine's real dtypes and shardings: bf16
     weights under bf16 compute, fp32 norms / router / LM head (tied: the embedding)."""
     from scalerl_jax.config import SamplerConfig
     from scalerl_jax.sampler import Engine
+
     cfg = presets.get(name, compute_dtype="bfloat16")
     data, tensor = shape
-    mesh = mesh_lib.sampler_mesh(MeshConfig(sampler_tensor=tensor), jax.devices()[:data * tensor])
+    mesh = mesh_lib.sampler_mesh(MeshConfig(sampler_tensor=tensor), jax.devices()[: data * tensor])
     for wd in ("compute", "param"):
-        engine = Engine(cfg, mesh, SamplerConfig(max_concurrent_decodes=2, max_prefill_length=8,
-                                                 max_target_length=16, interruptions=False,
-                                                 weight_dtype=wd))
-        real = sum(int(np.prod(sh.shard_shape(x.shape))) * np.dtype(dt).itemsize
-                   for x, sh, dt in zip(jax.tree.leaves(engine.abstract_params),
-                                        jax.tree.leaves(engine.param_shardings),
-                                        jax.tree.leaves(engine.param_dtypes)))
+        engine = Engine(
+            cfg,
+            mesh,
+            SamplerConfig(
+                max_concurrent_decodes=2,
+                max_prefill_length=8,
+                max_target_length=16,
+                interruptions=False,
+                weight_dtype=wd,
+            ),
+        )
+        real = sum(
+            int(np.prod(sh.shard_shape(x.shape))) * np.dtype(dt).itemsize
+            for x, sh, dt in zip(
+                jax.tree.leaves(engine.abstract_params),
+                jax.tree.leaves(engine.param_shardings),
+                jax.tree.leaves(engine.param_dtypes),
+            )
+        )
         assert plan.sampler_param_bytes(cfg, {"data": data, "tensor": tensor}, wd) == real
-    assert plan.sampler_param_bytes(cfg, {"tensor": tensor}, "compute") < \
-        0.6 * plan.sampler_param_bytes(cfg, {"tensor": tensor}, "param")
+    assert plan.sampler_param_bytes(
+        cfg, {"tensor": tensor}, "compute"
+    ) < 0.6 * plan.sampler_param_bytes(cfg, {"tensor": tensor}, "param")
 
 
 def _prompts(cfg, n):
@@ -166,13 +205,21 @@ def test_scout_on_v5p_colocates_and_fits_from_v5p_512():
         lay = q.layout
         assert lay.colocated and lay.trainer_per_host == 4 and lay.sampler_mesh == (1, 4)
         assert lay.trainer_mesh[2] == 8 and lay.remat  # 5 heads per chip; block inputs only
-        assert plan.rows_per_chip(q.config, lay.trainer_mesh[0] * lay.trainer_mesh[1],
-                                  lay.micro_batches) == 1
+        assert (
+            plan.rows_per_chip(
+                q.config, lay.trainer_mesh[0] * lay.trainer_mesh[1], lay.micro_batches
+            )
+            == 1
+        )
         assert lay.slots == cfg.pipeline.generations_per_prompt  # one group decodes at once
         # Sampler weights by hand: bf16 split 4 ways, except the replicated fp32 norms and
         # routers and the fp32 LM head (split over its vocab dim).
-        assert q.sampler.params == 2 * (m.num_params() - norms - router - head) // 4 + \
-            4 * (norms + router) + 4 * head // 4
+        assert (
+            q.sampler.params
+            == 2 * (m.num_params() - norms - router - head) // 4
+            + 4 * (norms + router)
+            + 4 * head // 4
+        )
         # Weight sync: the largest group is the fp32 LM head, over a host's 4 trainer chips.
         assert q.trainer.weight_sync == 4 * head // 4
         assert q.config.mesh.colocate and q.config.mesh.sampler_tensor == 4
@@ -192,10 +239,16 @@ def test_70b_on_v5e_8_does_not_fit_and_says_why():
 
 def test_pinned_fields_are_kept_and_the_rest_planned():
     cfg = recipes.get("scalerl", model="llama-3.1-8b")
-    cfg = dataclasses.replace(cfg, mesh=MeshConfig(trainer_devices_per_host=2),
-                              optim=dataclasses.replace(cfg.optim, micro_batches=24))
-    p = plan.resolve(cfg, plan.topology("v5p-64"), pinned={"mesh.trainer_devices_per_host",
-                                                            "optim.micro_batches"})
+    cfg = dataclasses.replace(
+        cfg,
+        mesh=MeshConfig(trainer_devices_per_host=2),
+        optim=dataclasses.replace(cfg.optim, micro_batches=24),
+    )
+    p = plan.resolve(
+        cfg,
+        plan.topology("v5p-64"),
+        pinned={"mesh.trainer_devices_per_host", "optim.micro_batches"},
+    )
     assert p.layout.trainer_per_host == 2 and p.layout.micro_batches == 24
     assert p.layout.trainer_mesh == (1, 16, 1)
     keys = {k for k, _, _ in p.changes}
@@ -219,6 +272,7 @@ def test_remat_and_micro_batches_lower_activation_memory():
 
 def test_fused_attention_and_remat_policies_in_activation_memory():
     from scalerl_jax.plan.estimate import activation_bytes
+
     m = presets.get("llama-3.1-8b", compute_dtype="bfloat16")
     rows, t, layers, h, hd, b = 1, 16384, 32, 32, 128, 2
 
@@ -231,8 +285,9 @@ def test_fused_attention_and_remat_policies_in_activation_memory():
     full, splash = act(remat=False), act(remat=False, attention_impl="splash")
     assert full - splash > layers * h * t * t / 2 * 6 > 0
     assert act(remat=False, attention_impl="auto") == splash  # T is a multiple of 128
-    assert activation_bytes(m.replace(attention_impl="auto"), rows, t - 1, 1, 512, False) > \
-        splash  # not a multiple of the kernel's block: the XLA path
+    assert (
+        activation_bytes(m.replace(attention_impl="auto"), rows, t - 1, 1, 512, False) > splash
+    )  # not a multiple of the kernel's block: the XLA path
     assert act(remat=False, attention_impl="cudnn") == full  # no cuDNN on a TPU
     # attn_out keeps each layer's attention output as well as its input; dots policies are
     # planned as no remat (an upper bound).
@@ -245,8 +300,10 @@ def test_fused_attention_and_remat_policies_in_activation_memory():
 
 # --------------------------------------------------------------------------- the hardware
 def _devices(n, hosts, platform="tpu", kind="TPU v5"):
-    return [SimpleNamespace(platform=platform, device_kind=kind, process_index=i * hosts // n)
-            for i in range(n)]
+    return [
+        SimpleNamespace(platform=platform, device_kind=kind, process_index=i * hosts // n)
+        for i in range(n)
+    ]
 
 
 def test_hardware_check_accepts_the_slice_and_refuses_anything_else():
@@ -263,17 +320,21 @@ def test_hardware_check_accepts_the_slice_and_refuses_anything_else():
 def test_sampler_working_set_counts_batched_prefill_passes():
     from scalerl_jax.config import SamplerConfig
     from scalerl_jax.plan.estimate import prefill_score_entries
+
     s = SamplerConfig(max_prefill_length=2048, prefill_batch_tokens=8192)
-    assert prefill_score_entries(s, groups=1) == 2048 ** 2  # one group: never batched
-    assert prefill_score_entries(s, groups=2) == 2 * 2048 ** 2  # 2 rows at T = 2048
+    assert prefill_score_entries(s, groups=1) == 2048**2  # one group: never batched
+    assert prefill_score_entries(s, groups=2) == 2 * 2048**2  # 2 rows at T = 2048
     assert prefill_score_entries(s, groups=64) == 8192 * 2048  # 4 rows at T = 2048
     off = dataclasses.replace(s, prefill_batch_tokens=0)
-    assert prefill_score_entries(off, groups=64) == 2048 ** 2
+    assert prefill_score_entries(off, groups=64) == 2048**2
     small = dataclasses.replace(s, prefill_batch_tokens=1024)  # batched only at T <= 512
-    assert prefill_score_entries(small, groups=64) == 2048 ** 2
+    assert prefill_score_entries(small, groups=64) == 2048**2
     # The planner's sampler working set follows: more groups per replica, more memory.
     cfg = recipes.get("scalerl")
     unbatched = dataclasses.replace(
-        cfg, sampler=dataclasses.replace(cfg.sampler, prefill_batch_tokens=0))
-    assert (plan.estimate.sampler_memory(cfg, 1, 1, 64).working
-            > plan.estimate.sampler_memory(unbatched, 1, 1, 64).working)
+        cfg, sampler=dataclasses.replace(cfg.sampler, prefill_batch_tokens=0)
+    )
+    assert (
+        plan.estimate.sampler_memory(cfg, 1, 1, 64).working
+        > plan.estimate.sampler_memory(unbatched, 1, 1, 64).working
+    )

@@ -1,4 +1,5 @@
 """Console output: logging after an Orbax import, the bar on/off a terminal, the summary."""
+
 import io
 import itertools
 import logging
@@ -17,8 +18,13 @@ from scalerl_jax import progress
 from scalerl_jax.progress import SFT_FIELDS, Progress, setup_logging, summary_lines
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TRAIN = {"loss": 0.01234, "reward_mean": 0.5, "pass_rate_train": 0.375, "staleness_max": 2,
-         "batch_seq_tokens": 4096}
+TRAIN = {
+    "loss": 0.01234,
+    "reward_mean": 0.5,
+    "pass_rate_train": 0.375,
+    "staleness_max": 2,
+    "batch_seq_tokens": 4096,
+}
 
 
 class FakeTTY(io.StringIO):
@@ -57,8 +63,14 @@ def test_info_lines_appear_after_orbax_import():
         logging.getLogger("absl").warning("absl warning")
     """)
     env = dict(os.environ, JAX_PLATFORMS="cpu")
-    out = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True,
-                         text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     assert "lost before setup" not in out.stderr  # the bug this module fixes
     assert re.search(r"^\d\d:\d\d:\d\d train\.trainer: step 5 loss 0\.1$", out.stderr, re.M)
@@ -84,8 +96,14 @@ def test_log_lines_go_above_a_live_bar(restore_logging):
 def test_progress_off_a_terminal_logs_plain_lines_only(restore_logging, caplog):
     stream = io.StringIO()
     with caplog.at_level(logging.INFO, logger="scalerl_jax.progress"):
-        with Progress("rl", 12, tokens_key="batch_seq_tokens", stream=stream,
-                      log_every_steps=5, log_every_s=None) as bar:
+        with Progress(
+            "rl",
+            12,
+            tokens_key="batch_seq_tokens",
+            stream=stream,
+            log_every_steps=5,
+            log_every_s=None,
+        ) as bar:
             assert not bar.enabled and bar.bar is None
             for step in range(1, 12):
                 bar.update(step, TRAIN, forecast="A 0.61")
@@ -94,8 +112,11 @@ def test_progress_off_a_terminal_logs_plain_lines_only(restore_logging, caplog):
             bar.note("evaluating")
     assert stream.getvalue() == ""
     lines = [r.getMessage() for r in caplog.records]
-    assert [re.match(r"(rl \d+/12)", m).group(1) for m in lines if m.startswith("rl ")] == \
-        ["rl 1/12", "rl 6/12", "rl 11/12"]
+    assert [re.match(r"(rl \d+/12)", m).group(1) for m in lines if m.startswith("rl ")] == [
+        "rl 1/12",
+        "rl 6/12",
+        "rl 11/12",
+    ]
     assert "loss 0.0123 | reward 0.500 | pass 0.375 | stale 2 | val 0.400@5 | tok/s" in lines[1]
     assert "forecast A 0.61" in lines[1] and "ETA" in lines[1]
     assert "rl: evaluating" in lines
@@ -103,19 +124,21 @@ def test_progress_off_a_terminal_logs_plain_lines_only(restore_logging, caplog):
 
 def test_progress_time_based_lines_and_final_line(restore_logging, caplog):
     with caplog.at_level(logging.INFO, logger="scalerl_jax.progress"):
-        with Progress("sft", 100, fields=SFT_FIELDS, stream=io.StringIO(),
-                      log_every_s=3600) as bar:
+        with Progress("sft", 100, fields=SFT_FIELDS, stream=io.StringIO(), log_every_s=3600) as bar:
             for step in range(1, 4):
                 bar.update(step, {"loss": 1.0 / step})
-    assert [r.getMessage().split(" |")[0] for r in caplog.records] == \
-        ["sft 1/100 (1%)", "sft 3/100 (3%)"]  # first update, then close()
+    assert [r.getMessage().split(" |")[0] for r in caplog.records] == [
+        "sft 1/100 (1%)",
+        "sft 3/100 (3%)",
+    ]  # first update, then close()
 
 
 def test_rates_with_updates_every_k_steps(restore_logging, monkeypatch):
     clock = itertools.count()  # one second per call: construction, then one per update
     monkeypatch.setattr(progress, "time", types.SimpleNamespace(monotonic=lambda: next(clock)))
-    with Progress("sft", 50, fields=SFT_FIELDS, tokens_key="tokens", stream=io.StringIO(),
-                  log_every_s=None) as bar:
+    with Progress(
+        "sft", 50, fields=SFT_FIELDS, tokens_key="tokens", stream=io.StringIO(), log_every_s=None
+    ) as bar:
         for step in (10, 20, 30):  # SFT reports every 10th step, each with one step's tokens
             bar.update(step, {"loss": 1.0, "tokens": 500.0})
     tokens_per_s, s_per_step = bar.rates()
@@ -144,8 +167,15 @@ def test_bar_on_a_terminal_shows_resumed_step_and_fields(restore_logging, caplog
     text = stream.getvalue()
     assert "40/100" in text and "42/100" in text
     last = text.rsplit("\r", 1)[-1]
-    for part in ("loss 0.0123", "reward 0.500", "pass 0.375", "stale 2", "val 0.500@42",
-                 "tok/s", "forecast A 0.61"):
+    for part in (
+        "loss 0.0123",
+        "reward 0.500",
+        "pass 0.375",
+        "stale 2",
+        "val 0.500@42",
+        "tok/s",
+        "forecast A 0.61",
+    ):
         assert part in last, (part, last)
     assert "checkpoint saved\n" in text
     assert not caplog.records  # a live bar replaces the periodic lines
@@ -168,28 +198,45 @@ def test_bar_on_a_real_pseudo_terminal(restore_logging):
 def test_summary_with_fit(tmp_path):
     os.makedirs(tmp_path / "tensorboard")
     os.makedirs(tmp_path / "fit")
-    evals = [{"step": 0, "pass_rate": 0.2}, {"step": 10, "pass_rate": 0.3},
-             {"step": 10, "pass_rate": 0.35,  # re-evaluated after a resume: the last counts
-              "compute": {"device_hours": 12.5, "flops": 4.2e18, "tokens": 2.3e9}}]
-    fit = {"A": 0.61, "A_lo": 0.6, "A_hi": 0.62, "B": 1.42, "B_lo": 1.3, "B_hi": 1.55,
-           "C_mid": 1820.0}
+    evals = [
+        {"step": 0, "pass_rate": 0.2},
+        {"step": 10, "pass_rate": 0.3},
+        {
+            "step": 10,
+            "pass_rate": 0.35,  # re-evaluated after a resume: the last counts
+            "compute": {"device_hours": 12.5, "flops": 4.2e18, "tokens": 2.3e9},
+        },
+    ]
+    fit = {
+        "A": 0.61,
+        "A_lo": 0.6,
+        "A_hi": 0.62,
+        "B": 1.42,
+        "B_lo": 1.3,
+        "B_hi": 1.55,
+        "C_mid": 1820.0,
+    }
     lines = summary_lines(str(tmp_path), evals, fit)
     assert 5 <= len(lines) <= 10
     assert lines[0] == "validation pass rate: 0.200 (step 0) -> 0.350 (step 10), 2 eval points"
     assert lines[1] == "compute: 12.5 device-hours, 4.2e+18 FLOPs, 2.3e+09 tokens"
-    assert lines[2] == ("fit: A 0.610 [0.600, 0.620]  B 1.42 [1.3, 1.55]  C_mid 1820  "
-                        "(C_mid in device-hours)")
+    assert lines[2] == (
+        "fit: A 0.610 [0.600, 0.620]  B 1.42 [1.3, 1.55]  C_mid 1820  (C_mid in device-hours)"
+    )
     text = "\n".join(lines)
     assert f"{tmp_path}/metrics.jsonl" in text
     assert f"tensorboard --logdir {tmp_path}/tensorboard" in text and f"{tmp_path}/fit" in text
 
 
 def test_summary_without_fit(tmp_path):
-    lines = summary_lines(str(tmp_path), [{"step": 0, "pass_rate": None}], None,
-                          fit_reason="too few points (2 < 4)")
+    lines = summary_lines(
+        str(tmp_path), [{"step": 0, "pass_rate": None}], None, fit_reason="too few points (2 < 4)"
+    )
     assert lines[0].startswith("validation pass rate: n/a (step 0) -> n/a (step 0), 1 eval")
     assert "fit: none (too few points (2 < 4))" in lines
     assert f"python experiments/fit.py {tmp_path}" in lines[-1]
     assert not any("tensorboard" in line for line in lines)
     assert summary_lines(str(tmp_path), [], None)[:2] == [
-        "validation pass rate: no eval points", "fit: none (not run)"]
+        "validation pass rate: no eval points",
+        "fit: none (not run)",
+    ]

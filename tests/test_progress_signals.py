@@ -1,6 +1,7 @@
 """Progress lines while nothing else prints (the heartbeat: start-up, compilation, evaluation) and
 stop signals answered within seconds (the first evaluation, a long native call), through the real
 entry point with its output piped, as under nohup or CI."""
+
 import logging
 import os
 import re
@@ -17,10 +18,19 @@ from scalerl_jax.metrics import read_metrics
 from scalerl_jax.heartbeat import Heartbeat
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TESTBED = ["--no-fit", "sft=none", "reward.verifier=_verifiers:even_length",
-           "model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1",
-           "model.num_heads=2", "model.num_kv_heads=2", "pipeline.prompts_per_step=4",
-           "pipeline.generations_per_prompt=4", "checkpoint_every=2"]
+TESTBED = [
+    "--no-fit",
+    "sft=none",
+    "reward.verifier=_verifiers:even_length",
+    "model.hidden_size=32",
+    "model.intermediate_size=64",
+    "model.num_layers=1",
+    "model.num_heads=2",
+    "model.num_kv_heads=2",
+    "pipeline.prompts_per_step=4",
+    "pipeline.generations_per_prompt=4",
+    "checkpoint_every=2",
+]
 
 
 class Lines:
@@ -29,8 +39,10 @@ class Lines:
     def __init__(self, proc):
         self.proc, self.lines, self.start = proc, [], time.monotonic()
         self._lock = threading.Lock()
-        self._readers = [threading.Thread(target=self._read, args=(s,), daemon=True)
-                         for s in (proc.stdout, proc.stderr)]
+        self._readers = [
+            threading.Thread(target=self._read, args=(s,), daemon=True)
+            for s in (proc.stdout, proc.stderr)
+        ]
         for r in self._readers:
             r.start()
 
@@ -60,11 +72,22 @@ class Lines:
 
 
 def launch(*args, interval="1"):
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "", "PYTHONUNBUFFERED": "1",
-           "SCALERL_PROGRESS_INTERVAL": interval, "PYTHONPATH": os.path.join(ROOT, "tests")}
-    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "experiments", "run.py"), *args],
-                            cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+    env = {
+        **os.environ,
+        "JAX_PLATFORMS": "cpu",
+        "XLA_FLAGS": "",
+        "PYTHONUNBUFFERED": "1",
+        "SCALERL_PROGRESS_INTERVAL": interval,
+        "PYTHONPATH": os.path.join(ROOT, "tests"),
+    }
+    proc = subprocess.Popen(
+        [sys.executable, os.path.join(ROOT, "experiments", "run.py"), *args],
+        cwd=ROOT,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     return Lines(proc)
 
 
@@ -74,8 +97,10 @@ def test_heartbeat_names_nested_phases_only_when_nothing_else_printed(caplog):
     with caplog.at_level(logging.INFO, logger="scalerl_jax.heartbeat"):
         beat.start("job: starting", interval=0.3)
         try:
-            with beat.phase("rl step 2/5"), beat.phase("evaluation", total=8,
-                                                        unit="completions") as ev:
+            with (
+                beat.phase("rl step 2/5"),
+                beat.phase("evaluation", total=8, unit="completions") as ev,
+            ):
                 ev.update(2)
                 time.sleep(1.0)
                 quiet = len(caplog.records)
@@ -95,17 +120,30 @@ def test_heartbeat_names_nested_phases_only_when_nothing_else_printed(caplog):
 
 
 def test_run_prints_a_line_every_interval_from_its_first_second(tmp_path):
-    out = launch("--workdir", str(tmp_path / "run"), "--steps", "3", *TESTBED,
-                 "data.num_validation=64", "eval.num_prompts=64", "eval.k=4",
-                 "eval.every_steps=3")
+    out = launch(
+        "--workdir",
+        str(tmp_path / "run"),
+        "--steps",
+        "3",
+        *TESTBED,
+        "data.num_validation=64",
+        "eval.num_prompts=64",
+        "eval.k=4",
+        "eval.every_steps=3",
+    )
     assert out.finish(timeout=600) == 0, out.text()[-3000:]
     times = [t for t, _ in out.lines]
     assert times[0] - out.start < 5.0, out.text()  # the start line (interpreter start included)
     gaps = [b - a for a, b in zip(times, times[1:])]
     assert max(gaps) < 3.0, (max(gaps), out.text())  # a line every ~1 s, slack for a busy CPU
     text = out.text()
-    for phase in ("run.py: recipe testbed", "start-up: data, reward workers",
-                  "evaluation of step 0 > sampling:", "completions", "rl step 1/3"):
+    for phase in (
+        "run.py: recipe testbed",
+        "start-up: data, reward workers",
+        "evaluation of step 0 > sampling:",
+        "completions",
+        "rl step 1/3",
+    ):
         assert phase in text, phase
 
 
@@ -115,8 +153,9 @@ def test_sigterm_in_the_first_evaluation_stops_within_seconds(tmp_path):
     # A random 1-layer policy rambles to the length cap: 400 prompts x 16 take minutes. The
     # signal comes once completions finish, i.e. after the sampler's compilation, where the
     # watchdog would act instead (test_watchdog_*).
-    out = launch("--workdir", workdir, "--steps", "3", *TESTBED, "eval.num_prompts=400",
-                 "eval.k=16")
+    out = launch(
+        "--workdir", workdir, "--steps", "3", *TESTBED, "eval.num_prompts=400", "eval.k=16"
+    )
     out.wait_for(r"evaluation of step 0 > sampling: [1-9]\d*/6400 completions", timeout=300)
     sent = time.monotonic()
     out.proc.send_signal(signal.SIGTERM)
@@ -158,9 +197,16 @@ WATCHDOG_SCRIPT = textwrap.dedent("""
 
 def _watchdog(mode):
     env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
-    return Lines(subprocess.Popen([sys.executable, "-c", WATCHDOG_SCRIPT, mode], cwd=ROOT,
-                                  env=env, text=True, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE))
+    return Lines(
+        subprocess.Popen(
+            [sys.executable, "-c", WATCHDOG_SCRIPT, mode],
+            cwd=ROOT,
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+    )
 
 
 def test_watchdog_ends_a_busy_process_with_nothing_unsaved():
@@ -170,8 +216,7 @@ def test_watchdog_ends_a_busy_process_with_nothing_unsaved():
     out.proc.send_signal(signal.SIGTERM)
     assert out.finish(timeout=60) == 143, out.text()
     assert time.monotonic() - sent < 6.0
-    assert "SIGTERM: all saved; exiting now instead of waiting for a long native call" in \
-        out.text()
+    assert "SIGTERM: all saved; exiting now instead of waiting for a long native call" in out.text()
 
 
 @pytest.mark.parametrize("second", [signal.SIGTERM, signal.SIGINT])
@@ -186,6 +231,5 @@ def test_watchdog_second_signal_exits_at_once(second):
     assert out.finish(timeout=60) == 128 + second, out.text()
     assert time.monotonic() - sent < 6.0
     text = out.text()
-    assert f"second stop signal ({signal.Signals(second).name}): exiting now without saving" \
-        in text
+    assert f"second stop signal ({signal.Signals(second).name}): exiting now without saving" in text
     assert "never finished" not in text

@@ -8,6 +8,7 @@ Skipped, saying why, without the converted model (`make fetch-model`) or GSM8K
 (../shared/data/gsm8k); with SCALERL_REQUIRE_MODEL set (CI) a missing model fails instead. The
 subprocesses share a JAX compilation cache, so later invocations skip the compiles of earlier
 ones (a resumed run recompiles nothing it compiled before)."""
+
 import json
 import os
 import subprocess
@@ -37,23 +38,49 @@ def gsm8k(split):
 @pytest.fixture(scope="module")
 def cli_env(tmp_path_factory):
     cache = tmp_path_factory.mktemp("jax_cache")
-    return {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "",
-            "JAX_COMPILATION_CACHE_DIR": str(cache), "PYTHONPATH": os.path.join(ROOT, "tests")}
+    return {
+        **os.environ,
+        "JAX_PLATFORMS": "cpu",
+        "XLA_FLAGS": "",
+        "JAX_COMPILATION_CACHE_DIR": str(cache),
+        "PYTHONPATH": os.path.join(ROOT, "tests"),
+    }
 
 
 def cli(script, *args, env, timeout=900):
-    return subprocess.run([sys.executable, os.path.join(ROOT, "experiments", script), *args],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, os.path.join(ROOT, "experiments", script), *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 # ------------------------------------------------------------------------- evaluation
 def test_eval_agrees_with_transformers_generate_and_math_verify(smollm2, cli_env, tmp_path):
     n, new_tokens = 20, 160
     out = tmp_path / "greedy.jsonl"
-    done = cli("eval.py", "--recipe", "gsm8k", "--hf-checkpoint", smollm2, "--data",
-               gsm8k("test"), "reward.workers=2", "--num-prompts", str(n),
-               "--max-new-tokens", str(new_tokens), "--slots", str(n), "--out", str(out),
-               env=cli_env)
+    done = cli(
+        "eval.py",
+        "--recipe",
+        "gsm8k",
+        "--hf-checkpoint",
+        smollm2,
+        "--data",
+        gsm8k("test"),
+        "reward.workers=2",
+        "--num-prompts",
+        str(n),
+        "--max-new-tokens",
+        str(new_tokens),
+        "--slots",
+        str(n),
+        "--out",
+        str(out),
+        env=cli_env,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     records = [json.loads(line) for line in open(out)]
     summary = json.load(open(tmp_path / "greedy.summary.json"))
@@ -64,17 +91,21 @@ def test_eval_agrees_with_transformers_generate_and_math_verify(smollm2, cli_env
     # The prompts: transformers' own tokenizer and chat template give the ids we sampled from.
     tok = transformers.AutoTokenizer.from_pretrained(smollm2)
     system = recipes.BOXED_INSTRUCTION  # the recipe's system prompt
-    prompts = [tok.apply_chat_template([{"role": "system", "content": system},
-                                        {"role": "user", "content": row["question"]}],
-                                       add_generation_prompt=True, tokenize=True,
-                                       return_dict=True)["input_ids"] for row in rows]
+    prompts = [
+        tok.apply_chat_template(
+            [{"role": "system", "content": system}, {"role": "user", "content": row["question"]}],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=True,
+        )["input_ids"]
+        for row in rows
+    ]
     assert [r["prompt_tokens"] for r in records] == [list(p) for p in prompts]
 
     # The completions: transformers' greedy decoding in fp32, all prompts in one left-padded
     # batch; a prompt whose batched completion differs is decoded again alone (no padding at
     # all), and that is the reference it must equal.
-    model = transformers.AutoModelForCausalLM.from_pretrained(smollm2,
-                                                              dtype=torch.float32).eval()
+    model = transformers.AutoModelForCausalLM.from_pretrained(smollm2, dtype=torch.float32).eval()
     eos = tok.convert_tokens_to_ids("<|im_end|>")
     ours = [r["completion_tokens"] for r in records]
     threads = torch.get_num_threads()
@@ -85,8 +116,11 @@ def test_eval_agrees_with_transformers_generate_and_math_verify(smollm2, cli_env
             theirs[i] = _generate(model, [prompts[i]], eos, new_tokens)[0]
     finally:
         torch.set_num_threads(threads)
-    differ = {i: next(j for j, (x, y) in enumerate(zip(a + [-1], b + [-1])) if x != y)
-              for i, (a, b) in enumerate(zip(ours, theirs)) if a != b}
+    differ = {
+        i: next(j for j, (x, y) in enumerate(zip(a + [-1], b + [-1])) if x != y)
+        for i, (a, b) in enumerate(zip(ours, theirs))
+        if a != b
+    }
     assert not differ, f"problem: first differing token {differ}"
 
     # The verdicts: Math-Verify on transformers' text against the gold number after '####'.
@@ -102,8 +136,12 @@ def test_eval_agrees_with_transformers_generate_and_math_verify(smollm2, cli_env
         assert r["completion"] == text
         verdict = math_verify.verify(math_verify.parse(f"${gold}$"), math_verify.parse(text))
         if r["correct"] != verdict:
-            assert verdict and r["extracted"] is None and "\\boxed" not in text, \
-                (r["index"], r["extracted"], gold, text[-300:])
+            assert verdict and r["extracted"] is None and "\\boxed" not in text, (
+                r["index"],
+                r["extracted"],
+                gold,
+                text[-300:],
+            )
             unstated.append(r["index"])
     assert len(unstated) < n // 2, unstated  # most completions state an answer, or none at all
     figures = summary["modes"]["greedy"]
@@ -118,8 +156,14 @@ def _generate(model, prompts, eos, new_tokens):
     ids = torch.tensor([[eos] * (width - len(p)) + list(p) for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     with torch.no_grad():
-        out = model.generate(ids, attention_mask=mask, do_sample=False,
-                             max_new_tokens=new_tokens, eos_token_id=eos, pad_token_id=eos)
+        out = model.generate(
+            ids,
+            attention_mask=mask,
+            do_sample=False,
+            max_new_tokens=new_tokens,
+            eos_token_id=eos,
+            pad_token_id=eos,
+        )
     completions = []
     for row in out[:, width:].tolist():
         end = row.index(eos) + 1 if eos in row else len(row)
@@ -136,20 +180,50 @@ def test_rl_first_steps_resume_and_export_on_the_real_model(smollm2, cli_env, tm
     with open(gsm8k("train")) as f, open(data, "w") as out:
         for i, line in zip(range(24), f):
             row = json.loads(line)
-            out.write(json.dumps({"id": f"train-{i}", "question": row["question"],
-                                  "answer": row["answer"].rsplit("####", 1)[1].strip()}) + "\n")
+            out.write(
+                json.dumps(
+                    {
+                        "id": f"train-{i}",
+                        "question": row["question"],
+                        "answer": row["answer"].rsplit("####", 1)[1].strip(),
+                    }
+                )
+                + "\n"
+            )
     workdir = tmp_path / "run"
-    args = ["--recipe", "scalerl", "--colocate", "--hf-checkpoint", smollm2, "--data", str(data),
-            "--workdir", str(workdir), "--no-fit", "data.prompt_field=question",
-            "data.template=Question: {prompt}\nAnswer:", "data.num_validation=2",
-            "eval.num_prompts=2", "eval.k=2", "eval.every_steps=100",
-            "reward.verifier=_verifiers:even_length", "reward.workers=2",
-            "sampler.interruptions=false", "sampler.max_new_tokens=32",
-            "sampler.max_prefill_length=128", "sampler.max_target_length=192",
-            "sampler.max_concurrent_decodes=8", "pipeline.mode=sync",
-            "pipeline.prompts_per_step=2", "pipeline.generations_per_prompt=4",
-            "pipeline.seq_bucket=64", "model.compute_dtype=float32",
-            "optim.learning_rate=1e-5", "optim.warmup_steps=0", "keep_checkpoints=1"]
+    args = [
+        "--recipe",
+        "scalerl",
+        "--colocate",
+        "--hf-checkpoint",
+        smollm2,
+        "--data",
+        str(data),
+        "--workdir",
+        str(workdir),
+        "--no-fit",
+        "data.prompt_field=question",
+        "data.template=Question: {prompt}\nAnswer:",
+        "data.num_validation=2",
+        "eval.num_prompts=2",
+        "eval.k=2",
+        "eval.every_steps=100",
+        "reward.verifier=_verifiers:even_length",
+        "reward.workers=2",
+        "sampler.interruptions=false",
+        "sampler.max_new_tokens=32",
+        "sampler.max_prefill_length=128",
+        "sampler.max_target_length=192",
+        "sampler.max_concurrent_decodes=8",
+        "pipeline.mode=sync",
+        "pipeline.prompts_per_step=2",
+        "pipeline.generations_per_prompt=4",
+        "pipeline.seq_bucket=64",
+        "model.compute_dtype=float32",
+        "optim.learning_rate=1e-5",
+        "optim.warmup_steps=0",
+        "keep_checkpoints=1",
+    ]
     first = cli("run.py", *args, "--steps", "1", env=cli_env)
     assert first.returncode == 0, first.stderr[-3000:]
     second = cli("run.py", *args, "--steps", "2", env=cli_env)  # resumes from step 1
@@ -181,8 +255,9 @@ def test_rl_first_steps_resume_and_export_on_the_real_model(smollm2, cli_env, tm
     graphdef = graphdef_of(trained.cfg)
     ours = np.asarray(forward_logits(graphdef, trained.params, ids))
     before = np.asarray(forward_logits(graphdef, initial.params, ids))
-    reloaded = transformers.AutoModelForCausalLM.from_pretrained(str(workdir / "model"),
-                                                                 dtype=torch.float32).eval()
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(
+        str(workdir / "model"), dtype=torch.float32
+    ).eval()
     with torch.no_grad():
         theirs = reloaded(input_ids=torch.tensor(ids)).logits.numpy()
     parity, moved = np.abs(ours - theirs).max(), np.abs(ours - before).max()

@@ -1,12 +1,19 @@
 """Recipes: every name resolves to a valid RunConfig, and each one's documented difference from
 `scalerl` (its docstring's "Differs from scalerl:" block) is exactly the real one."""
+
 import dataclasses
 
 import pytest
 
 from scalerl_jax import recipes
-from scalerl_jax.config import (ConfigError, RunConfig, SFTConfig, apply_overrides, from_dict,
-                                resolve_source)
+from scalerl_jax.config import (
+    ConfigError,
+    RunConfig,
+    SFTConfig,
+    apply_overrides,
+    from_dict,
+    resolve_source,
+)
 
 # everything built from scalerl (testbed-mix is built from testbed: tests/test_multitask.py)
 DERIVED = [n for n in recipes.RECIPES if not n.startswith("testbed")]
@@ -33,8 +40,9 @@ def actual_diff(name, model):
     base = flatten(base.to_dict())
     cfg = flatten(recipe.to_dict())
     assert cfg.keys() == base.keys()
-    return {k: v for k, v in cfg.items()
-            if k != "workdir" and (type(v), v) != (type(base[k]), base[k])}
+    return {
+        k: v for k, v in cfg.items() if k != "workdir" and (type(v), v) != (type(base[k]), base[k])
+    }
 
 
 def typed(d):
@@ -70,9 +78,18 @@ def test_every_recipe_is_a_valid_consistent_run_config(name):
         assert loss.clip_eps_low == loss.clip_eps_high
 
 
-BATCHES = {"scalerl": (48, 16), "grpo": (48, 16), "dapo": (80, 16), "magistral": (80, 16),
-           "minimax": (80, 16), "scalerl-batch512": (32, 16), "scalerl-batch2048": (128, 16),
-           "scalerl-gen8": (96, 8), "scalerl-gen24": (32, 24), "scalerl-gen32": (24, 32)}
+BATCHES = {
+    "scalerl": (48, 16),
+    "grpo": (48, 16),
+    "dapo": (80, 16),
+    "magistral": (80, 16),
+    "minimax": (80, 16),
+    "scalerl-batch512": (32, 16),
+    "scalerl-batch2048": (128, 16),
+    "scalerl-gen8": (96, 8),
+    "scalerl-gen24": (32, 24),
+    "scalerl-gen32": (24, 32),
+}
 
 
 @pytest.mark.parametrize("name", list(BATCHES))
@@ -84,17 +101,28 @@ def test_batch_shapes(name):
 def test_paper_values():
     s = recipes.scalerl()
     assert (s.sampler.max_new_tokens, s.sampler.answer_budget) == (12288 + 2048, 2048)
-    assert (s.sampler.think_min, s.sampler.think_max, s.sampler.interruptions) == (10000, 12000,
-                                                                                 True)
-    assert (s.loss.objective, s.loss.aggregation, s.loss.advantage_norm) == ("cispo", "prompt",
-                                                                             "batch")
+    assert (s.sampler.think_min, s.sampler.think_max, s.sampler.interruptions) == (
+        10000,
+        12000,
+        True,
+    )
+    assert (s.loss.objective, s.loss.aggregation, s.loss.advantage_norm) == (
+        "cispo",
+        "prompt",
+        "batch",
+    )
     assert s.loss.zero_variance_filter and s.model.fp32_head and s.loss.kl_coef == 0
     assert (s.loss.reward_correct, s.loss.reward_incorrect) == (1.0, -1.0)
     assert s.pipeline.no_positive_resampling and s.pipeline.retire_pass_rate == 0.9
     assert (s.pipeline.mode, s.pipeline.max_lag) == ("pipeline", 8)
     o = s.optim
     assert (o.learning_rate, o.warmup_steps, o.schedule, o.eps, o.weight_decay) == (
-        5e-7, 100, "constant", 1e-15, 0.01)
+        5e-7,
+        100,
+        "constant",
+        1e-15,
+        0.01,
+    )
     long = recipes.get("scalerl-32k").sampler
     assert (long.max_new_tokens, long.think_min, long.think_max) == (32768, 25000, 30000)
     lp = recipes.get("scalerl-loo:interruptions").loss
@@ -102,9 +130,16 @@ def test_paper_values():
 
 
 def test_loo_covers_the_eight_pieces():
-    assert recipes.LOO_PIECES == ("loss", "fp32-head", "aggregation", "advantage-norm",
-                                  "zero-variance", "no-positive-resampling", "off-policy",
-                                  "interruptions")
+    assert recipes.LOO_PIECES == (
+        "loss",
+        "fp32-head",
+        "aggregation",
+        "advantage-norm",
+        "zero-variance",
+        "no-positive-resampling",
+        "off-policy",
+        "interruptions",
+    )
     for piece in recipes.LOO_PIECES:  # one piece each: a LOO changes one thing (two keys at most)
         assert 1 <= len(recipes.documented_diff(recipes.LOO_PREFIX + piece)) <= 2
 
@@ -128,8 +163,12 @@ def test_describe_and_overrides():
     assert [n for n, _ in listing] == list(recipes.RECIPES)
     assert all(d and "\n" not in d and len(n) + len(d) < 100 for n, d in listing)
     cfg = recipes.get("dapo", model="tiny-llama", steps=7, workdir="/tmp/x")
-    assert (cfg.steps, cfg.workdir, cfg.model.name, cfg.loss.objective) == (7, "/tmp/x",
-                                                                           "tiny-llama", "dapo")
+    assert (cfg.steps, cfg.workdir, cfg.model.name, cfg.loss.objective) == (
+        7,
+        "/tmp/x",
+        "tiny-llama",
+        "dapo",
+    )
     # experiments/run.py's key.path=value overrides apply to a variant like to scalerl.
     cfg = apply_overrides(recipes.get("scalerl-loo:off-policy"), ["pipeline.max_lag=4"])
     assert (cfg.pipeline.mode, cfg.pipeline.max_lag) == ("ppo_off_policy", 4)
@@ -140,8 +179,9 @@ def test_gsm8k_block_is_the_override_set_from_scalerl():
     """The documented block, as command-line overrides on scalerl, builds the recipe."""
     items = [f"{k}={v}" for k, v in recipes.documented_diff("gsm8k").items()]
     built = apply_overrides(recipes.scalerl(model=recipes.GSM8K_MODEL), items)
-    assert dataclasses.replace(built, workdir="w") == dataclasses.replace(recipes.get("gsm8k"),
-                                                                         workdir="w")
+    assert dataclasses.replace(built, workdir="w") == dataclasses.replace(
+        recipes.get("gsm8k"), workdir="w"
+    )
 
 
 def test_gsm8k_sources_follow_the_data_flag():
@@ -180,8 +220,9 @@ def test_accelerator_sizes_apply_around_pinned_keys():
     assert from_dict(RunConfig, big.to_dict()) == big  # valid
     rows = lambda c: c.pipeline.prompts_per_step * c.pipeline.generations_per_prompt  # noqa
     assert rows(big) > rows(cfg) and big.sampler.max_new_tokens > cfg.sampler.max_new_tokens
-    assert big.sampler.max_prefill_length + big.sampler.max_new_tokens <= \
-        big.sampler.max_target_length
+    assert (
+        big.sampler.max_prefill_length + big.sampler.max_new_tokens <= big.sampler.max_target_length
+    )
     assert big.sft.optim.total_steps == big.sft.steps and big.eval.num_prompts == 1319
     # A key the command line set keeps its value, and so does the rest of its group.
     pinned = apply_overrides(cfg, ["sampler.max_new_tokens=300", "sampler.max_target_length=560"])

@@ -1,5 +1,6 @@
 """ModelConfig.remat / remat_policy: the same loss and gradients as without remat, and each
 policy really changes what the backward pass keeps."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,8 +17,16 @@ B, T, LAYERS = 2, 24, 2
 
 def _cfg(**kw):
     # attention_chunk 8 < T: the chunked attention path is the one rematerialised.
-    return ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=LAYERS,
-                       num_heads=4, num_kv_heads=2, attention_chunk=8, **kw)
+    return ModelConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_layers=LAYERS,
+        num_heads=4,
+        num_kv_heads=2,
+        attention_chunk=8,
+        **kw,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -25,8 +34,8 @@ def setup():
     params = jax.jit(lambda: nnx.state(transformer.create(_cfg(), seed=3)))()
     tokens = jax.random.randint(jax.random.PRNGKey(1), (B, T + 1), 0, 64)
     seg = np.ones((B, T), np.int32)
-    seg[1, T // 2:] = 2  # a packed row
-    seg[0, T - 5:] = 0  # padding
+    seg[1, T // 2 :] = 2  # a packed row
+    seg[0, T - 5 :] = 0  # padding
     return params, tokens, jnp.asarray(seg)
 
 
@@ -47,6 +56,7 @@ def _loss(graphdef, tokens, seg):
         logp = jax.nn.log_softmax(logits)
         picked = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
         return -jnp.sum(picked * (seg > 0)) / jnp.sum(seg > 0)
+
     return f
 
 

@@ -1,5 +1,6 @@
 """kill -9 at a random moment, then the same command: every train step appears exactly once in
 metrics.jsonl and the compute axis keeps growing (it is checkpointed, not re-derived)."""
+
 import os
 import random
 import signal
@@ -10,18 +11,41 @@ import time
 from scalerl_jax.metrics import read_metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ARGS = ["--steps", "30", "--no-fit", "sft=none", "reward.verifier=_verifiers:even_length",
-        "model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1",
-        "model.num_heads=2", "model.num_kv_heads=2", "data.num_validation=16",
-        "eval.num_prompts=16", "eval.k=2", "eval.every_steps=5", "checkpoint_every=4",
-        "pipeline.prompts_per_step=4", "pipeline.generations_per_prompt=4"]
+ARGS = [
+    "--steps",
+    "30",
+    "--no-fit",
+    "sft=none",
+    "reward.verifier=_verifiers:even_length",
+    "model.hidden_size=32",
+    "model.intermediate_size=64",
+    "model.num_layers=1",
+    "model.num_heads=2",
+    "model.num_kv_heads=2",
+    "data.num_validation=16",
+    "eval.num_prompts=16",
+    "eval.k=2",
+    "eval.every_steps=5",
+    "checkpoint_every=4",
+    "pipeline.prompts_per_step=4",
+    "pipeline.generations_per_prompt=4",
+]
 
 
 def _command(workdir):
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "",
-           "PYTHONPATH": os.path.join(ROOT, "tests")}
-    return [sys.executable, os.path.join(ROOT, "experiments", "run.py"), "--workdir", workdir,
-            *ARGS], env
+    env = {
+        **os.environ,
+        "JAX_PLATFORMS": "cpu",
+        "XLA_FLAGS": "",
+        "PYTHONPATH": os.path.join(ROOT, "tests"),
+    }
+    return [
+        sys.executable,
+        os.path.join(ROOT, "experiments", "run.py"),
+        "--workdir",
+        workdir,
+        *ARGS,
+    ], env
 
 
 def _train_steps(workdir):
@@ -34,8 +58,9 @@ def _train_steps(workdir):
 def test_kill_9_then_rerun_leaves_one_record_per_step_and_growing_compute(tmp_path):
     workdir = str(tmp_path / "run")
     cmd, env = _command(workdir)
-    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     deadline = time.monotonic() + 300
     while len(_train_steps(workdir)) < 6 and proc.poll() is None:
         assert time.monotonic() < deadline, "the run made no progress"
@@ -61,8 +86,9 @@ def test_kill_9_then_rerun_leaves_one_record_per_step_and_growing_compute(tmp_pa
 def test_ctrl_c_saves_the_current_step_and_exits_130(tmp_path):
     workdir = str(tmp_path / "run")
     cmd, env = _command(workdir)
-    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
     deadline = time.monotonic() + 300
     while len(_train_steps(workdir)) < 3:
         assert time.monotonic() < deadline and proc.poll() is None, "no progress"

@@ -1,4 +1,5 @@
 """Reward verifiers: answer extraction, equivalence, safety, and the scoring pool."""
+
 import builtins
 import ctypes
 import operator
@@ -13,9 +14,20 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from scalerl_jax.config import ConfigError, DataConfig, DomainConfig, RewardConfig
-from scalerl_jax.rewards import (RewardPool, extract_answer, extract_final, is_equivalent,
-                                 normalize_answer, parse_math, strip_thinking, to_reward,
-                                 use_processes, verifier_for_source, verify_exact, verify_math)
+from scalerl_jax.rewards import (
+    RewardPool,
+    extract_answer,
+    extract_final,
+    is_equivalent,
+    normalize_answer,
+    parse_math,
+    strip_thinking,
+    to_reward,
+    use_processes,
+    verifier_for_source,
+    verify_exact,
+    verify_math,
+)
 from scalerl_jax.rewards.math import within_limits
 
 # (completion, expected extracted answer)
@@ -155,9 +167,11 @@ def test_to_reward():
 # (digits, '.', an exponent) into `sympy.Number(text)`, which goes through `parse_expr`; SymPy's
 # unit prefixes build constant Symbols the same way on first use (and `E`), and its polynomial
 # code compiles monomial functions from its own templates. Nothing else may run.
-_LIBRARY_EVALS = re.compile(r"Integer \(\d+ \)|Float \('[0-9.eE+-]+' \)|Symbol \('[A-Za-z]+' \)"
-                            r"|from sympy import \*|E |def monomial_[a-z]+\([ABk, ]+\):\n.*",
-                            re.DOTALL)
+_LIBRARY_EVALS = re.compile(
+    r"Integer \(\d+ \)|Float \('[0-9.eE+-]+' \)|Symbol \('[A-Za-z]+' \)"
+    r"|from sympy import \*|E |def monomial_[a-z]+\([ABk, ]+\):\n.*",
+    re.DOTALL,
+)
 
 
 class _NoEval:
@@ -182,27 +196,55 @@ class _NoEval:
                     return saved[name](*args, **kwargs)
                 self.calls.append((name, args[:1]))
                 raise AssertionError(f"{name} called")
+
             return fn
 
-        builtins.eval, builtins.exec, builtins.compile = (refuse("eval"), refuse("exec"),
-                                                          refuse("compile"))
+        builtins.eval, builtins.exec, builtins.compile = (
+            refuse("eval"),
+            refuse("exec"),
+            refuse("compile"),
+        )
         return self
 
     def __exit__(self, *exc):
         builtins.eval, builtins.exec, builtins.compile = self.saved
 
 
-_MATHY = st.text(alphabet=list("0123456789+-*/^()[]{},.=% xyzei\\abcdefrqstpmo_'\"$<>:"),
-                 max_size=80)
-_SNIPPETS = st.sampled_from(["\\boxed{", "\\frac{", "\\sqrt", "}", "{", "</think>", "<think>",
-                             "__import__('os')", "lambda: 0", "\\text{", "^", "9^9^9", "1,000",
-                             "\\left(", "\\right)", "\\pm", "%", "answer is ", "Answer:", "\\pi"])
+_MATHY = st.text(
+    alphabet=list("0123456789+-*/^()[]{},.=% xyzei\\abcdefrqstpmo_'\"$<>:"), max_size=80
+)
+_SNIPPETS = st.sampled_from(
+    [
+        "\\boxed{",
+        "\\frac{",
+        "\\sqrt",
+        "}",
+        "{",
+        "</think>",
+        "<think>",
+        "__import__('os')",
+        "lambda: 0",
+        "\\text{",
+        "^",
+        "9^9^9",
+        "1,000",
+        "\\left(",
+        "\\right)",
+        "\\pm",
+        "%",
+        "answer is ",
+        "Answer:",
+        "\\pi",
+    ]
+)
 _COMPOSED = st.lists(st.one_of(_SNIPPETS, _MATHY), max_size=8).map("".join)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(completion=st.one_of(st.text(max_size=200), _COMPOSED),
-       reference=st.one_of(_COMPOSED, st.sampled_from(["5", "\\frac{1}{2}", "(1,2)", "x+1"])))
+@given(
+    completion=st.one_of(st.text(max_size=200), _COMPOSED),
+    reference=st.one_of(_COMPOSED, st.sampled_from(["5", "\\frac{1}{2}", "(1,2)", "x+1"])),
+)
 def test_verify_never_raises_never_evaluates(completion, reference):
     with _NoEval() as guard:
         result = verify_math(completion, reference)
@@ -216,6 +258,7 @@ def test_verify_never_raises_never_evaluates(completion, reference):
 
 def test_no_eval_guard_catches_parse_expr():
     import sympy
+
     with _NoEval() as guard:
         with pytest.raises((AssertionError, sympy.SympifyError)):  # the guard's, or re-raised
             sympy.sympify("__import__('os').getcwd()")
@@ -223,10 +266,17 @@ def test_no_eval_guard_catches_parse_expr():
     assert len(guard.calls) == 1 and guard.calls[0][0] == "eval"
 
 
-@pytest.mark.parametrize("text", ["__import__('os').system('touch /tmp/pwned_scalerl')",
-                                  "eval('1')", "exec('x=1')", "(lambda: 1)()",
-                                  "[c for c in ().__class__.__base__.__subclasses__()]",
-                                  "\\boxed{__import__('os').system('touch /tmp/pwned_scalerl')}"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "__import__('os').system('touch /tmp/pwned_scalerl')",
+        "eval('1')",
+        "exec('x=1')",
+        "(lambda: 1)()",
+        "[c for c in ().__class__.__base__.__subclasses__()]",
+        "\\boxed{__import__('os').system('touch /tmp/pwned_scalerl')}",
+    ],
+)
 def test_malicious_answers_are_inert(text):
     with _NoEval() as guard:
         assert verify_math(text, "0") is False
@@ -253,11 +303,18 @@ def test_use_processes():
     math, exact = DataConfig(source="data/train.jsonl"), DataConfig(source="synthetic:addition")
     assert use_processes(RewardConfig(), math)  # math: killable children
     assert not use_processes(RewardConfig(), exact)  # exact match: threads
-    mixture = DataConfig(source="mixture", domains=(
-        DomainConfig("add", source="synthetic:addition"), DomainConfig("m", "data/math.jsonl")))
+    mixture = DataConfig(
+        source="mixture",
+        domains=(
+            DomainConfig("add", source="synthetic:addition"),
+            DomainConfig("m", "data/math.jsonl"),
+        ),
+    )
     assert use_processes(RewardConfig(), mixture)
-    overridden = DataConfig(source="mixture", domains=(
-        DomainConfig("add", source="synthetic:addition", verifier="math"),))
+    overridden = DataConfig(
+        source="mixture",
+        domains=(DomainConfig("add", source="synthetic:addition", verifier="math"),),
+    )
     assert use_processes(RewardConfig(), overridden)  # a domain's own verifier counts
     assert use_processes(RewardConfig(verifier="mypkg.mod:check"), exact)
     assert not use_processes(RewardConfig(processes=False), math)
@@ -287,8 +344,9 @@ def test_pool_counts_timeouts_and_errors_on_time():
     items = [("a", "a"), ("hang", "a"), ("raise", "a"), ("b", "a")] * 3
     _release.clear()
     try:
-        with RewardPool(num_workers=4, timeout_s=0.3, reward_correct=1.0,
-                        reward_incorrect=-1.0) as pool:
+        with RewardPool(
+            num_workers=4, timeout_s=0.3, reward_correct=1.0, reward_incorrect=-1.0
+        ) as pool:
             t0 = time.monotonic()
             res = pool.score(_misbehaving_verifier, items)
             elapsed = time.monotonic() - t0

@@ -1,5 +1,6 @@
 """The real entry point, experiments/run.py, in subprocesses with one CPU device: SFT warm-up,
 RL, evaluation, checkpoints, TensorBoard, the end-of-run fit; resume; bad input refused."""
+
 import json
 import os
 import subprocess
@@ -14,19 +15,41 @@ from scalerl_jax.metrics import read_metrics
 from scalerl_jax.train.feed import PromptFeed
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1",
-        "model.num_heads=2", "model.num_kv_heads=2", "sft.steps=20", "sft.batch_size=16",
-        "data.num_validation=32", "eval.num_prompts=32", "eval.k=2", "eval.every_steps=3",
-        "pipeline.prompts_per_step=4", "pipeline.generations_per_prompt=4",
-        "checkpoint_every=3"]
+TINY = [
+    "model.hidden_size=32",
+    "model.intermediate_size=64",
+    "model.num_layers=1",
+    "model.num_heads=2",
+    "model.num_kv_heads=2",
+    "sft.steps=20",
+    "sft.batch_size=16",
+    "data.num_validation=32",
+    "eval.num_prompts=32",
+    "eval.k=2",
+    "eval.every_steps=3",
+    "pipeline.prompts_per_step=4",
+    "pipeline.generations_per_prompt=4",
+    "checkpoint_every=3",
+]
 
 
 def run_cli(*args, timeout=600, env=None):
     """experiments/run.py in a fresh process on one CPU device (no fake devices)."""
-    full_env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "",
-                "PYTHONPATH": os.path.join(ROOT, "tests"), **(env or {})}
-    return subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "run.py"), *args],
-                          capture_output=True, text=True, timeout=timeout, env=full_env, cwd=ROOT)
+    full_env = {
+        **os.environ,
+        "JAX_PLATFORMS": "cpu",
+        "XLA_FLAGS": "",
+        "PYTHONPATH": os.path.join(ROOT, "tests"),
+        **(env or {}),
+    }
+    return subprocess.run(
+        [sys.executable, os.path.join(ROOT, "experiments", "run.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=full_env,
+        cwd=ROOT,
+    )
 
 
 def test_main_job_warms_up_trains_fits_and_resumes(tmp_path):
@@ -77,6 +100,7 @@ def test_bad_input_is_refused_without_touching_the_workdir(tmp_path):
     # A workdir started with another config is refused, and left as it was.
     from scalerl_jax import recipes
     from scalerl_jax.config import apply_overrides
+
     workdir.mkdir()
     old = apply_overrides(recipes.testbed(), TINY).to_dict()
     old["seed"] = 7
@@ -116,5 +140,6 @@ def test_run_rejects_unknown_recipe():
 def test_override_syntax_errors(bad):
     from scalerl_jax import recipes
     from scalerl_jax.config import ConfigError, apply_overrides
+
     with pytest.raises(ConfigError):
         apply_overrides(recipes.testbed(), [bad])

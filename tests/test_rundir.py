@@ -3,6 +3,7 @@
 The lock is held by a separate process (the situation of two runs on one workdir), which is
 then SIGKILLed: the kernel drops its flock, so the next run takes the lock without cleanup.
 """
+
 import json
 import os
 import select
@@ -18,8 +19,13 @@ import pytest
 from scalerl_jax import rundir
 from scalerl_jax.config import ConfigError, RunConfig, field_defaults
 from scalerl_jax.models import presets
-from scalerl_jax.rundir import (ConfigMismatch, WorkdirInUseError, check_config, lock_workdir,
-                                write_config)
+from scalerl_jax.rundir import (
+    ConfigMismatch,
+    WorkdirInUseError,
+    check_config,
+    lock_workdir,
+    write_config,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOLDER = textwrap.dedent("""
@@ -46,8 +52,9 @@ def _snapshot(path):
 def test_second_run_refused_at_once_and_lock_recovered_after_kill_9(tmp_path, caplog):
     workdir = tmp_path / "run"
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(workdir)], env=env,
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(workdir)], env=env, stdout=subprocess.PIPE, text=True
+    )
     try:
         ready, _, _ = select.select([holder.stdout], [], [], 60)
         assert ready and holder.stdout.readline().startswith("LOCKED")
@@ -112,8 +119,12 @@ def test_failing_command_leaves_no_trace(tmp_path):
         (existing / "checkpoints" / "10" / "data").write_bytes(b"x")
         (existing / "checkpoints" / "11").mkdir()
     assert sorted(os.listdir(existing / "checkpoints")) == ["10"]
-    assert sorted(os.listdir(existing)) == ["checkpoints", "config.json", "metrics.jsonl",
-                                            "tensorboard"]
+    assert sorted(os.listdir(existing)) == [
+        "checkpoints",
+        "config.json",
+        "metrics.jsonl",
+        "tensorboard",
+    ]
 
 
 def test_config_guard_names_keys_allows_steps_and_override(tmp_path, caplog):
@@ -142,8 +153,11 @@ def test_config_guard_names_keys_allows_steps_and_override(tmp_path, caplog):
 
     # A key only on one side is named; at most MAX_LISTED keys are listed.
     many = dict(cfg, extra={f"k{i:02d}": i for i in range(12)})
-    with pytest.raises(ConfigMismatch, match=r"12 key\(s\).*extra.k00: <absent> -> 0.*"
-                                             r"and 2 more"):
+    with pytest.raises(
+        ConfigMismatch,
+        match=r"12 key\(s\).*extra.k00: <absent> -> 0.*"
+        r"and 2 more",
+    ):
         check_config(tmp_path, many)
     # Tuples in the new config equal the lists JSON reads back.
     write_config(tmp_path, {"shape": [1, 2], "steps": 5})
@@ -176,6 +190,7 @@ def test_write_config_is_atomic(tmp_path, monkeypatch):
 
     def crash(src, dst):
         raise OSError("disk full")
+
     monkeypatch.setattr(rundir.os, "replace", crash)
     with pytest.raises(OSError, match="disk full"):
         write_config(tmp_path, {"seed": 2})

@@ -1,5 +1,6 @@
 """Inverse-CDF sampling: exact target distribution (chi-square), log-probs under the distribution
 sampled, truncated tokens never drawn even at the extremes of the uniform, forced tokens."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -33,14 +34,16 @@ def target_probs(temperature, top_k, top_p):
     return p
 
 
-@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 12, 1.0),
-                                                     (1.3, 0, 0.8), (1.0, 20, 0.9)])
+@pytest.mark.parametrize(
+    "temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 12, 1.0), (1.3, 0, 0.8), (1.0, 20, 0.9)]
+)
 def test_empirical_distribution_matches_target(temperature, top_k, top_p):
     n = 40_000
     logits = jnp.broadcast_to(jnp.asarray(LOGITS), (n, VOCAB))
     keys = jax.random.split(jax.random.PRNGKey(1234), n)
-    tokens, lp = jax.jit(lambda lg, k: sampling.sample(
-        lg, k, temperature=temperature, top_p=top_p, top_k=top_k))(logits, keys)
+    tokens, lp = jax.jit(
+        lambda lg, k: sampling.sample(lg, k, temperature=temperature, top_p=top_p, top_k=top_k)
+    )(logits, keys)
     tokens, lp = np.asarray(tokens), np.asarray(lp)
     p = target_probs(temperature, top_k, top_p)
     counts = np.bincount(tokens, minlength=VOCAB)
@@ -58,8 +61,9 @@ def test_logprobs_equal_log_softmax_of_processed_logits_at_sampled_ids():
     keys = jax.random.split(jax.random.PRNGKey(7), 64)
     for kw in (dict(temperature=1.0), dict(temperature=0.6, top_k=50, top_p=0.95)):
         tokens, lp = sampling.sample(logits, keys, **kw)
-        processed = sampling._truncate(logits / kw["temperature"], kw.get("top_p", 1.0),
-                                       kw.get("top_k", 0))
+        processed = sampling._truncate(
+            logits / kw["temperature"], kw.get("top_p", 1.0), kw.get("top_k", 0)
+        )
         want = jnp.take_along_axis(jax.nn.log_softmax(processed, -1), tokens[:, None], -1)[:, 0]
         assert np.isfinite(np.asarray(lp)).all()
         np.testing.assert_allclose(lp, want, atol=1e-5)
@@ -91,8 +95,12 @@ def test_sample_or_force_matches_sample_and_token_logprob():
     keys = jax.random.split(jax.random.PRNGKey(0), 6)
     head = jnp.array([3, 99, 0, 7, 50, 1], jnp.int32)
     is_forced = jnp.array([True, False, True, False, False, True])
-    for kw in (dict(temperature=1.0), dict(temperature=1.7), dict(temperature=1.0, top_p=0.5),
-               dict(temperature=0.0)):
+    for kw in (
+        dict(temperature=1.0),
+        dict(temperature=1.7),
+        dict(temperature=1.0, top_p=0.5),
+        dict(temperature=0.0),
+    ):
         out, lp = sampling.sample_or_force(logits, keys, head, is_forced, **kw)
         s_tok, s_lp = sampling.sample(logits, keys, **kw)
         f_lp = sampling.token_logprob(logits, head, temperature=kw["temperature"])

@@ -8,6 +8,7 @@ verdict never depends on the sandbox. `.ci/run` installs bubblewrap; without it 
 tests skip, saying so. `test_attacks_as_an_unprivileged_user` reruns a set of them as a user
 without root's capabilities (through a user namespace) where the host allows one.
 """
+
 import json
 import os
 import socket
@@ -27,8 +28,10 @@ MODES = {"strong": STRONG, "weak": WEAK}
 ONE = {"inputs": [""], "outputs": ["done"]}
 CALL = {"fn_name": "f", "inputs": [[1], [2]], "outputs": [2, 4]}
 MBPP = {"test_list": ["assert f(1) == 2", "assert f(2) == 4"]}
-HUMANEVAL = {"entry_point": "f", "test": "def check(candidate):\n    assert candidate(1) == 2\n"
-                                         "    assert candidate(2) == 4\n"}
+HUMANEVAL = {
+    "entry_point": "f",
+    "test": "def check(candidate):\n    assert candidate(1) == 2\n    assert candidate(2) == 4\n",
+}
 ASSERT_FORMATS = {"mbpp": MBPP, "humaneval": HUMANEVAL, "call": CALL}
 
 
@@ -70,9 +73,9 @@ def _run(code, spec, limits):
 # ------------------------------------------------------------------------ forged passes
 FORGERIES = {
     "always_equal": "class A:\n    def __eq__(self, o): return True\n    __hash__ = None\n"
-                    "def f(x):\n    return A()\n",
+    "def f(x):\n    return A()\n",
     "always_equal_int": "class A(int):\n    def __eq__(self, o): return True\n"
-                        "def f(x):\n    return A(0)\n",
+    "def f(x):\n    return A(0)\n",
     "exit_before_tests": "import sys\ndef f(x):\n    return 0\nsys.exit(0)\n",
     "os_exit": "import os\ndef f(x):\n    return 0\nos._exit(0)\n",
     "exit_in_call": "import os\ndef f(x):\n    os._exit(0)\n",
@@ -83,17 +86,19 @@ FORGERIES = {
         "                {'i': 0, 'status': 'ok', 'detail': '', 'output': ''}):\n"
         "        try:\n            os.write(fd, (json.dumps(rec) + '\\n').encode())\n"
         "        except OSError:\n            pass\n"
-        "def f(x):\n    return 0\n"),
+        "def f(x):\n    return 0\n"
+    ),
     "patched_modules": (
         "import json, builtins\n"
-        "json.dumps = lambda *a, **k: '{\"status\": \"ok\", \"value\": 4}'\n"
+        'json.dumps = lambda *a, **k: \'{"status": "ok", "value": 4}\'\n'
         "json.loads = lambda *a, **k: {'status': 'ok'}\n"
         "builtins.compile = lambda *a, **k: compile('pass', '<x>', 'exec')\n"
         "AssertionError.__init__ = lambda *a: None\n"
-        "def f(x):\n    return 0\n"),
+        "def f(x):\n    return 0\n"
+    ),
     "raise_base_exception": "def f(x):\n    raise KeyboardInterrupt\n",
     "deep_value": "def f(x):\n    v = []\n    for _ in range(100000):\n        v = [v]\n"
-                  "    return v\n",
+    "    return v\n",
     "wrong_types": "def f(x):\n    return str(2 * x)\n",
     "generator": "def f(x):\n    return (i for i in [2 * x])\n",
 }
@@ -118,23 +123,32 @@ def test_a_test_that_catches_exceptions_cannot_hide_a_crash():
     result = run_tests("import os\ndef f(x):\n    os._exit(0)\n", spec, STRONG)
     assert result.passed == 0 and result.counts == {"crash": 1}, result
     # an exception the program raises is raised in the test as the same builtin type
-    spec = {"test_list": ["try:\n    f(-1)\nexcept ValueError:\n    pass\nelse:\n"
-                          "    assert False"]}
+    spec = {"test_list": ["try:\n    f(-1)\nexcept ValueError:\n    pass\nelse:\n    assert False"]}
     assert run_tests("def f(x):\n    raise ValueError('negative')\n", spec, STRONG).all_passed
 
 
-@pytest.mark.parametrize("expected, printed, ok", [
-    ("1000000000000000000", "1000000000000000999.0", False),
-    ("1000000000000000000", "1e18", True),
-    ("123456789", "123456800.0", False),
-    ("12", "12.0", True), ("12", "12.5", False),
-    ("1" * 5000, "1" * 5000, True), ("1" * 5000, "1" * 4999 + "2", False),
-    ("0.333333", "0.3333333333", True), ("1e400", "1e400", True), ("1e400", "inf", False),
-])
+@pytest.mark.parametrize(
+    "expected, printed, ok",
+    [
+        ("1000000000000000000", "1000000000000000999.0", False),
+        ("1000000000000000000", "1e18", True),
+        ("123456789", "123456800.0", False),
+        ("12", "12.0", True),
+        ("12", "12.5", False),
+        ("1" * 5000, "1" * 5000, True),
+        ("1" * 5000, "1" * 4999 + "2", False),
+        ("0.333333", "0.3333333333", True),
+        ("1e400", "1e400", True),
+        ("1e400", "inf", False),
+    ],
+)
 def test_exact_integers_and_big_numbers(expected, printed, ok):
     assert outputs_match(printed, expected) is ok
-    call = {"fn_name": "f", "inputs": [[]], "outputs": [int(expected)]} if (
-        expected.isdigit() and len(expected) < 100) else None
+    call = (
+        {"fn_name": "f", "inputs": [[]], "outputs": [int(expected)]}
+        if (expected.isdigit() and len(expected) < 100)
+        else None
+    )
     if call and printed.replace(".", "").replace("e", "").isdigit() and ok is False:
         _strong_or_skip()
         result = run_tests(f"def f():\n    return {printed}\n", call, STRONG)
@@ -146,19 +160,21 @@ def test_expected_outputs_cannot_be_read_from_any_process():
     memory and command lines of every process it can see for it."""
     _strong_or_skip()
     secret = "token-6f1d2a9e77"
-    code = ("import os, re\nfound = []\nfor pid in os.listdir('/proc'):\n"
-            "    if not pid.isdigit(): continue\n"
-            "    for part in ('cmdline', 'environ'):\n"
-            "        try: found.append(open(f'/proc/{pid}/{part}', 'rb').read())\n"
-            "        except OSError: pass\n"
-            "    try:\n        maps = open(f'/proc/{pid}/maps').read().splitlines()\n"
-            "        mem = open(f'/proc/{pid}/mem', 'rb')\n"
-            "        for line in maps:\n            a, b = (int(x, 16) for x in line.split()[0].split('-'))\n"
-            "            try:\n                mem.seek(a); found.append(mem.read(min(b - a, 1 << 22)))\n"
-            "            except (OSError, ValueError, OverflowError): pass\n"
-            "    except OSError: pass\n"
-            "blob = b''.join(found)\nm = re.search(rb'token-[0-9a-f]{10}', blob)\n"
-            "print(m.group().decode() if m else 'nothing', os.getppid(), len(os.listdir('/proc')))\n")
+    code = (
+        "import os, re\nfound = []\nfor pid in os.listdir('/proc'):\n"
+        "    if not pid.isdigit(): continue\n"
+        "    for part in ('cmdline', 'environ'):\n"
+        "        try: found.append(open(f'/proc/{pid}/{part}', 'rb').read())\n"
+        "        except OSError: pass\n"
+        "    try:\n        maps = open(f'/proc/{pid}/maps').read().splitlines()\n"
+        "        mem = open(f'/proc/{pid}/mem', 'rb')\n"
+        "        for line in maps:\n            a, b = (int(x, 16) for x in line.split()[0].split('-'))\n"
+        "            try:\n                mem.seek(a); found.append(mem.read(min(b - a, 1 << 22)))\n"
+        "            except (OSError, ValueError, OverflowError): pass\n"
+        "    except OSError: pass\n"
+        "blob = b''.join(found)\nm = re.search(rb'token-[0-9a-f]{10}', blob)\n"
+        "print(m.group().decode() if m else 'nothing', os.getppid(), len(os.listdir('/proc')))\n"
+    )
     result = run_tests(code, {"inputs": [""], "outputs": [secret]}, STRONG)
     assert result.passed == 0, result
     assert secret not in result.outcomes[0].output
@@ -220,10 +236,16 @@ def test_escapes_are_blocked(tmp_path):
     secret.chmod(0o600)
     unix_path = str(tmp_path / "listener.sock")
     abstract = f"scalerl-redteam-{os.getpid()}"
-    with socket.socket() as tcp, socket.socket(socket.AF_UNIX) as unix, \
-            socket.socket(socket.AF_UNIX) as abstract_server:
-        for server, address in ((tcp, ("127.0.0.1", 0)), (unix, unix_path),
-                                (abstract_server, "\0" + abstract)):
+    with (
+        socket.socket() as tcp,
+        socket.socket(socket.AF_UNIX) as unix,
+        socket.socket(socket.AF_UNIX) as abstract_server,
+    ):
+        for server, address in (
+            (tcp, ("127.0.0.1", 0)),
+            (unix, unix_path),
+            (abstract_server, "\0" + abstract),
+        ):
             server.bind(address)
             server.listen(4)
             server.settimeout(0.2)
@@ -246,10 +268,12 @@ def test_escapes_are_blocked(tmp_path):
 
 def test_no_process_outlives_the_run(tmp_path):
     """setsid + ignored SIGTERM + double fork; the daemon would write a file 1.5 s later."""
-    marker = f"{time.time_ns() % 10 ** 9}.25"
-    code = ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
-            f"        os.execvp('sh', ['sh', '-c', \"trap '' TERM HUP; sleep {marker}\"])\n"
-            "    os._exit(0)\nprint('done', flush=True)\n")
+    marker = f"{time.time_ns() % 10**9}.25"
+    code = (
+        "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+        f"        os.execvp('sh', ['sh', '-c', \"trap '' TERM HUP; sleep {marker}\"])\n"
+        "    os._exit(0)\nprint('done', flush=True)\n"
+    )
     for mode in ("strong", "weak"):
         if mode == "strong" and not bwrap_status()[0]:
             continue
@@ -262,11 +286,13 @@ def test_no_process_outlives_the_run(tmp_path):
 
 # The weak mode's audit hook refuses fork: undo it first, as the issue's attacker did (its
 # closure found through gc), so that the subreaper sweep is what is tested.
-UNDO_HOOK = ("import gc, types\nfor o in gc.get_objects():\n"
-             "    if isinstance(o, types.FunctionType) and o.__name__ == 'hook' and o.__closure__:\n"
-             "        for c in o.__closure__:\n"
-             "            if isinstance(c.cell_contents, (set, dict)):\n"
-             "                c.cell_contents.clear()\n")
+UNDO_HOOK = (
+    "import gc, types\nfor o in gc.get_objects():\n"
+    "    if isinstance(o, types.FunctionType) and o.__name__ == 'hook' and o.__closure__:\n"
+    "        for c in o.__closure__:\n"
+    "            if isinstance(c.cell_contents, (set, dict)):\n"
+    "                c.cell_contents.clear()\n"
+)
 
 
 def _weak_without_hook(code):
@@ -275,11 +301,13 @@ def _weak_without_hook(code):
 
 def test_sandbox_files_are_always_removed(tmp_path):
     """A file made immutable (weak mode as root can) or a full tmpfs leaves nothing behind."""
-    code = ("import fcntl, os, struct\nopen('pinned', 'w').write('x')\n"
-            "fd = os.open('pinned', os.O_RDONLY)\n"
-            "try:\n    fcntl.ioctl(fd, 0x40086602, struct.pack('i', 0x10))\n"
-            "except OSError as e:\n    print('no immutable flag:', e)\n"
-            "print(os.getcwd(), flush=True)\n")
+    code = (
+        "import fcntl, os, struct\nopen('pinned', 'w').write('x')\n"
+        "fd = os.open('pinned', os.O_RDONLY)\n"
+        "try:\n    fcntl.ioctl(fd, 0x40086602, struct.pack('i', 0x10))\n"
+        "except OSError as e:\n    print('no immutable flag:', e)\n"
+        "print(os.getcwd(), flush=True)\n"
+    )
     before = set(os.listdir("/tmp"))
     result = run_tests(code, ONE, WEAK)
     workdir = result.outcomes[0].output.strip().splitlines()[-1]
@@ -297,16 +325,26 @@ RESOURCE_ATTACKS = {
     "sleep": ("import time\ntime.sleep(60)\n", {"timeout"}),
     "memory": ("x = []\nwhile True:\n    x.append(bytearray(10 ** 7))\n", {"memory", "timeout"}),
     "output_flood": ("while True:\n    print('y' * 999)\n", {"wrong"}),
-    "fork_bomb": ("import os\nfor _ in range(12):\n    try:\n        os.fork()\n"
-                  "    except OSError:\n        pass\nimport time\ntime.sleep(30)\n", {"timeout"}),
-    "thread_bomb": ("import threading, time\nfor _ in range(10000):\n    try:\n"
-                    "        threading.Thread(target=time.sleep, args=(30,)).start()\n"
-                    "    except RuntimeError:\n        break\ntime.sleep(30)\n", {"timeout"}),
-    "disk_fill": ("import itertools\nfor i in itertools.count():\n"
-                  "    with open(f'f{i}', 'wb') as f:\n        f.write(b'x' * (8 << 20))\n",
-                  {"crash"}),
-    "deep_recursion": ("import sys\nsys.setrecursionlimit(10 ** 6)\n"
-                       "def r(n):\n    return r(n + 1)\nr(0)\n", {"crash", "memory", "timeout"}),
+    "fork_bomb": (
+        "import os\nfor _ in range(12):\n    try:\n        os.fork()\n"
+        "    except OSError:\n        pass\nimport time\ntime.sleep(30)\n",
+        {"timeout"},
+    ),
+    "thread_bomb": (
+        "import threading, time\nfor _ in range(10000):\n    try:\n"
+        "        threading.Thread(target=time.sleep, args=(30,)).start()\n"
+        "    except RuntimeError:\n        break\ntime.sleep(30)\n",
+        {"timeout"},
+    ),
+    "disk_fill": (
+        "import itertools\nfor i in itertools.count():\n"
+        "    with open(f'f{i}', 'wb') as f:\n        f.write(b'x' * (8 << 20))\n",
+        {"crash"},
+    ),
+    "deep_recursion": (
+        "import sys\nsys.setrecursionlimit(10 ** 6)\ndef r(n):\n    return r(n + 1)\nr(0)\n",
+        {"crash", "memory", "timeout"},
+    ),
 }
 
 
@@ -314,8 +352,9 @@ RESOURCE_ATTACKS = {
 def test_resource_attacks_return_within_the_limit(attack, record_property):
     _strong_or_skip()
     code, statuses = RESOURCE_ATTACKS[attack]
-    limits = SandboxLimits(timeout_s=1.5, cpu_s=2.0, memory_mb=512, max_output_bytes=1 << 16,
-                           total_timeout_s=4.0)
+    limits = SandboxLimits(
+        timeout_s=1.5, cpu_s=2.0, memory_mb=512, max_output_bytes=1 << 16, total_timeout_s=4.0
+    )
     result, seconds = _run(code, ONE, limits)
     record_property("seconds", round(seconds, 2))
     assert result.passed == 0 and set(result.counts) <= statuses, result
@@ -324,8 +363,12 @@ def test_resource_attacks_return_within_the_limit(attack, record_property):
 
 
 def test_pathological_completions_are_cheap():
-    for completion in ["```" + " " * 120_000, "``` " * 50_000 + "\n", "```python\n" * 40_000,
-                       "x" * 300_000]:
+    for completion in [
+        "```" + " " * 120_000,
+        "``` " * 50_000 + "\n",
+        "```python\n" * 40_000,
+        "x" * 300_000,
+    ]:
         start = time.monotonic()
         code = extract_code(completion)
         assert time.monotonic() - start < 0.5
@@ -340,8 +383,9 @@ def test_attacks_as_an_unprivileged_user(tmp_path):
     maps it onto this uid): the sandbox nests its own user namespace, and the same escapes and
     forgeries fail."""
     _strong_or_skip()
-    probe = subprocess.run(["unshare", "--user", "--map-user=1000", "--map-group=1000", "true"],
-                           capture_output=True)
+    probe = subprocess.run(
+        ["unshare", "--user", "--map-user=1000", "--map-group=1000", "true"], capture_output=True
+    )
     if probe.returncode != 0:
         pytest.skip(f"this host gives no user namespace: {probe.stderr.decode().strip()}")
     script = tmp_path / "as_user.py"
@@ -361,9 +405,13 @@ honest = run_tests("def f(x):\\n    return 2 * x\\n", {json.dumps(MBPP)}, lim).a
 print(json.dumps({{"uid": os.geteuid(), "forged": forged, "escaped": esc.passed,
                   "isolation": esc.isolation, "honest": honest}}))
 """)
-    out = subprocess.run(["unshare", "--user", "--map-user=1000", "--map-group=1000",
-                          sys.executable, str(script)], capture_output=True, text=True,
-                         timeout=120, cwd=os.path.dirname(os.path.dirname(__file__)))
+    out = subprocess.run(
+        ["unshare", "--user", "--map-user=1000", "--map-group=1000", sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=os.path.dirname(os.path.dirname(__file__)),
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.strip().splitlines()
     assert "user namespace" in lines[0], lines

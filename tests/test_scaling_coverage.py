@@ -1,6 +1,7 @@
 """The default bootstrap interval for A holds its nominal 95% coverage on curves whose noise is
 serially correlated (AR(1) along the evaluations, as when consecutive evaluations share a
 policy), where the i.i.d. pairs bootstrap is too narrow."""
+
 import numpy as np
 
 from scalerl_jax.scaling import Curve, FitSpec, bootstrap_fit, fit_curve
@@ -73,16 +74,16 @@ def test_forecast_interval_holds_the_final_evaluation():
     x, y, _ = ar1_curves(n, rho=0.5, sigma=0.015, seed=11)
     hits = mean_hits = fitted = 0
     for i in range(n):
-        f = forecast(x[i, :half], y[i, :half], budget=float(x[i, -1]), target=None, n_boot=100,
-                     seed=i)
+        f = forecast(
+            x[i, :half], y[i, :half], budget=float(x[i, -1]), target=None, n_boot=100, seed=i
+        )
         if not f["ok"]:  # an asymptote the first half cannot identify: no forecast is made
             continue
         fitted += 1
         hits += f["at_budget_lo"] <= y[i, -1] <= f["at_budget_hi"]
         curve = Curve(f"ar1-{i}", x[i, :half], y[i, :half])
         fit = fit_curve(curve, FitSpec())
-        boot = bootstrap_fit(curve, FitSpec(), fit, n_boot=100, seed=i,
-                             band_x=np.array([x[i, -1]]))
+        boot = bootstrap_fit(curve, FitSpec(), fit, n_boot=100, seed=i, band_x=np.array([x[i, -1]]))
         mean_hits += boot.band_lo[0] <= y[i, -1] <= boot.band_hi[0]
     assert fitted >= 0.8 * n, fitted
     assert hits / fitted >= 0.88, (hits, mean_hits, fitted)

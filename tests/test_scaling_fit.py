@@ -5,15 +5,27 @@ Synthetic curves come from the paper's Table 1 (scaling/synthetic.py): 100 evalu
 spaced up to 8 x C_mid, noise 0.005 (mean@16 over 1,000 prompts plus training wobble), R0 fixed
 to a noisy step-0 measurement.
 """
+
 import warnings
 
 import numpy as np
 import pytest
 from scipy.optimize import curve_fit
 
-from scalerl_jax.scaling import (Curve, FitSpec, bootstrap_fit, compare_fits, extrapolate,
-                                 fit_curve, fit_log_linear, fit_power_law, fit_seeds,
-                                 fit_sigmoid_batch, record_breaking, sigmoid_law)
+from scalerl_jax.scaling import (
+    Curve,
+    FitSpec,
+    bootstrap_fit,
+    compare_fits,
+    extrapolate,
+    fit_curve,
+    fit_log_linear,
+    fit_power_law,
+    fit_seeds,
+    fit_sigmoid_batch,
+    record_breaking,
+    sigmoid_law,
+)
 from scalerl_jax.scaling.bootstrap import resample_weights
 from scalerl_jax.scaling.synthetic import PAPER_TABLE1, make_curves, within_tolerance
 
@@ -27,8 +39,15 @@ def batch():
     x, y, r0, truth = make_curves(N_TABLE, seed=1)
     rng = np.random.default_rng(0)
     x = np.concatenate([x, x[:2]])
-    y = np.concatenate([y, [0.4 + 0.005 * rng.standard_normal(x.shape[1]),
-                            0.6 - 0.2 * np.linspace(0, 1, x.shape[1])]])
+    y = np.concatenate(
+        [
+            y,
+            [
+                0.4 + 0.005 * rng.standard_normal(x.shape[1]),
+                0.6 - 0.2 * np.linspace(0, 1, x.shape[1]),
+            ],
+        ]
+    )
     return x, y, np.concatenate([r0, [0.4, 0.6]]), truth
 
 
@@ -103,9 +122,14 @@ def test_reaches_scipy_optimum_on_the_lower_part_of_curves(batch):
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                p, _ = curve_fit(law, x[i, on], y[i, on], maxfev=5000,
-                                 p0=[truth[k][i] for k in ("A", "B", "C_mid")],
-                                 bounds=([-np.inf, 1e-6, 1e-9], [1.0, np.inf, np.inf]))
+                p, _ = curve_fit(
+                    law,
+                    x[i, on],
+                    y[i, on],
+                    maxfev=5000,
+                    p0=[truth[k][i] for k in ("A", "B", "C_mid")],
+                    bounds=([-np.inf, 1e-6, 1e-9], [1.0, np.inf, np.inf]),
+                )
         except RuntimeError:
             continue
         compared += 1
@@ -115,22 +139,32 @@ def test_reaches_scipy_optimum_on_the_lower_part_of_curves(batch):
     assert compared >= 20 and sum(r is None for r in out["reasons"][:N_TABLE]) >= 90
 
 
-def _curve(name, A=0.61, B=1.92, C_mid=2542.0, R0=0.3, noise=0.005, n=100, cmax=16000.0,
-           seed=0, x0=True):
+def _curve(
+    name, A=0.61, B=1.92, C_mid=2542.0, R0=0.3, noise=0.005, n=100, cmax=16000.0, seed=0, x0=True
+):
     rng = np.random.default_rng(seed)
     x = cmax * np.arange(0 if x0 else 1, n + 1) / n
     y = np.where(x > 0, sigmoid_law(np.maximum(x, 1e-9), A, B, C_mid, R0), R0)
     return Curve(name, x, y + noise * rng.standard_normal(len(x)))
 
 
-@pytest.mark.parametrize("case, make, words", [
-    ("flat", lambda: _curve("flat", A=0.3005), "flat"),
-    ("decreasing", lambda: Curve("dec", np.linspace(100, 16000, 60),
-                                 0.6 - 0.2 * np.linspace(0, 1, 60)), "decreasing"),
-    ("too few", lambda: _curve("few", n=3), "too few points"),
-    ("no saturation", lambda: Curve("lin", np.linspace(100, 16000, 100),
-                                    np.linspace(0.3, 0.6, 100)), "not identified"),
-])
+@pytest.mark.parametrize(
+    "case, make, words",
+    [
+        ("flat", lambda: _curve("flat", A=0.3005), "flat"),
+        (
+            "decreasing",
+            lambda: Curve("dec", np.linspace(100, 16000, 60), 0.6 - 0.2 * np.linspace(0, 1, 60)),
+            "decreasing",
+        ),
+        ("too few", lambda: _curve("few", n=3), "too few points"),
+        (
+            "no saturation",
+            lambda: Curve("lin", np.linspace(100, 16000, 100), np.linspace(0.3, 0.6, 100)),
+            "not identified",
+        ),
+    ],
+)
 def test_degenerate_inputs_give_reasons_not_numbers(case, make, words):
     result = fit_curve(make())
     assert not result.ok and words in result.reason, (case, result)
@@ -182,8 +216,12 @@ def test_bootstrap_intervals_cover_truth():
 
 def test_pooled_seeds_stratified_resampling_and_per_seed_fits():
     parts = [_curve(f"s{i}", n=40, seed=20 + i) for i in range(3)]
-    pooled = Curve("pooled", np.concatenate([p.x for p in parts]),
-                   np.concatenate([p.y for p in parts]), np.repeat([0, 1, 2], len(parts[0].x)))
+    pooled = Curve(
+        "pooled",
+        np.concatenate([p.x for p in parts]),
+        np.concatenate([p.y for p in parts]),
+        np.repeat([0, 1, 2], len(parts[0].x)),
+    )
     assert pooled.initial_value()[1] == pytest.approx(np.mean([p.y[0] for p in parts]))
     mask = pooled.x > 0
     w = resample_weights(mask, pooled.seed, 50, 4, np.random.default_rng(0))

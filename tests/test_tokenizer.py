@@ -1,4 +1,5 @@
 """Tokenizer interface over a tiny trained BPE (tokenizer.json) and a tiny SentencePiece model."""
+
 import json
 
 import pytest
@@ -13,25 +14,40 @@ TEXT = [
     "Numbers: 0 1 2 3 4 5 6 7 8 9 10 11 12 and symbols + - * / = ( ).",
 ] * 20
 
-CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
 @pytest.fixture(scope="module")
 def bpe_dir(tmp_path_factory):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(TEXT, trainers.BpeTrainer(
-        vocab_size=300, special_tokens=SPECIALS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.train_from_iterator(
+        TEXT,
+        trainers.BpeTrainer(
+            vocab_size=300,
+            special_tokens=SPECIALS,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        ),
+    )
     d = tmp_path_factory.mktemp("bpe")
     tok.save(str(d / "tokenizer.json"))
-    (d / "tokenizer_config.json").write_text(json.dumps({
-        "eos_token": {"content": "<|im_end|>", "special": True}, "pad_token": "<|endoftext|>",
-        "bos_token": None, "chat_template": CHATML}))
+    (d / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "eos_token": {"content": "<|im_end|>", "special": True},
+                "pad_token": "<|endoftext|>",
+                "bos_token": None,
+                "chat_template": CHATML,
+            }
+        )
+    )
     (d / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 0]}))
     return d
 
@@ -39,13 +55,24 @@ def bpe_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def sp_dir(tmp_path_factory):
     import sentencepiece as spm
+
     d = tmp_path_factory.mktemp("sp")
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(TEXT), model_prefix=str(d / "tokenizer"), vocab_size=400,
-        model_type="bpe", hard_vocab_limit=False, bos_id=1, eos_id=2, pad_id=3, unk_id=0,
+        sentence_iterator=iter(TEXT),
+        model_prefix=str(d / "tokenizer"),
+        vocab_size=400,
+        model_type="bpe",
+        hard_vocab_limit=False,
+        bos_id=1,
+        eos_id=2,
+        pad_id=3,
+        unk_id=0,
         # Llama-2 style: no normalisation, bytes for unseen characters (e.g. the newline)
-        normalization_rule_name="identity", remove_extra_whitespaces=False, byte_fallback=True,
-        minloglevel=2)
+        normalization_rule_name="identity",
+        remove_extra_whitespaces=False,
+        byte_fallback=True,
+        minloglevel=2,
+    )
     return d
 
 
@@ -66,10 +93,13 @@ def test_bpe_chat_template_renders_and_specials_encode_as_single_ids(bpe_dir):
     tok = load_tokenizer(bpe_dir)
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}]
     prompt = tok.apply_chat_template(messages)
-    assert prompt == ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n"
-                      "<|im_start|>assistant\n")
+    assert prompt == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
     assert not tok.apply_chat_template(messages, add_generation_prompt=False).endswith(
-        "assistant\n")
+        "assistant\n"
+    )
     ids = tok.encode(prompt)
     start = tok.token_to_id("<|im_start|>")
     assert ids.count(start) == 3 and ids.count(tok.eos_id) == 2
@@ -80,10 +110,17 @@ def test_bpe_chat_template_renders_and_specials_encode_as_single_ids(bpe_dir):
 def test_chat_template_from_jinja_file_and_list_form(bpe_dir, tmp_path):
     for f in ("tokenizer.json",):
         (tmp_path / f).write_text((bpe_dir / f).read_text())
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps({
-        "eos_token": "<|im_end|>",
-        "chat_template": [{"name": "tool_use", "template": "TOOLS"},
-                          {"name": "default", "template": "D{{ messages|length }}"}]}))
+    (tmp_path / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "eos_token": "<|im_end|>",
+                "chat_template": [
+                    {"name": "tool_use", "template": "TOOLS"},
+                    {"name": "default", "template": "D{{ messages|length }}"},
+                ],
+            }
+        )
+    )
     assert load_tokenizer(tmp_path).apply_chat_template([{"role": "user", "content": "x"}]) == "D1"
     (tmp_path / "chat_template.jinja").write_text("J{{ messages[0]['content']|tojson }}")
     tok = load_tokenizer(tmp_path / "tokenizer.json")
@@ -92,13 +129,16 @@ def test_chat_template_from_jinja_file_and_list_form(bpe_dir, tmp_path):
 
 def test_chat_template_is_sandboxed_and_errors_are_clear(bpe_dir, tmp_path):
     from jinja2.exceptions import SecurityError
+
     (tmp_path / "tokenizer.json").write_text((bpe_dir / "tokenizer.json").read_text())
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps(
-        {"chat_template": "{{ ''.__class__.__mro__[1].__subclasses__() }}"}))
+    (tmp_path / "tokenizer_config.json").write_text(
+        json.dumps({"chat_template": "{{ ''.__class__.__mro__[1].__subclasses__() }}"})
+    )
     with pytest.raises(SecurityError):
         load_tokenizer(tmp_path).apply_chat_template([])
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps(
-        {"chat_template": "{{ raise_exception('only user turns') }}"}))
+    (tmp_path / "tokenizer_config.json").write_text(
+        json.dumps({"chat_template": "{{ raise_exception('only user turns') }}"})
+    )
     with pytest.raises(TokenizerError, match="only user turns"):
         load_tokenizer(tmp_path).apply_chat_template([])
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<nope>"}))
@@ -123,7 +163,7 @@ def test_sentencepiece_round_trip_specials_and_default_template(sp_dir):
     ids = tok.encode(prompt)
     assert ids[0] == tok.bos_id and ids.count(tok.bos_id) == 1  # "<s>" text -> one id
     assert tok.decode(ids) == prompt
-    assert tok.decode(ids, skip_special_tokens=True) == prompt[len("<s>"):]
+    assert tok.decode(ids, skip_special_tokens=True) == prompt[len("<s>") :]
     assert tok.token_to_id("</s>") == 2 and tok.token_to_id("<definitely-not-a-piece>") is None
 
 

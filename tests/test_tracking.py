@@ -1,4 +1,5 @@
 """Tracker: TensorBoard event files read back as TensorBoard reads them, resume purge, W&B."""
+
 import glob
 import math
 import os
@@ -26,13 +27,14 @@ def read_scalars(run_dir: str) -> dict[str, list[tuple[int, float]]]:
 
 def _read_raw(run_dir: str) -> dict[str, list[tuple[int, float]]]:
     from tensorboardX.proto import event_pb2
+
     out: dict[str, list] = {}
     for path in sorted(glob.glob(os.path.join(run_dir, "*tfevents*"))):
         data = open(path, "rb").read()
         pos = 0
         while pos < len(data):  # TFRecord: u64 length, u32 crc, payload, u32 crc
-            (length,) = struct.unpack("<Q", data[pos:pos + 8])
-            event = event_pb2.Event.FromString(data[pos + 12:pos + 12 + length])
+            (length,) = struct.unpack("<Q", data[pos : pos + 8])
+            event = event_pb2.Event.FromString(data[pos + 12 : pos + 12 + length])
             pos += 16 + length
             for v in event.summary.value:
                 out.setdefault(v.tag, []).append((event.step, v.simple_value))
@@ -41,21 +43,54 @@ def _read_raw(run_dir: str) -> dict[str, list[tuple[int, float]]]:
 
 def _eval_record(step, pass_rate, device_hours, flops, **extra):
     compute = {"device_hours": device_hours, "flops": flops, "tokens": 1e6}
-    return {"event": "eval", "step": step, "wall_s": 1.0, "pass_rate": pass_rate, "k": 4,
-            "compute": compute, **extra}
+    return {
+        "event": "eval",
+        "step": step,
+        "wall_s": 1.0,
+        "pass_rate": pass_rate,
+        "k": 4,
+        "compute": compute,
+        **extra,
+    }
 
 
 def test_records_become_tagged_scalars(tmp_path):
     with tracking.Tracker(tmp_path) as tracker:
-        tracker.write({"event": "run", "step": 0, "wall_s": 0.0, "schema": 1, "resumed": False,
-                       "config": {"steps": 10, "lr": 1e-6}})
+        tracker.write(
+            {
+                "event": "run",
+                "step": 0,
+                "wall_s": 0.0,
+                "schema": 1,
+                "resumed": False,
+                "config": {"steps": 10, "lr": 1e-6},
+            }
+        )
         tracker.write({"event": "sft", "step": 0, "wall_s": 0.5, "loss": 2.0})
         for step in (1, 2):
-            tracker.write({"event": "train", "step": step, "wall_s": 1.0 + step,
-                           "loss": 0.5 / step, "grad_norm": None, "lag": np.float32(2.0),
-                           "bad": float("nan"), "name": "x", "lens": [1, 2], "ok": True})
-        tracker.write(_eval_record(2, 0.25, device_hours=0.5, flops=3.2e12,
-                                   per_domain={"math": 0.3, "code": float("inf")}))
+            tracker.write(
+                {
+                    "event": "train",
+                    "step": step,
+                    "wall_s": 1.0 + step,
+                    "loss": 0.5 / step,
+                    "grad_norm": None,
+                    "lag": np.float32(2.0),
+                    "bad": float("nan"),
+                    "name": "x",
+                    "lens": [1, 2],
+                    "ok": True,
+                }
+            )
+        tracker.write(
+            _eval_record(
+                2,
+                0.25,
+                device_hours=0.5,
+                flops=3.2e12,
+                per_domain={"math": 0.3, "code": float("inf")},
+            )
+        )
     tb = os.path.join(tmp_path, "tensorboard")
     assert sorted(os.listdir(tb)) == ["rl", "sft", "vs_compute"]
     rl = read_scalars(os.path.join(tb, "rl"))
@@ -64,8 +99,9 @@ def test_records_become_tagged_scalars(tmp_path):
     assert rl["eval/pass_rate"] == [(2, 0.25)]
     assert rl["eval/compute/device_hours"] == [(2, 0.5)]
     assert rl["eval/per_domain/math"] == [(2, pytest.approx(0.3))]
-    assert not any(t.split("/")[1] in ("grad_norm", "bad", "name", "lens", "wall_s", "step")
-                   for t in rl)
+    assert not any(
+        t.split("/")[1] in ("grad_norm", "bad", "name", "lens", "wall_s", "step") for t in rl
+    )
     assert "eval/per_domain/code" not in rl and not any(t.startswith("run/") for t in rl)
     assert read_scalars(os.path.join(tb, "sft")) == {"sft/loss": [(0, 2.0)]}
     vs = read_scalars(os.path.join(tb, "vs_compute"))
@@ -98,9 +134,18 @@ def test_replay_from_metrics_jsonl(tmp_path):
     with MetricsWriter(tmp_path) as writer:
         writer.run({"steps": 2})
         writer.train(1, loss=0.5)
-        writer.eval(1, pass_rate=0.5, k=2, compute={
-            "device_hours": 1.0, "sampler_device_hours": 0.5, "trainer_device_hours": 0.5,
-            "flops": 1e10, "tokens": 10})
+        writer.eval(
+            1,
+            pass_rate=0.5,
+            k=2,
+            compute={
+                "device_hours": 1.0,
+                "sampler_device_hours": 0.5,
+                "trainer_device_hours": 0.5,
+                "flops": 1e10,
+                "tokens": 10,
+            },
+        )
     assert tracking.replay(tmp_path) == 4
     rl = read_scalars(os.path.join(tmp_path, "tensorboard", "rl"))
     assert rl["train/loss"] == [(1, 0.5)] and rl["eval/pass_rate"] == [(1, 0.5)]
@@ -139,11 +184,13 @@ def test_wandb_gets_per_event_axes_and_config(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", fake)
     for _ in range(2):  # the second Tracker is a resumed run: same W&B run id
         with tracking.Tracker(tmp_path, wandb_project="p") as tracker:
-            tracker.write({"event": "run", "step": 0, "wall_s": 0.0, "resumed": False,
-                           "config": {"lr": 1.0}})
+            tracker.write(
+                {"event": "run", "step": 0, "wall_s": 0.0, "resumed": False, "config": {"lr": 1.0}}
+            )
             tracker.write({"event": "sft", "step": 0, "wall_s": 0.0, "loss": 3.0})
-            tracker.write({"event": "train", "step": 0, "wall_s": 0.0, "loss": math.nan,
-                           "reward_mean": 0.5})
+            tracker.write(
+                {"event": "train", "step": 0, "wall_s": 0.0, "loss": math.nan, "reward_mean": 0.5}
+            )
     inits = [c[1] for c in calls if c[0] == "init"]
     assert inits[0]["id"] == inits[1]["id"] and inits[0]["resume"] == "allow"
     assert ("config", {"lr": 1.0}) in calls

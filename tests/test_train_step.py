@@ -1,5 +1,6 @@
 """Train step, batch assembly and optimizer: sharded == unsharded, exact gradient accumulation,
 the non-finite guard, a CISPO sanity run, and TrainBatch layout from Groups."""
+
 import functools
 
 import jax
@@ -33,10 +34,15 @@ def make_groups(seed=0, n=NUM_PROMPTS, g=G, vocab=256, zero_variance=()):
             length = int(rng.integers(3, 11))
             forced = np.zeros(length, bool)
             forced[length // 2] = True
-            comps.append(Completion(
-                tokens=rng.integers(1, vocab, length).astype(np.int32),
-                logprobs=(-rng.random(length) * 4 - 0.1).astype(np.float32), forced=forced,
-                versions=np.zeros(length, np.int32), finish_reason="eos"))
+            comps.append(
+                Completion(
+                    tokens=rng.integers(1, vocab, length).astype(np.int32),
+                    logprobs=(-rng.random(length) * 4 - 0.1).astype(np.float32),
+                    forced=forced,
+                    versions=np.zeros(length, np.int32),
+                    finish_reason="eos",
+                )
+            )
         prompt = rng.integers(1, vocab, int(rng.integers(2, 5))).astype(np.int32)
         groups.append(Group(prompt_id=f"p{i}", prompt_tokens=prompt, completions=comps))
         r = [1.0, -1.0] + [float(rng.choice([1.0, -1.0])) for _ in range(g - 2)]
@@ -46,9 +52,15 @@ def make_groups(seed=0, n=NUM_PROMPTS, g=G, vocab=256, zero_variance=()):
 
 def make_batch(micro_batches=1, seed=0, **kw):
     groups, rewards = make_groups(seed, **kw)
-    batch, info = batch_lib.from_groups(groups, rewards, loss_cfg=LOSS, num_prompts=NUM_PROMPTS,
-                                        micro_batches=micro_batches, row_multiple=4,
-                                        seq_bucket=16)
+    batch, info = batch_lib.from_groups(
+        groups,
+        rewards,
+        loss_cfg=LOSS,
+        num_prompts=NUM_PROMPTS,
+        micro_batches=micro_batches,
+        row_multiple=4,
+        seq_bucket=16,
+    )
     return batch, info
 
 
@@ -57,8 +69,9 @@ def _mesh(n_devices, fsdp, tensor):
 
 
 def _optim(micro_batches, logprob_chunk=8):
-    return OptimConfig(learning_rate=1e-3, warmup_steps=0, micro_batches=micro_batches,
-                       logprob_chunk=logprob_chunk)
+    return OptimConfig(
+        learning_rate=1e-3, warmup_steps=0, micro_batches=micro_batches, logprob_chunk=logprob_chunk
+    )
 
 
 @functools.lru_cache(maxsize=None)
@@ -74,11 +87,19 @@ def setup(n_devices=1, fsdp=1, tensor=1, micro_batches=1, compute_dtype="float32
     ocfg = _optim(micro_batches)
     cfg = CFG.replace(compute_dtype=compute_dtype)  # same params and optimizer state
     graphdef, abstract = state_lib.abstract_train_state(cfg, ocfg, mesh)
-    step = make_train_step(graphdef, abstract, mesh, model_cfg=cfg, loss_cfg=loss,
-                           optim_cfg=ocfg, num_prompts=NUM_PROMPTS)
+    step = make_train_step(
+        graphdef,
+        abstract,
+        mesh,
+        model_cfg=cfg,
+        loss_cfg=loss,
+        optim_cfg=ocfg,
+        num_prompts=NUM_PROMPTS,
+    )
 
     def fresh():  # a copy: the step donates its state
         return jax.tree.map(jnp.copy, _initial_state(n_devices, fsdp, tensor))
+
     return step, fresh, graphdef
 
 
@@ -93,8 +114,9 @@ def adam_mu(state):
 
 def assert_trees_close(a, b, rtol, atol):
     for (path, x), y in zip(jax.tree_util.tree_flatten_with_path(a)[0], jax.tree.leaves(b)):
-        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=atol,
-                                   err_msg=jax.tree_util.keystr(path))
+        np.testing.assert_allclose(
+            np.asarray(x), np.asarray(y), rtol=rtol, atol=atol, err_msg=jax.tree_util.keystr(path)
+        )
 
 
 def test_sharded_step_equals_unsharded_and_state_is_sharded():
@@ -106,8 +128,11 @@ def test_sharded_step_equals_unsharded_and_state_is_sharded():
 
     q = s8.params["layers"][0]["attn"]["q"].get_value()  # [D, H, hd]
     assert q.sharding.spec == PartitionSpec("fsdp", "tensor", None)
-    assert q.addressable_shards[0].data.shape == (CFG.hidden_size // 4, CFG.num_heads // 2,
-                                                   CFG.dim_per_head)
+    assert q.addressable_shards[0].data.shape == (
+        CFG.hidden_size // 4,
+        CFG.num_heads // 2,
+        CFG.dim_per_head,
+    )
     mu = adam_mu(s8)["layers"][0]["mlp"]["gate"].get_value()
     assert mu.sharding.spec == PartitionSpec("fsdp", "tensor")
 
@@ -130,8 +155,16 @@ def test_gradient_accumulation_equals_one_big_batch():
     step2, fresh2, _ = setup(micro_batches=2)
     s1, m1 = step1(fresh1(), big)
     s2, m2 = step2(fresh2(), small)
-    for key in ("loss", "grad_norm", "tokens", "prompts", "normaliser", "ratio_max",
-                "kl_sampler_k3", "entropy"):
+    for key in (
+        "loss",
+        "grad_norm",
+        "tokens",
+        "prompts",
+        "normaliser",
+        "ratio_max",
+        "kl_sampler_k3",
+        "entropy",
+    ):
         np.testing.assert_allclose(m2[key], m1[key], rtol=1e-5, err_msg=key)
     assert float(m1["prompts"]) == info["kept_groups"] == NUM_PROMPTS
     assert_trees_close(adam_mu(s2), adam_mu(s1), rtol=1e-4, atol=1e-9)
@@ -173,12 +206,16 @@ def test_non_finite_batch_is_skipped_and_counted():
 
 def _target_logp(graphdef, params, batch):
     """Full-softmax log-probs of the targets of micro-batch 0 (independent of the step's path)."""
+
     @jax.jit
     def f(params):
-        logits = forward_logits(graphdef, params, batch.tokens[0], batch.positions[0],
-                                batch.segment_ids[0])
-        return jnp.take_along_axis(jax.nn.log_softmax(logits), batch.targets[0][..., None],
-                                   -1)[..., 0]
+        logits = forward_logits(
+            graphdef, params, batch.tokens[0], batch.positions[0], batch.segment_ids[0]
+        )
+        return jnp.take_along_axis(jax.nn.log_softmax(logits), batch.targets[0][..., None], -1)[
+            ..., 0
+        ]
+
     return np.asarray(f(params))
 
 
@@ -237,9 +274,11 @@ def test_tis_cap_in_the_step_updates_as_the_tis_objective():
 
 
 def test_step_takes_logprob_chunk_from_optim_config_and_passes_only_what_the_objective_reads(
-        monkeypatch):
+    monkeypatch,
+):
     from scalerl_jax.rl import losses as rl_losses
     from scalerl_jax.train import step as step_lib
+
     chunks, calls = [], []
     token_logprobs, policy_loss = step_lib.token_logprobs, rl_losses.policy_loss
 
@@ -255,39 +294,66 @@ def test_step_takes_logprob_chunk_from_optim_config_and_passes_only_what_the_obj
     monkeypatch.setattr(rl_losses, "policy_loss", record_loss)
     mesh = _mesh(1, 1, 1)
     batch = step_lib.put_batch(make_batch()[0], mesh)
-    configs = [(LossConfig(objective="cispo", ratio_cap=2.0, tis_cap=3.0), None),
-               (LossConfig(objective="grpo", clip_eps_low=0.1, clip_eps_high=0.1), 8),
-               (LossConfig(objective="dapo", clip_eps_high=0.28, dual_clip=3.0), 16),
-               (LossConfig(objective="gspo", gspo_eps_low=1e-3), 8),
-               (LossConfig(objective="tis", tis_cap=2.0), 8)]
+    configs = [
+        (LossConfig(objective="cispo", ratio_cap=2.0, tis_cap=3.0), None),
+        (LossConfig(objective="grpo", clip_eps_low=0.1, clip_eps_high=0.1), 8),
+        (LossConfig(objective="dapo", clip_eps_high=0.28, dual_clip=3.0), 16),
+        (LossConfig(objective="gspo", gspo_eps_low=1e-3), 8),
+        (LossConfig(objective="tis", tis_cap=2.0), 8),
+    ]
     for loss_cfg, chunk in configs:
         ocfg = _optim(1, logprob_chunk=chunk)
         graphdef, abstract = state_lib.abstract_train_state(CFG, ocfg, mesh)
-        step = make_train_step(graphdef, abstract, mesh, model_cfg=CFG, loss_cfg=loss_cfg,
-                               optim_cfg=ocfg, num_prompts=NUM_PROMPTS)
+        step = make_train_step(
+            graphdef,
+            abstract,
+            mesh,
+            model_cfg=CFG,
+            loss_cfg=loss_cfg,
+            optim_cfg=ocfg,
+            num_prompts=NUM_PROMPTS,
+        )
         step.jitted.lower(abstract, batch)  # traces: policy_loss would refuse an unread setting
         assert chunks[-1] == chunk
         objective, given = calls[-1]
         assert objective == loss_cfg.objective
-        assert given == set(rl_losses.OBJECTIVE_HPARAMS[objective]) | {"aggregation",
-                                                                       "entropy_coef"}
+        assert given == set(rl_losses.OBJECTIVE_HPARAMS[objective]) | {
+            "aggregation",
+            "entropy_coef",
+        }
     with pytest.raises(TypeError, match="logprob_chunk"):  # one place for it: OptimConfig
-        make_train_step(graphdef, abstract, mesh, model_cfg=CFG, loss_cfg=LOSS,
-                        optim_cfg=ocfg, num_prompts=NUM_PROMPTS, logprob_chunk=8)
+        make_train_step(
+            graphdef,
+            abstract,
+            mesh,
+            model_cfg=CFG,
+            loss_cfg=LOSS,
+            optim_cfg=ocfg,
+            num_prompts=NUM_PROMPTS,
+            logprob_chunk=8,
+        )
 
 
 # -- batch assembly --------------------------------------------------------------------------
 
+
 def test_from_groups_layout_masks_and_prompt_index():
     groups, rewards = make_groups(seed=1, zero_variance=(1,))
-    batch, info = batch_lib.from_groups(groups, rewards, loss_cfg=LOSS, num_prompts=NUM_PROMPTS,
-                                        micro_batches=1, row_multiple=4, seq_bucket=16)
+    batch, info = batch_lib.from_groups(
+        groups,
+        rewards,
+        loss_cfg=LOSS,
+        num_prompts=NUM_PROMPTS,
+        micro_batches=1,
+        row_multiple=4,
+        seq_bucket=16,
+    )
     assert info["dropped_groups"] == 1 and info["kept_groups"] == 3 and info["rows"] == 3 * G
     assert batch.shape[1] == NUM_PROMPTS * G and batch.shape[2] % 16 == 0
     pidx = batch.prompt_index[0]
     kept = [0, 2, 3]  # group 1 is all-correct: dropped, the others get dense indices 0..2
     assert list(pidx[: 3 * G]) == [d for d in range(3) for _ in range(G)]
-    assert (pidx[3 * G:] == -1).all() and not batch.loss_mask[0, 3 * G:].any()
+    assert (pidx[3 * G :] == -1).all() and not batch.loss_mask[0, 3 * G :].any()
     for row in range(3 * G):
         g = groups[kept[pidx[row]]]
         c = g.completions[row % G]
@@ -299,9 +365,9 @@ def test_from_groups_layout_masks_and_prompt_index():
         assert (batch.segment_ids[0, row, :n] == 1).all()
         assert (batch.segment_ids[0, row, n:] == 0).all()
         # Completion tokens are targets of positions p-1 .. n-1; forced ones are masked out.
-        np.testing.assert_array_equal(batch.loss_mask[0, row, p - 1:n], ~c.forced)
+        np.testing.assert_array_equal(batch.loss_mask[0, row, p - 1 : n], ~c.forced)
         assert not batch.loss_mask[0, row, : p - 1].any() and not batch.loss_mask[0, row, n:].any()
-        np.testing.assert_array_equal(batch.behaviour_logp[0, row, p - 1:n], c.logprobs)
+        np.testing.assert_array_equal(batch.behaviour_logp[0, row, p - 1 : n], c.logprobs)
     assert info["forced_tokens"] == sum(c.forced.sum() for i in kept for c in groups[i].completions)
     assert info["loss_tokens"] == int(batch.loss_mask.sum())
 
@@ -315,8 +381,13 @@ def test_from_groups_layout_masks_and_prompt_index():
 def test_from_groups_zero_variance_options_and_length_penalty():
     groups, rewards = make_groups(seed=2, zero_variance=(0,))
     kept_all, info = batch_lib.from_groups(
-        groups, rewards, loss_cfg=LossConfig(zero_variance_filter=False),
-        num_prompts=NUM_PROMPTS, row_multiple=4, seq_bucket=16)
+        groups,
+        rewards,
+        loss_cfg=LossConfig(zero_variance_filter=False),
+        num_prompts=NUM_PROMPTS,
+        row_multiple=4,
+        seq_bucket=16,
+    )
     assert info["kept_groups"] == NUM_PROMPTS and info["zero_variance_groups"] == 1
     zero_rows = kept_all.prompt_index[0] == 0
     assert (kept_all.advantages[0][zero_rows] == 0).all() and kept_all.loss_mask[0][zero_rows].any()
@@ -324,9 +395,13 @@ def test_from_groups_zero_variance_options_and_length_penalty():
     lengths = [len(c.tokens) for c in groups[0].completions]
     assert len(set(lengths)) > 1
     penalised, info = batch_lib.from_groups(
-        groups, rewards, loss_cfg=LossConfig(length_penalty=True, length_penalty_max=8,
-                                             length_penalty_cache=4),
-        num_prompts=NUM_PROMPTS, row_multiple=4, seq_bucket=16)
+        groups,
+        rewards,
+        loss_cfg=LossConfig(length_penalty=True, length_penalty_max=8, length_penalty_cache=4),
+        num_prompts=NUM_PROMPTS,
+        row_multiple=4,
+        seq_bucket=16,
+    )
     assert info["zero_variance_groups"] == 0 and info["kept_groups"] == NUM_PROMPTS
     adv0 = penalised.advantages[0][penalised.prompt_index[0] == 0]
     longest, shortest = int(np.argmax(lengths)), int(np.argmin(lengths))
@@ -346,8 +421,9 @@ def test_from_groups_keeps_prompts_whole_per_micro_batch_and_checks_layout():
     with pytest.raises(ValueError, match="2 reward lists"):
         batch_lib.from_groups(groups, rewards[:2], loss_cfg=LOSS, num_prompts=NUM_PROMPTS)
     with pytest.raises(ValueError, match="does not fit"):
-        batch_lib.from_groups(groups, rewards, loss_cfg=LOSS, num_prompts=NUM_PROMPTS,
-                              rows_per_micro=6)
+        batch_lib.from_groups(
+            groups, rewards, loss_cfg=LOSS, num_prompts=NUM_PROMPTS, rows_per_micro=6
+        )
 
 
 def test_step_rejects_mismatched_batch():
@@ -359,14 +435,20 @@ def test_step_rejects_mismatched_batch():
 
 # -- optimizer -------------------------------------------------------------------------------
 
+
 def test_schedule_warmup_constant_and_cosine():
     const = optim.learning_rate(OptimConfig(learning_rate=5e-7, warmup_steps=100))
-    np.testing.assert_allclose([float(const(c)) for c in (0, 49, 99, 100, 10_000)],
-                               [5e-9, 2.5e-7, 5e-7, 5e-7, 5e-7], rtol=1e-6)
-    cos = optim.learning_rate(OptimConfig(learning_rate=1.0, warmup_steps=10, schedule="cosine",
-                                          total_steps=110))
-    np.testing.assert_allclose([float(cos(c)) for c in (4, 10, 60, 110, 200)],
-                               [0.5, 1.0, 0.5, 0.0, 0.0], atol=1e-6)
+    np.testing.assert_allclose(
+        [float(const(c)) for c in (0, 49, 99, 100, 10_000)],
+        [5e-9, 2.5e-7, 5e-7, 5e-7, 5e-7],
+        rtol=1e-6,
+    )
+    cos = optim.learning_rate(
+        OptimConfig(learning_rate=1.0, warmup_steps=10, schedule="cosine", total_steps=110)
+    )
+    np.testing.assert_allclose(
+        [float(cos(c)) for c in (4, 10, 60, 110, 200)], [0.5, 1.0, 0.5, 0.0, 0.0], atol=1e-6
+    )
 
 
 def test_weight_decay_mask_covers_matrices_only():

@@ -1,4 +1,5 @@
 """Weight sync: trainer mesh -> sampler mesh, single process and 2 processes x 4 CPU devices."""
+
 import dataclasses
 import os
 import pathlib
@@ -25,20 +26,29 @@ def test_single_process_trainer_fsdp4_to_sampler_mesh_without_recompiling():
     trainer = mesh_lib.trainer_mesh(MeshConfig(fsdp=-1), split.trainer)
     sampler = mesh_lib.sampler_mesh(MeshConfig(sampler_tensor=2), split.sampler)
     assert not set(trainer.devices.flat) & set(sampler.devices.flat)
-    engine = Engine(presets.get("tiny-llama"), sampler,
-                    SamplerConfig(max_concurrent_decodes=2, max_prefill_length=8,
-                                  max_target_length=16, interruptions=False))
+    engine = Engine(
+        presets.get("tiny-llama"),
+        sampler,
+        SamplerConfig(
+            max_concurrent_decodes=2,
+            max_prefill_length=8,
+            max_target_length=16,
+            interruptions=False,
+        ),
+    )
     rng = np.random.default_rng(0)
-    host = jax.tree.map(lambda a: rng.normal(0, 0.05, a.shape).astype(a.dtype),
-                        engine.abstract_params)
+    host = jax.tree.map(
+        lambda a: rng.normal(0, 0.05, a.shape).astype(a.dtype), engine.abstract_params
+    )
     v1 = jax.device_put(host, mesh_lib.state_shardings(engine.abstract_params, trainer))
     v2 = jax.tree.map(lambda x: x * 1.5, v1)
     assert any(x.sharding.spec != () for x in jax.tree.leaves(v1))  # really fsdp-sharded
 
     sync = WeightSync(trainer, engine.param_shardings)
     p1 = sync(v1)
-    for got, want, target in zip(jax.tree.leaves(p1), jax.tree.leaves(host),
-                                 jax.tree.leaves(engine.param_shardings)):
+    for got, want, target in zip(
+        jax.tree.leaves(p1), jax.tree.leaves(host), jax.tree.leaves(engine.param_shardings)
+    ):
         assert got.sharding == target
         np.testing.assert_array_equal(np.asarray(got), want)
 
@@ -50,8 +60,9 @@ def test_single_process_trainer_fsdp4_to_sampler_mesh_without_recompiling():
         state, r2 = engine.generate(p2, state)
         r2 = jax.device_get(r2)
     assert compiles == [] and engine.traces["generate"] == 1
-    np.testing.assert_allclose(np.asarray(jax.tree.leaves(p2)[0]), 1.5 * jax.tree.leaves(host)[0],
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(jax.tree.leaves(p2)[0]), 1.5 * jax.tree.leaves(host)[0], rtol=1e-6
+    )
     assert r2.valid.all()
 
 
@@ -69,13 +80,25 @@ def _read(f):
 
 
 def test_two_processes_four_cpu_devices_each(tmp_path):
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
-               JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
+    env = dict(
+        os.environ,
+        XLA_FLAGS="--xla_force_host_platform_device_count=4",
+        JAX_PLATFORMS="cpu",
+        PYTHONPATH=str(ROOT),
+    )
     port = str(_free_port())
     logs = [open(tmp_path / f"worker{i}.log", "w+") for i in range(2)]  # pipes could fill up
-    procs = [subprocess.Popen([sys.executable, str(ROOT / "tests" / "_weight_sync_worker.py"),
-                               port, str(i)], env=env, cwd=ROOT, stdout=logs[i],
-                              stderr=subprocess.STDOUT, text=True) for i in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(ROOT / "tests" / "_weight_sync_worker.py"), port, str(i)],
+            env=env,
+            cwd=ROOT,
+            stdout=logs[i],
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in range(2)
+    ]
     # One deadline for both; a process that fails makes its peer hang in a collective, so stop
     # waiting as soon as either exits non-zero.
     deadline = time.monotonic() + 150
@@ -98,20 +121,32 @@ def test_two_processes_four_cpu_devices_each(tmp_path):
 def _trainer_params(cfg, trainer, seed=0):
     """fp32 master weights as the trainer holds them, fsdp-sharded on `trainer`; norm scales
     near 1 so the forward is well-conditioned."""
-    engine = Engine(cfg, trainer, SamplerConfig(max_concurrent_decodes=2, max_prefill_length=8,
-                                                max_target_length=16, interruptions=False,
-                                                weight_dtype="param"))
+    engine = Engine(
+        cfg,
+        trainer,
+        SamplerConfig(
+            max_concurrent_decodes=2,
+            max_prefill_length=8,
+            max_target_length=16,
+            interruptions=False,
+            weight_dtype="param",
+        ),
+    )
     rng = np.random.default_rng(seed)
     host = jax.tree.map_with_path(
-        lambda p, a: rng.normal(1.0 if "scale" in jax.tree_util.keystr(p) else 0.0, 0.1,
-                                a.shape).astype(a.dtype), engine.abstract_params)
+        lambda p, a: rng.normal(
+            1.0 if "scale" in jax.tree_util.keystr(p) else 0.0, 0.1, a.shape
+        ).astype(a.dtype),
+        engine.abstract_params,
+    )
     return host, jax.device_put(host, mesh_lib.state_shardings(engine.abstract_params, trainer))
 
 
 def _sample(engine, params, steps=6):
     prefix = engine.prefill(params, np.array([3, 1, 4, 1, 5, 9, 0, 0], np.int32), 6)
-    state = engine.bulk_insert(prefix, engine.init_decode_state(), [0, 1],
-                               keys=np.array([[0, 1], [0, 2]], np.uint32))
+    state = engine.bulk_insert(
+        prefix, engine.init_decode_state(), [0, 1], keys=np.array([[0, 1], [0, 2]], np.uint32)
+    )
     out = []
     for _ in range(steps):
         state, res = engine.generate(params, state)
@@ -128,8 +163,13 @@ def test_compute_weight_dtype_samples_bit_identically_in_half_the_memory(name):
     devices = jax.devices()
     sampler = mesh_lib.sampler_mesh(MeshConfig(sampler_tensor=2), devices[:2])
     trainer = mesh_lib.trainer_mesh(MeshConfig(fsdp=-1), devices[4:8])
-    sc = SamplerConfig(max_concurrent_decodes=2, max_prefill_length=8, max_target_length=16,
-                       interruptions=False, temperature=1.0)
+    sc = SamplerConfig(
+        max_concurrent_decodes=2,
+        max_prefill_length=8,
+        max_target_length=16,
+        interruptions=False,
+        temperature=1.0,
+    )
     _, master = _trainer_params(cfg, trainer)
     by_param = Engine(cfg, sampler, dataclasses.replace(sc, weight_dtype="param"))
     by_compute = Engine(cfg, sampler, sc)  # the default
@@ -145,8 +185,10 @@ def test_compute_weight_dtype_samples_bit_identically_in_half_the_memory(name):
         names = {getattr(k, "key", None) for k in path}
         want = np.float32 if names & kept else jnp.bfloat16
         assert x.dtype == want, (jax.tree_util.keystr(path), x.dtype)
-        fp32, bf16 = fp32 + (x.nbytes if want == np.float32 else 0), \
-            bf16 + (x.nbytes if want != np.float32 else 0)
+        fp32, bf16 = (
+            fp32 + (x.nbytes if want == np.float32 else 0),
+            bf16 + (x.nbytes if want != np.float32 else 0),
+        )
     total = sum(x.nbytes for x in jax.tree.leaves(p_param))
     assert fp32 + 2 * bf16 == total and fp32 + bf16 < 0.6 * total
 
@@ -159,17 +201,28 @@ def test_grouped_sync_equals_one_group_and_bounds_a_trainer_chips_copy():
     devices = jax.devices()
     trainer = mesh_lib.trainer_mesh(MeshConfig(fsdp=-1), devices[:4])
     sampler = mesh_lib.sampler_mesh(MeshConfig(sampler_tensor=2), devices[4:8])
-    engine = Engine(cfg, sampler, SamplerConfig(max_concurrent_decodes=2, max_prefill_length=8,
-                                                max_target_length=16, interruptions=False))
+    engine = Engine(
+        cfg,
+        sampler,
+        SamplerConfig(
+            max_concurrent_decodes=2,
+            max_prefill_length=8,
+            max_target_length=16,
+            interruptions=False,
+        ),
+    )
     host, master = _trainer_params(cfg, trainer)
-    sizes = [x.size * np.dtype(d).itemsize for x, d in zip(jax.tree.leaves(host),
-                                                          jax.tree.leaves(engine.param_dtypes))]
+    sizes = [
+        x.size * np.dtype(d).itemsize
+        for x, d in zip(jax.tree.leaves(host), jax.tree.leaves(engine.param_dtypes))
+    ]
     budget = max(sizes)  # every group is then at most the largest array
     whole = WeightSync(trainer, engine.param_shardings, engine.param_dtypes)
     grouped = WeightSync(trainer, engine.param_shardings, engine.param_dtypes, budget)
     a, b = whole(master), grouped(master)
-    for x, y, target in zip(jax.tree.leaves(a), jax.tree.leaves(b),
-                            jax.tree.leaves(engine.param_shardings)):
+    for x, y, target in zip(
+        jax.tree.leaves(a), jax.tree.leaves(b), jax.tree.leaves(engine.param_shardings)
+    ):
         assert y.sharding == target and y.dtype == x.dtype
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
     assert len(whole.groups) == 1 and len(grouped.groups) > 4
@@ -187,6 +240,7 @@ def test_grouped_sync_equals_one_group_and_bounds_a_trainer_chips_copy():
 
 def test_sampler_weight_fields_are_validated():
     from scalerl_jax.config import ConfigError
+
     with pytest.raises(ConfigError, match=r"SamplerConfig.weight_dtype='fp8': must be one of"):
         SamplerConfig(weight_dtype="fp8")
     with pytest.raises(ConfigError, match=r"SamplerConfig.weight_sync_group_mib=0: must be > 0"):

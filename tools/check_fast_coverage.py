@@ -6,6 +6,7 @@ line runs on import alone, so it proves nothing. Modules without any function (r
 constants) have nothing to run and are not listed. Exits 1 when a module is listed, apart from
 those in UNMEASURED: code that runs only where coverage cannot follow.
 """
+
 import argparse
 import ast
 import pathlib
@@ -44,8 +45,11 @@ def untouched(package: pathlib.Path, data_file: str) -> list[str]:
     out = []
     for path in sorted(package.rglob("*.py")):
         body = function_lines(path)
-        if body and not body & executed.get(path.resolve(), set()) and \
-                path.as_posix() not in UNMEASURED:
+        if (
+            body
+            and not body & executed.get(path.resolve(), set())
+            and path.as_posix() not in UNMEASURED
+        ):
             out.append(str(path))
     return out
 
@@ -60,8 +64,10 @@ def main() -> int:
         print(f"{path}: no function of it ran in the quick tests (tests/fast.txt)")
     if missing:
         return 1
-    print(f"every module of {args.package}/ with functions ran in the quick tests, apart from "
-          f"{len(UNMEASURED)} coverage cannot see (tools/check_fast_coverage.py: UNMEASURED)")
+    print(
+        f"every module of {args.package}/ with functions ran in the quick tests, apart from "
+        f"{len(UNMEASURED)} coverage cannot see (tools/check_fast_coverage.py: UNMEASURED)"
+    )
     return 0
 
 

@@ -17,6 +17,7 @@ Two checks, both over the whole tree:
 
 Exit status 1 when a check fails; `check()` returns the messages for tests.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,17 +47,33 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # what those are built on: the model, the verifiers (data reads answers with their rules)
     ("models", "rewards"),
     # math, fits, configuration and small utilities with no knowledge of the parts above
-    ("rl", "scaling", "losses", "config", "mesh", "metrics", "multihost", "heartbeat",
-     "interrupt", "progress", "rundir", "tracking"),
+    (
+        "rl",
+        "scaling",
+        "losses",
+        "config",
+        "mesh",
+        "metrics",
+        "multihost",
+        "heartbeat",
+        "interrupt",
+        "progress",
+        "rundir",
+        "tracking",
+    ),
 )
 
 # Modules that are one node whatever their layout (module or package).
-WHOLE = ("scalerl_jax.config", "scalerl_jax.recipes", "scalerl_jax.models.hf",
-         "scalerl_jax.rewards.math")
+WHOLE = (
+    "scalerl_jax.config",
+    "scalerl_jax.recipes",
+    "scalerl_jax.models.hf",
+    "scalerl_jax.rewards.math",
+)
 
 
 def _module_name(path: str) -> str:
-    rel = os.path.relpath(path, ROOT)[:-len(".py")]
+    rel = os.path.relpath(path, ROOT)[: -len(".py")]
     parts = rel.split(os.sep)
     if parts[-1] == "__init__":
         parts = parts[:-1]
@@ -75,7 +92,8 @@ def _files() -> Iterator[str]:
 def _is_type_checking(node: ast.If) -> bool:
     test = node.test
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def _imported(tree: ast.AST, module: str, is_package: bool) -> Iterator[tuple[str, list[str]]]:
@@ -241,25 +259,29 @@ def check() -> list[str]:
             except KeyError:
                 continue
             if upward:
-                problems.append(f"upward edge {unit} -> {dst} (layer {layer_of(unit)} imports "
-                                f"layer {layer_of(dst)}): {_edge_list(pairs)}")
+                problems.append(
+                    f"upward edge {unit} -> {dst} (layer {layer_of(unit)} imports "
+                    f"layer {layer_of(dst)}): {_edge_list(pairs)}"
+                )
     unit_graph = {u: set(d) for u, d in units.items()}
     for component in cycles(unit_graph):
         path = shortest_cycle(unit_graph, component)
         pairs = [p for a, b in zip(path, path[1:]) for p in units[a][b]]
-        problems.append(f"cycle between units {' -> '.join(path)} (of {len(component)} units in "
-                        f"a cycle): {_edge_list(pairs)}")
+        problems.append(
+            f"cycle between units {' -> '.join(path)} (of {len(component)} units in "
+            f"a cycle): {_edge_list(pairs)}"
+        )
     for component in cycles(edges):
         path = shortest_cycle(edges, component)
-        problems.append(f"cycle between modules {' -> '.join(path)} (of {len(component)} "
-                        "modules in a cycle)")
+        problems.append(
+            f"cycle between modules {' -> '.join(path)} (of {len(component)} modules in a cycle)"
+        )
     return problems
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--modules", action="store_true",
-                        help="also print the module-level graph")
+    parser.add_argument("--modules", action="store_true", help="also print the module-level graph")
     args = parser.parse_args(argv)
     edges = module_edges()
     units = unit_edges(edges)

@@ -10,6 +10,7 @@ virtual environment in ~/scalerl-venv and the run's output in ~/scalerl-logs/run
 workdir is not here: it must be on storage every worker shares and that outlives the VMs
 (see tpu/README.md), since a preempted VM's disks are gone with it.
 """
+
 from __future__ import annotations
 
 import re
@@ -53,6 +54,7 @@ class UsageError(ValueError):
 
 # --- validation -----------------------------------------------------------------------------
 
+
 def parse_accelerator(accelerator_type: str) -> Tuple[str, int]:
     """'v5p-256' -> ('v5p', 256), checking the size is one that generation comes in."""
     m = re.fullmatch(r"(v4|v5p|v5litepod|v6e)-(\d+)", accelerator_type or "")
@@ -60,11 +62,14 @@ def parse_accelerator(accelerator_type: str) -> Tuple[str, int]:
         raise UsageError(
             f"unknown accelerator type {accelerator_type!r}: expected v4-N or v5p-N (N "
             "TensorCores, a multiple of 8, e.g. v5p-256) or v5litepod-N or v6e-N (N chips in "
-            f"{_CHIP_SIZES})")
+            f"{_CHIP_SIZES})"
+        )
     family, size = m.group(1), int(m.group(2))
     if family in _CORE_COUNTED and (size < 8 or size % 8):
-        raise UsageError(f"{accelerator_type}: {family} sizes count TensorCores and must be a "
-                         f"multiple of 8 (one 4-chip worker), e.g. {family}-8, {family}-256")
+        raise UsageError(
+            f"{accelerator_type}: {family} sizes count TensorCores and must be a "
+            f"multiple of 8 (one 4-chip worker), e.g. {family}-8, {family}-256"
+        )
     if family not in _CORE_COUNTED and size not in _CHIP_SIZES:
         raise UsageError(f"{accelerator_type}: {family} slices come in {_CHIP_SIZES} chips")
     return family, size
@@ -87,17 +92,24 @@ def check_target(name: Optional[str], zone: Optional[str], project: Optional[str
     if not name:
         raise UsageError("missing --name (the TPU VM's name, e.g. --name=scalerl-v5p)")
     if not re.fullmatch(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?", name):
-        raise UsageError(f"bad --name {name!r}: lowercase letters, digits and '-', starting with "
-                         "a letter, at most 63 characters")
+        raise UsageError(
+            f"bad --name {name!r}: lowercase letters, digits and '-', starting with "
+            "a letter, at most 63 characters"
+        )
     if not zone:
-        raise UsageError("missing --zone (e.g. --zone=us-east5-a); gcloud's default zone is "
-                         "never used, so every command names the same TPU")
+        raise UsageError(
+            "missing --zone (e.g. --zone=us-east5-a); gcloud's default zone is "
+            "never used, so every command names the same TPU"
+        )
     if not re.fullmatch(r"[a-z]+-[a-z]+[0-9]+-[a-z]", zone):
-        raise UsageError(f"bad --zone {zone!r}: expected a zone such as us-east5-a or "
-                         "europe-west4-b (not a region)")
+        raise UsageError(
+            f"bad --zone {zone!r}: expected a zone such as us-east5-a or "
+            "europe-west4-b (not a region)"
+        )
     if not project:
-        raise UsageError("missing --project (the Google Cloud project id, e.g. "
-                         "--project=my-project)")
+        raise UsageError(
+            "missing --project (the Google Cloud project id, e.g. --project=my-project)"
+        )
     if not re.fullmatch(r"[a-z0-9.:-]+", project):
         raise UsageError(f"bad --project {project!r}: a project id such as my-project-123")
 
@@ -116,29 +128,44 @@ def check_workdir(run_args: Sequence[str]) -> str:
     """Relaunching resumes only if the workdir survives the VMs: refuse ones that cannot."""
     workdir = workdir_of(run_args)
     if not workdir:
-        raise UsageError("the run command needs --workdir DIR on storage shared by all workers "
-                         "(e.g. -- --workdir /mnt/gcs/runs/r1): relaunching resumes from its "
-                         "checkpoints")
+        raise UsageError(
+            "the run command needs --workdir DIR on storage shared by all workers "
+            "(e.g. -- --workdir /mnt/gcs/runs/r1): relaunching resumes from its "
+            "checkpoints"
+        )
     if workdir.startswith("gs://"):
-        raise UsageError(f"--workdir {workdir}: run.py writes its workdir through the file system "
-                         "(lock file, renames); mount the bucket with Cloud Storage FUSE on every "
-                         "worker (setup --setup-command) and pass the mount path")
+        raise UsageError(
+            f"--workdir {workdir}: run.py writes its workdir through the file system "
+            "(lock file, renames); mount the bucket with Cloud Storage FUSE on every "
+            "worker (setup --setup-command) and pass the mount path"
+        )
     if not workdir.startswith("/") or re.match(r"/(tmp|home|root)(/|$)", workdir):
-        raise UsageError(f"--workdir {workdir}: on a worker's boot disk the checkpoints are lost "
-                         "when the VM is preempted or re-created; use an absolute path on a "
-                         "shared mount (Cloud Storage FUSE or Filestore NFS), e.g. /mnt/gcs/run1")
+        raise UsageError(
+            f"--workdir {workdir}: on a worker's boot disk the checkpoints are lost "
+            "when the VM is preempted or re-created; use an absolute path on a "
+            "shared mount (Cloud Storage FUSE or Filestore NFS), e.g. /mnt/gcs/run1"
+        )
     return workdir
 
 
 # --- gcloud commands ----------------------------------------------------------------------------
 
+
 def _where(zone: str, project: str) -> List[str]:
     return [f"--zone={zone}", f"--project={project}"]
 
 
-def create(name: str, zone: str, project: str, accelerator_type: str, *,
-           version: Optional[str] = None, spot: bool = False, preemptible: bool = False,
-           queued: bool = False) -> List[str]:
+def create(
+    name: str,
+    zone: str,
+    project: str,
+    accelerator_type: str,
+    *,
+    version: Optional[str] = None,
+    spot: bool = False,
+    preemptible: bool = False,
+    queued: bool = False,
+) -> List[str]:
     """A TPU VM (blocks until READY) or a queued resource for one (returns once queued)."""
     check_target(name, zone, project)
     version = version or runtime_version(accelerator_type)
@@ -148,12 +175,30 @@ def create(name: str, zone: str, project: str, accelerator_type: str, *,
         if preemptible:
             raise UsageError("queued resources take --spot, not --preemptible")
         # The queued resource and its node share the name, so ssh/scp/describe use one name.
-        argv = [GCLOUD, "compute", "tpus", "queued-resources", "create", name,
-                f"--node-id={name}", *_where(zone, project),
-                f"--accelerator-type={accelerator_type}", f"--runtime-version={version}"]
+        argv = [
+            GCLOUD,
+            "compute",
+            "tpus",
+            "queued-resources",
+            "create",
+            name,
+            f"--node-id={name}",
+            *_where(zone, project),
+            f"--accelerator-type={accelerator_type}",
+            f"--runtime-version={version}",
+        ]
     else:
-        argv = [GCLOUD, "compute", "tpus", "tpu-vm", "create", name, *_where(zone, project),
-                f"--accelerator-type={accelerator_type}", f"--version={version}"]
+        argv = [
+            GCLOUD,
+            "compute",
+            "tpus",
+            "tpu-vm",
+            "create",
+            name,
+            *_where(zone, project),
+            f"--accelerator-type={accelerator_type}",
+            f"--version={version}",
+        ]
     return argv + (["--spot"] if spot else []) + (["--preemptible"] if preemptible else [])
 
 
@@ -161,32 +206,78 @@ def describe(name: str, zone: str, project: str, *, queued: bool = False) -> Lis
     """Prints one word: the node's state (READY, PREEMPTED, ...) or the queued resource's."""
     check_target(name, zone, project)
     if queued:
-        return [GCLOUD, "compute", "tpus", "queued-resources", "describe", name,
-                *_where(zone, project), "--format=value(state.state)"]
-    return [GCLOUD, "compute", "tpus", "tpu-vm", "describe", name, *_where(zone, project),
-            "--format=value(state)"]
+        return [
+            GCLOUD,
+            "compute",
+            "tpus",
+            "queued-resources",
+            "describe",
+            name,
+            *_where(zone, project),
+            "--format=value(state.state)",
+        ]
+    return [
+        GCLOUD,
+        "compute",
+        "tpus",
+        "tpu-vm",
+        "describe",
+        name,
+        *_where(zone, project),
+        "--format=value(state)",
+    ]
 
 
 def delete(name: str, zone: str, project: str, *, queued: bool = False) -> List[str]:
     check_target(name, zone, project)
     if queued:  # --force deletes the node first, then the request
-        return [GCLOUD, "compute", "tpus", "queued-resources", "delete", name,
-                *_where(zone, project), "--force", "--quiet"]
-    return [GCLOUD, "compute", "tpus", "tpu-vm", "delete", name, *_where(zone, project),
-            "--quiet"]
+        return [
+            GCLOUD,
+            "compute",
+            "tpus",
+            "queued-resources",
+            "delete",
+            name,
+            *_where(zone, project),
+            "--force",
+            "--quiet",
+        ]
+    return [GCLOUD, "compute", "tpus", "tpu-vm", "delete", name, *_where(zone, project), "--quiet"]
 
 
 def ssh_all(name: str, zone: str, project: str, script: str) -> List[str]:
     """Runs `script` on every worker at once; exits with the first non-zero worker status."""
     check_target(name, zone, project)
-    return [GCLOUD, "compute", "tpus", "tpu-vm", "ssh", name, *_where(zone, project),
-            "--worker=all", f"--command={script}"]
+    return [
+        GCLOUD,
+        "compute",
+        "tpus",
+        "tpu-vm",
+        "ssh",
+        name,
+        *_where(zone, project),
+        "--worker=all",
+        f"--command={script}",
+    ]
 
 
-def setup(name: str, zone: str, project: str, repo: str, ref: str = "main", *,
-          extras: str = "tpu,hf", python: str = "3.12", setup_command: str = "") -> List[str]:
-    return ssh_all(name, zone, project, setup_script(repo, ref, extras=extras, python=python,
-                                                     setup_command=setup_command))
+def setup(
+    name: str,
+    zone: str,
+    project: str,
+    repo: str,
+    ref: str = "main",
+    *,
+    extras: str = "tpu,hf",
+    python: str = "3.12",
+    setup_command: str = "",
+) -> List[str]:
+    return ssh_all(
+        name,
+        zone,
+        project,
+        setup_script(repo, ref, extras=extras, python=python, setup_command=setup_command),
+    )
 
 
 def launch(name: str, zone: str, project: str, run_args: Sequence[str]) -> List[str]:
@@ -197,34 +288,54 @@ def stop(name: str, zone: str, project: str) -> List[str]:
     return ssh_all(name, zone, project, stop_script())
 
 
-def collect_logs(name: str, zone: str, project: str, workers: int, out_dir: str
-                 ) -> List[List[str]]:
+def collect_logs(name: str, zone: str, project: str, workers: int, out_dir: str) -> List[List[str]]:
     """One scp per worker: gcloud copies TPU -> local from a single worker per call."""
     check_target(name, zone, project)
     if workers < 1:
         raise UsageError(f"--workers must be >= 1, got {workers}")
-    return [[GCLOUD, "compute", "tpus", "tpu-vm", "scp", f"{name}:{LOG_FILE}",
-             f"{out_dir.rstrip('/') or '/'}/worker-{w}.log", f"--worker={w}",
-             *_where(zone, project)] for w in range(workers)]
+    return [
+        [
+            GCLOUD,
+            "compute",
+            "tpus",
+            "tpu-vm",
+            "scp",
+            f"{name}:{LOG_FILE}",
+            f"{out_dir.rstrip('/') or '/'}/worker-{w}.log",
+            f"--worker={w}",
+            *_where(zone, project),
+        ]
+        for w in range(workers)
+    ]
 
 
 # --- scripts run on the workers (POSIX sh: the login shell runs them) ---------------------------
 
-_WORKER_ID = ('w=$(curl -sf -m 5 -H "Metadata-Flavor: Google" '
-              'http://metadata.google.internal/computeMetadata/v1/instance/attributes/'
-              'agent-worker-number || hostname)')
+_WORKER_ID = (
+    'w=$(curl -sf -m 5 -H "Metadata-Flavor: Google" '
+    "http://metadata.google.internal/computeMetadata/v1/instance/attributes/"
+    "agent-worker-number || hostname)"
+)
 
 
-def setup_script(repo: str, ref: str = "main", *, extras: str = "tpu,hf", python: str = "3.12",
-                 setup_command: str = "") -> str:
+def setup_script(
+    repo: str,
+    ref: str = "main",
+    *,
+    extras: str = "tpu,hf",
+    python: str = "3.12",
+    setup_command: str = "",
+) -> str:
     """Idempotent install: checkout of `repo` at `ref`, a venv with uv, `pip install -e .[extras]`.
 
     TPU VM images ship Python 3.10 and the package needs >= 3.11, so uv provides the
     interpreter. `setup_command` (shell, run last) is where a shared workdir gets mounted.
     """
     if not repo:
-        raise UsageError("missing --repo: a git URL every worker can clone (e.g. "
-                         "https://github.com/ORG/scalerl_jax.git)")
+        raise UsageError(
+            "missing --repo: a git URL every worker can clone (e.g. "
+            "https://github.com/ORG/scalerl_jax.git)"
+        )
     if not ref or ref.startswith("-") or any(c.isspace() for c in ref):
         raise UsageError(f"bad --ref {ref!r}: a branch, tag or commit")
     if not re.fullmatch(r"[a-z0-9_,-]*", extras):
@@ -246,8 +357,9 @@ def setup_script(repo: str, ref: str = "main", *, extras: str = "tpu,hf", python
     ]
     if setup_command:
         lines.append(setup_command)
-    lines.append(f'echo "{EXIT_MARKER} $(hostname) setup done: '
-                 f'$(git -C {REPO_DIR} rev-parse --short HEAD)"')
+    lines.append(
+        f'echo "{EXIT_MARKER} $(hostname) setup done: $(git -C {REPO_DIR} rev-parse --short HEAD)"'
+    )
     return "\n".join(lines)
 
 
@@ -259,48 +371,59 @@ def run_script(run_args: Sequence[str]) -> str:
     on stdout is "scalerl-worker W exit RC"; on failure the log's tail comes before it.
     """
     args = " ".join(shlex.quote(a) for a in run_args)
-    return "\n".join([
-        _WORKER_ID,
-        f'mkdir -p "$HOME/{LOG_DIR}"',
-        f'log="$HOME/{LOG_FILE}"',
-        f'pidfile="$HOME/{LOG_DIR}/run.pid"',
-        _STOP_PREVIOUS,
-        f"cd {REPO_DIR} || exit 1",
-        f'echo "=== $(date -u +%Y-%m-%dT%H:%M:%SZ) worker $w start: run.py {_dq(args)}" >> "$log"',
-        f'SCALERL_DISTRIBUTED=auto {VENV_DIR}/bin/python experiments/run.py {args} '
-        '>> "$log" 2>&1 < /dev/null &',
-        'pid=$!',
-        'echo "$pid" > "$pidfile"',
-        'wait "$pid"',
-        'rc=$?',
-        'rm -f "$pidfile"',
-        'echo "=== $(date -u +%Y-%m-%dT%H:%M:%SZ) worker $w exit $rc" >> "$log"',
-        '[ "$rc" -eq 0 ] || tail -n 20 "$log" | sed "s/^/[worker $w] /"',
-        f'echo "{EXIT_MARKER} $w exit $rc"',
-        'exit "$rc"',
-    ])
+    return "\n".join(
+        [
+            _WORKER_ID,
+            f'mkdir -p "$HOME/{LOG_DIR}"',
+            f'log="$HOME/{LOG_FILE}"',
+            f'pidfile="$HOME/{LOG_DIR}/run.pid"',
+            _STOP_PREVIOUS,
+            f"cd {REPO_DIR} || exit 1",
+            f'echo "=== $(date -u +%Y-%m-%dT%H:%M:%SZ) worker $w start: run.py {_dq(args)}" '
+            '>> "$log"',
+            f"SCALERL_DISTRIBUTED=auto {VENV_DIR}/bin/python experiments/run.py {args} "
+            '>> "$log" 2>&1 < /dev/null &',
+            "pid=$!",
+            'echo "$pid" > "$pidfile"',
+            'wait "$pid"',
+            "rc=$?",
+            'rm -f "$pidfile"',
+            'echo "=== $(date -u +%Y-%m-%dT%H:%M:%SZ) worker $w exit $rc" >> "$log"',
+            '[ "$rc" -eq 0 ] || tail -n 20 "$log" | sed "s/^/[worker $w] /"',
+            f'echo "{EXIT_MARKER} $w exit $rc"',
+            'exit "$rc"',
+        ]
+    )
 
 
 def stop_script() -> str:
     """SIGTERM to the run on every worker: it saves a checkpoint and exits with 143."""
-    return "\n".join([_WORKER_ID, f'pidfile="$HOME/{LOG_DIR}/run.pid"', _STOP_PREVIOUS,
-                      f'echo "{EXIT_MARKER} $w stopped"'])
+    return "\n".join(
+        [
+            _WORKER_ID,
+            f'pidfile="$HOME/{LOG_DIR}/run.pid"',
+            _STOP_PREVIOUS,
+            f'echo "{EXIT_MARKER} $w stopped"',
+        ]
+    )
 
 
 # Stop the run named by the pid file, if it is alive and is run.py (pids get reused).
-_STOP_PREVIOUS = "\n".join([
-    'if [ -f "$pidfile" ]; then',
-    '  old=$(cat "$pidfile")',
-    '  if kill -0 "$old" 2>/dev/null && grep -q experiments/run.py "/proc/$old/cmdline"; then',
-    '    echo "worker $w: stopping run.py (pid $old) with SIGTERM; it checkpoints first"',
-    '    kill -TERM "$old"',
-    '    i=0',
-    '    while kill -0 "$old" 2>/dev/null && [ "$i" -lt 600 ]; do sleep 1; i=$((i + 1)); done',
-    '    kill -KILL "$old" 2>/dev/null || true',
-    '  fi',
-    '  rm -f "$pidfile"',
-    'fi',
-])
+_STOP_PREVIOUS = "\n".join(
+    [
+        'if [ -f "$pidfile" ]; then',
+        '  old=$(cat "$pidfile")',
+        '  if kill -0 "$old" 2>/dev/null && grep -q experiments/run.py "/proc/$old/cmdline"; then',
+        '    echo "worker $w: stopping run.py (pid $old) with SIGTERM; it checkpoints first"',
+        '    kill -TERM "$old"',
+        "    i=0",
+        '    while kill -0 "$old" 2>/dev/null && [ "$i" -lt 600 ]; do sleep 1; i=$((i + 1)); done',
+        '    kill -KILL "$old" 2>/dev/null || true',
+        "  fi",
+        '  rm -f "$pidfile"',
+        "fi",
+    ]
+)
 
 
 def _dq(text: str) -> str:
@@ -309,6 +432,7 @@ def _dq(text: str) -> str:
 
 
 # --- reading results ------------------------------------------------------------------------------
+
 
 def worker_exits(stdout: str) -> Dict[str, int]:
     """Worker id -> run.py's exit status, from the marker lines of a launch's output."""

@@ -15,24 +15,69 @@ math never receives them (it takes static scalars), which keeps the losses impor
   run.py         RunConfig, to_dict / from_dict, field_defaults
   overrides.py   apply_overrides: `section.field=value` from the command line
 """
+
 from scalerl_jax.config.checks import ConfigError
-from scalerl_jax.config.data import (ANSWER_FORMATS, COMPLETION_FORMATS, MIXTURE,
-                                     SOURCE_PLACEHOLDERS, VERIFIER_NAMES, DataConfig,
-                                     DomainConfig, RewardConfig, resolve_source)
+from scalerl_jax.config.data import (
+    ANSWER_FORMATS,
+    COMPLETION_FORMATS,
+    MIXTURE,
+    SOURCE_PLACEHOLDERS,
+    VERIFIER_NAMES,
+    DataConfig,
+    DomainConfig,
+    RewardConfig,
+    resolve_source,
+)
 from scalerl_jax.config.evaluation import EvalConfig, ForecastConfig
-from scalerl_jax.config.model import (ATTENTION_IMPLS, DTYPES, REMAT_POLICIES, MeshConfig,
-                                      ModelConfig, RopeScaling)
+from scalerl_jax.config.model import (
+    ATTENTION_IMPLS,
+    DTYPES,
+    REMAT_POLICIES,
+    MeshConfig,
+    ModelConfig,
+    RopeScaling,
+)
 from scalerl_jax.config.overrides import apply_overrides
 from scalerl_jax.config.run import RunConfig, field_defaults, from_dict
 from scalerl_jax.config.sampling import PipelineConfig, SamplerConfig
-from scalerl_jax.config.training import (ADVANTAGE_NORMS, AGGREGATIONS, LOSS_OBJECTIVES,
-                                         LossConfig, OptimConfig, SFTConfig)
+from scalerl_jax.config.training import (
+    ADVANTAGE_NORMS,
+    AGGREGATIONS,
+    LOSS_OBJECTIVES,
+    LossConfig,
+    OptimConfig,
+    SFTConfig,
+)
 
 __all__ = [
-    "ADVANTAGE_NORMS", "AGGREGATIONS", "ANSWER_FORMATS", "ATTENTION_IMPLS", "COMPLETION_FORMATS",
-    "DTYPES", "LOSS_OBJECTIVES", "MIXTURE", "REMAT_POLICIES", "SOURCE_PLACEHOLDERS",
-    "VERIFIER_NAMES", "ConfigError", "DataConfig", "DomainConfig", "EvalConfig",
-    "ForecastConfig", "LossConfig", "MeshConfig", "ModelConfig", "OptimConfig", "PipelineConfig",
-    "RewardConfig", "RopeScaling", "RunConfig", "SFTConfig", "SamplerConfig", "apply_overrides",
-    "field_defaults", "from_dict", "resolve_source",
+    "ADVANTAGE_NORMS",
+    "AGGREGATIONS",
+    "ANSWER_FORMATS",
+    "ATTENTION_IMPLS",
+    "COMPLETION_FORMATS",
+    "DTYPES",
+    "LOSS_OBJECTIVES",
+    "MIXTURE",
+    "REMAT_POLICIES",
+    "SOURCE_PLACEHOLDERS",
+    "VERIFIER_NAMES",
+    "ConfigError",
+    "DataConfig",
+    "DomainConfig",
+    "EvalConfig",
+    "ForecastConfig",
+    "LossConfig",
+    "MeshConfig",
+    "ModelConfig",
+    "OptimConfig",
+    "PipelineConfig",
+    "RewardConfig",
+    "RopeScaling",
+    "RunConfig",
+    "SFTConfig",
+    "SamplerConfig",
+    "apply_overrides",
+    "field_defaults",
+    "from_dict",
+    "resolve_source",
 ]

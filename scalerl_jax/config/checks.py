@@ -1,5 +1,6 @@
 """What every config section's validation uses: ConfigError and the checks that raise it with
 a sentence naming the section, the field and the offending value."""
+
 from __future__ import annotations
 
 from typing import Any

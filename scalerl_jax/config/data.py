@@ -1,6 +1,7 @@
 """What the run reads and how it is scored: DataConfig (one prompt source, or a mixture of
 DomainConfig sections), the {data_source} / {data_dir} placeholders of sources that follow the
 RL data, and RewardConfig (how verifiers run)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,8 +25,13 @@ SOURCE_PLACEHOLDERS = ("{data_source}", "{data_dir}")
 
 def _check_placeholders(cls: str, field: str, value: str) -> None:
     unknown = sorted(set(re.findall(r"\{[A-Za-z_]+\}", value)) - set(SOURCE_PLACEHOLDERS))
-    _check(not unknown, cls, field, value, f"unknown placeholder(s) {unknown}; known: "
-           f"{list(SOURCE_PLACEHOLDERS)}")
+    _check(
+        not unknown,
+        cls,
+        field,
+        value,
+        f"unknown placeholder(s) {unknown}; known: {list(SOURCE_PLACEHOLDERS)}",
+    )
 
 
 def resolve_source(value: str, data_source: str, field: str) -> str:
@@ -33,8 +39,10 @@ def resolve_source(value: str, data_source: str, field: str) -> str:
     directory holding it; the directory itself when it is one) filled in."""
     if "{data_dir}" in value:
         if data_source == MIXTURE or data_source.startswith(("hf:", "tfds:", "synthetic:")):
-            raise ConfigError(f"{field}={value!r}: {{data_dir}} needs a local data.source (a "
-                              f"file or directory), not {data_source!r}; give the path itself")
+            raise ConfigError(
+                f"{field}={value!r}: {{data_dir}} needs a local data.source (a "
+                f"file or directory), not {data_source!r}; give the path itself"
+            )
         folder = data_source if os.path.isdir(data_source) else os.path.dirname(data_source)
         value = value.replace("{data_dir}", folder or ".")
     return value.replace("{data_source}", data_source)
@@ -67,25 +75,58 @@ class DomainConfig:
     def __post_init__(self):
         c = f"DomainConfig[{self.name!r}]"
         # The name keys metrics ("per_domain.NAME") and overrides (data.domains.NAME.weight=2).
-        _check(bool(re.fullmatch(r"[A-Za-z0-9_-]+", str(self.name))), "DomainConfig", "name",
-               self.name, "must be a non-empty word of letters, digits, '_' or '-'")
-        _check(bool(self.source), c, "source", self.source,
-               f"must be non-empty (set data.domains.{self.name}.source=...)")
-        _check(isinstance(self.weight, (int, float)) and math.isfinite(self.weight)
-               and self.weight > 0, c, "weight", self.weight, "must be a finite number > 0")
+        _check(
+            bool(re.fullmatch(r"[A-Za-z0-9_-]+", str(self.name))),
+            "DomainConfig",
+            "name",
+            self.name,
+            "must be a non-empty word of letters, digits, '_' or '-'",
+        )
+        _check(
+            bool(self.source),
+            c,
+            "source",
+            self.source,
+            f"must be non-empty (set data.domains.{self.name}.source=...)",
+        )
+        _check(
+            isinstance(self.weight, (int, float))
+            and math.isfinite(self.weight)
+            and self.weight > 0,
+            c,
+            "weight",
+            self.weight,
+            "must be a finite number > 0",
+        )
         if self.verifier is not None:
-            _check(self.verifier in VERIFIER_NAMES or ":" in self.verifier, c, "verifier",
-                   self.verifier, f"must be one of {VERIFIER_NAMES} or 'package.module:function'")
+            _check(
+                self.verifier in VERIFIER_NAMES or ":" in self.verifier,
+                c,
+                "verifier",
+                self.verifier,
+                f"must be one of {VERIFIER_NAMES} or 'package.module:function'",
+            )
         if self.num_validation is not None:
-            _check(self.num_validation >= 0, c, "num_validation", self.num_validation,
-                   "must be >= 0")
+            _check(
+                self.num_validation >= 0, c, "num_validation", self.num_validation, "must be >= 0"
+            )
         if self.template is not None:
-            _check(self.template == "chat" or "{prompt}" in self.template, c, "template",
-                   self.template, "must be 'chat' or contain '{prompt}'")
+            _check(
+                self.template == "chat" or "{prompt}" in self.template,
+                c,
+                "template",
+                self.template,
+                "must be 'chat' or contain '{prompt}'",
+            )
         _choice(c, "answer_format", self.answer_format, ANSWER_FORMATS)
         if self.validation_source is not None:
-            _check(bool(self.validation_source), c, "validation_source",
-                   self.validation_source, "must be a source or none")
+            _check(
+                bool(self.validation_source),
+                c,
+                "validation_source",
+                self.validation_source,
+                "must be a source or none",
+            )
             _check_placeholders(c, "validation_source", self.validation_source)
 
 
@@ -131,36 +172,72 @@ class DataConfig:
         _check(bool(self.source), c, "source", self.source, "must be non-empty")
         _choice(c, "answer_format", self.answer_format, ANSWER_FORMATS)
         if self.validation_source is not None:
-            _check(bool(self.validation_source), c, "validation_source", self.validation_source,
-                   "must be a source or none (hold num_validation rows out of `source`)")
+            _check(
+                bool(self.validation_source),
+                c,
+                "validation_source",
+                self.validation_source,
+                "must be a source or none (hold num_validation rows out of `source`)",
+            )
             _check_placeholders(c, "validation_source", self.validation_source)
-        _check(bool(self.validation_split), c, "validation_split", self.validation_split,
-               "must be non-empty")
+        _check(
+            bool(self.validation_split),
+            c,
+            "validation_split",
+            self.validation_split,
+            "must be non-empty",
+        )
         _check(self.num_validation >= 0, c, "num_validation", self.num_validation, "must be >= 0")
-        _check(0 <= self.max_bad_fraction < 1, c, "max_bad_fraction", self.max_bad_fraction,
-               "must be in [0, 1)")
-        _check(self.template == "chat" or "{prompt}" in self.template, c, "template",
-               self.template, "must be 'chat' or contain '{prompt}'")
+        _check(
+            0 <= self.max_bad_fraction < 1,
+            c,
+            "max_bad_fraction",
+            self.max_bad_fraction,
+            "must be in [0, 1)",
+        )
+        _check(
+            self.template == "chat" or "{prompt}" in self.template,
+            c,
+            "template",
+            self.template,
+            "must be 'chat' or contain '{prompt}'",
+        )
         domains = tuple(self.domains)  # a list (JSON, hand-written) becomes the hashable tuple
         object.__setattr__(self, "domains", domains)
         for d in domains:
             _check(isinstance(d, DomainConfig), c, "domains", d, "items must be DomainConfig")
         names = [d.name for d in domains]
         repeated = sorted({n for n in names if names.count(n) > 1})
-        _check(not repeated, c, "domains", names, f"domain names must be unique; repeated: "
-               f"{repeated}")
+        _check(
+            not repeated, c, "domains", names, f"domain names must be unique; repeated: {repeated}"
+        )
         if not domains:
-            _check(self.source != MIXTURE, c, "source", self.source,
-                   "a mixture needs DataConfig.domains (e.g. data.domains.math.source=...)")
+            _check(
+                self.source != MIXTURE,
+                c,
+                "source",
+                self.source,
+                "a mixture needs DataConfig.domains (e.g. data.domains.math.source=...)",
+            )
             return
-        _check(self.source == MIXTURE, c, "source", self.source,
-               f"must be {MIXTURE!r} when domains are set (each domain has its own source: "
-               f"{dict(zip(names, (d.source for d in domains)))})")
+        _check(
+            self.source == MIXTURE,
+            c,
+            "source",
+            self.source,
+            f"must be {MIXTURE!r} when domains are set (each domain has its own source: "
+            f"{dict(zip(names, (d.source for d in domains)))})",
+        )
         for f in dataclasses.fields(self):
             if f.name in _PER_DOMAIN:
-                _check(getattr(self, f.name) == f.default, c, f.name, getattr(self, f.name),
-                       f"a mixture sets this per domain (data.domains.NAME.{f.name}); leave "
-                       f"it at its default {f.default!r}")
+                _check(
+                    getattr(self, f.name) == f.default,
+                    c,
+                    f.name,
+                    getattr(self, f.name),
+                    f"a mixture sets this per domain (data.domains.NAME.{f.name}); leave "
+                    f"it at its default {f.default!r}",
+                )
 
     @property
     def is_mixture(self) -> bool:
@@ -180,21 +257,35 @@ class DataConfig:
         """Domain `name` as a single-source DataConfig (its fields, the shared ones from here)."""
         d = next((d for d in self.domains if d.name == name), None)
         if d is None:
-            raise ConfigError(f"DataConfig.domains has no domain {name!r}; domains: "
-                              f"{[d.name for d in self.domains]}")
+            raise ConfigError(
+                f"DataConfig.domains has no domain {name!r}; domains: "
+                f"{[d.name for d in self.domains]}"
+            )
         return DataConfig(
-            source=d.source, split=d.split, prompt_field=d.prompt_field,
-            answer_field=d.answer_field, id_field=d.id_field,
+            source=d.source,
+            split=d.split,
+            prompt_field=d.prompt_field,
+            answer_field=d.answer_field,
+            id_field=d.id_field,
             template=self.template if d.template is None else d.template,
             system_prompt=self.system_prompt if d.system_prompt is None else d.system_prompt,
-            num_validation=self.num_validation if d.num_validation is None else
-            d.num_validation, max_bad_fraction=self.max_bad_fraction,
-            seed=self.seed, answer_format=d.answer_format,
-            validation_source=d.validation_source, validation_split=self.validation_split)
+            num_validation=self.num_validation if d.num_validation is None else d.num_validation,
+            max_bad_fraction=self.max_bad_fraction,
+            seed=self.seed,
+            answer_format=d.answer_format,
+            validation_source=d.validation_source,
+            validation_split=self.validation_split,
+        )
 
 
-_PER_DOMAIN = ("split", "prompt_field", "answer_field", "id_field", "answer_format",
-               "validation_source")
+_PER_DOMAIN = (
+    "split",
+    "prompt_field",
+    "answer_field",
+    "id_field",
+    "answer_format",
+    "validation_source",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,11 +307,25 @@ class RewardConfig:
 
     def __post_init__(self):
         _positive("RewardConfig", workers=self.workers, timeout_s=self.timeout_s)
-        _check(self.code_isolation in ("strong", "best", "weak"), "RewardConfig",
-               "code_isolation", self.code_isolation, "must be 'strong', 'best' or 'weak'")
-        _check(self.processes is None or isinstance(self.processes, bool), "RewardConfig",
-               "processes", self.processes, "must be true, false or none (automatic)")
+        _check(
+            self.code_isolation in ("strong", "best", "weak"),
+            "RewardConfig",
+            "code_isolation",
+            self.code_isolation,
+            "must be 'strong', 'best' or 'weak'",
+        )
+        _check(
+            self.processes is None or isinstance(self.processes, bool),
+            "RewardConfig",
+            "processes",
+            self.processes,
+            "must be true, false or none (automatic)",
+        )
         if self.verifier is not None:
-            _check(self.verifier in VERIFIER_NAMES or ":" in self.verifier, "RewardConfig",
-                   "verifier", self.verifier,
-                   f"must be one of {VERIFIER_NAMES} or 'package.module:function'")
+            _check(
+                self.verifier in VERIFIER_NAMES or ":" in self.verifier,
+                "RewardConfig",
+                "verifier",
+                self.verifier,
+                f"must be one of {VERIFIER_NAMES} or 'package.module:function'",
+            )

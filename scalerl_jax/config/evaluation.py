@@ -1,5 +1,6 @@
 """Held-out validation during a run (EvalConfig) and the online scaling-curve forecast made
 at each validation (ForecastConfig)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -19,8 +20,9 @@ class EvalConfig:
     num_prompts: int = 1000
 
     def __post_init__(self):
-        _positive("EvalConfig", every_steps=self.every_steps, k=self.k,
-                  num_prompts=self.num_prompts)
+        _positive(
+            "EvalConfig", every_steps=self.every_steps, k=self.k, num_prompts=self.num_prompts
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,11 +45,26 @@ class ForecastConfig:
     def __post_init__(self):
         c = "ForecastConfig"
         if self.budget is not None:
-            _check(math.isfinite(self.budget) and self.budget > 0, c, "budget", self.budget,
-                   "must be a compute > 0 (in x_key units) or none (the run's projected end)")
+            _check(
+                math.isfinite(self.budget) and self.budget > 0,
+                c,
+                "budget",
+                self.budget,
+                "must be a compute > 0 (in x_key units) or none (the run's projected end)",
+            )
         if self.target is not None:
-            _check(math.isfinite(self.target) and 0 < self.target < 1, c, "target",
-                   self.target, "must be a pass rate in (0, 1) or none")
-        _check(self.n_boot == 0 or self.n_boot >= 10, c, "n_boot", self.n_boot,
-               "must be 0 (no intervals) or >= 10 resamples")
+            _check(
+                math.isfinite(self.target) and 0 < self.target < 1,
+                c,
+                "target",
+                self.target,
+                "must be a pass rate in (0, 1) or none",
+            )
+        _check(
+            self.n_boot == 0 or self.n_boot >= 10,
+            c,
+            "n_boot",
+            self.n_boot,
+            "must be 0 (no intervals) or >= 10 resamples",
+        )
         _check(bool(self.x_key), c, "x_key", self.x_key, "must be an eval-record key path")

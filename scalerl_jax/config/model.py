@@ -1,6 +1,7 @@
 """The model and mesh sections: ModelConfig (one decoder family, dense or mixture-of-experts,
 with its RoPE scaling) and MeshConfig (how devices split into trainer and sampler, and the
 trainer mesh shape)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -23,11 +24,20 @@ class RopeScaling:
     original_max_position_embeddings: int = 8192
 
     def __post_init__(self):
-        _positive("RopeScaling", factor=self.factor, low_freq_factor=self.low_freq_factor,
-                  high_freq_factor=self.high_freq_factor,
-                  original_max_position_embeddings=self.original_max_position_embeddings)
-        _check(self.high_freq_factor > self.low_freq_factor, "RopeScaling", "high_freq_factor",
-               self.high_freq_factor, f"must exceed low_freq_factor={self.low_freq_factor}")
+        _positive(
+            "RopeScaling",
+            factor=self.factor,
+            low_freq_factor=self.low_freq_factor,
+            high_freq_factor=self.high_freq_factor,
+            original_max_position_embeddings=self.original_max_position_embeddings,
+        )
+        _check(
+            self.high_freq_factor > self.low_freq_factor,
+            "RopeScaling",
+            "high_freq_factor",
+            self.high_freq_factor,
+            f"must exceed low_freq_factor={self.low_freq_factor}",
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,59 +104,132 @@ class ModelConfig:
 
     def __post_init__(self):
         c = "ModelConfig"
-        _positive(c, vocab_size=self.vocab_size, hidden_size=self.hidden_size,
-                  intermediate_size=self.intermediate_size, num_layers=self.num_layers,
-                  num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
-                  rope_theta=self.rope_theta, rms_norm_eps=self.rms_norm_eps,
-                  max_position_embeddings=self.max_position_embeddings)
-        _check(self.num_heads % self.num_kv_heads == 0, c, "num_kv_heads", self.num_kv_heads,
-               f"must divide num_heads={self.num_heads} (grouped-query attention)")
+        _positive(
+            c,
+            vocab_size=self.vocab_size,
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            num_layers=self.num_layers,
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            rope_theta=self.rope_theta,
+            rms_norm_eps=self.rms_norm_eps,
+            max_position_embeddings=self.max_position_embeddings,
+        )
+        _check(
+            self.num_heads % self.num_kv_heads == 0,
+            c,
+            "num_kv_heads",
+            self.num_kv_heads,
+            f"must divide num_heads={self.num_heads} (grouped-query attention)",
+        )
         if self.head_dim is None:
-            _check(self.hidden_size % self.num_heads == 0, c, "hidden_size", self.hidden_size,
-                   f"must be divisible by num_heads={self.num_heads} when head_dim is not set")
+            _check(
+                self.hidden_size % self.num_heads == 0,
+                c,
+                "hidden_size",
+                self.hidden_size,
+                f"must be divisible by num_heads={self.num_heads} when head_dim is not set",
+            )
         else:
             _positive(c, head_dim=self.head_dim)
         _check(self.dim_per_head % 2 == 0, c, "head_dim", self.dim_per_head, "must be even (RoPE)")
         _choice(c, "param_dtype", self.param_dtype, DTYPES)
         _choice(c, "compute_dtype", self.compute_dtype, DTYPES)
-        _check(self.attention_chunk >= 0, c, "attention_chunk", self.attention_chunk,
-               "must be >= 0 (0: no chunking)")
+        _check(
+            self.attention_chunk >= 0,
+            c,
+            "attention_chunk",
+            self.attention_chunk,
+            "must be >= 0 (0: no chunking)",
+        )
         _choice(c, "attention_impl", self.attention_impl, ATTENTION_IMPLS)
         _choice(c, "remat_policy", self.remat_policy, REMAT_POLICIES)
-        _check(self.remat or self.remat_policy == "full", c, "remat_policy", self.remat_policy,
-               "needs remat=True (without remat every activation is kept)")
+        _check(
+            self.remat or self.remat_policy == "full",
+            c,
+            "remat_policy",
+            self.remat_policy,
+            "needs remat=True (without remat every activation is kept)",
+        )
         object.__setattr__(self, "dense_layers", tuple(self.dense_layers))  # JSON lists
         object.__setattr__(self, "nope_layers", tuple(self.nope_layers))
-        _check(all(0 <= i < self.num_layers for i in self.nope_layers), c, "nope_layers",
-               self.nope_layers, f"must be layer indices in [0, {self.num_layers})")
-        _check(self.local_attention_chunk >= 0, c, "local_attention_chunk",
-               self.local_attention_chunk, "must be >= 0 (0: global attention)")
-        _check(not (self.qk_l2_norm and self.qk_norm), c, "qk_l2_norm", self.qk_l2_norm,
-               "excludes qk_norm=True (weightless L2 norm or Qwen3's RMSNorm, not both)")
+        _check(
+            all(0 <= i < self.num_layers for i in self.nope_layers),
+            c,
+            "nope_layers",
+            self.nope_layers,
+            f"must be layer indices in [0, {self.num_layers})",
+        )
+        _check(
+            self.local_attention_chunk >= 0,
+            c,
+            "local_attention_chunk",
+            self.local_attention_chunk,
+            "must be >= 0 (0: global attention)",
+        )
+        _check(
+            not (self.qk_l2_norm and self.qk_norm),
+            c,
+            "qk_l2_norm",
+            self.qk_l2_norm,
+            "excludes qk_norm=True (weightless L2 norm or Qwen3's RMSNorm, not both)",
+        )
         _positive(c, attn_floor_scale=self.attn_floor_scale)
         _check(self.attn_scale >= 0, c, "attn_scale", self.attn_scale, "must be >= 0")
         _check(self.num_experts >= 0, c, "num_experts", self.num_experts, "must be >= 0 (0: dense)")
         if self.num_experts:
-            _check(0 < self.experts_per_token <= self.num_experts, c, "experts_per_token",
-                   self.experts_per_token, f"must be in [1, num_experts={self.num_experts}]")
+            _check(
+                0 < self.experts_per_token <= self.num_experts,
+                c,
+                "experts_per_token",
+                self.experts_per_token,
+                f"must be in [1, num_experts={self.num_experts}]",
+            )
             if self.moe_intermediate_size is not None:
                 _positive(c, moe_intermediate_size=self.moe_intermediate_size)
-            _check(self.shared_expert_size >= 0, c, "shared_expert_size",
-                   self.shared_expert_size, "must be >= 0 (0: no shared expert)")
+            _check(
+                self.shared_expert_size >= 0,
+                c,
+                "shared_expert_size",
+                self.shared_expert_size,
+                "must be >= 0 (0: no shared expert)",
+            )
             _positive(c, moe_layer_step=self.moe_layer_step)
-            _check(all(0 <= i < self.num_layers for i in self.dense_layers), c, "dense_layers",
-                   self.dense_layers, f"must be layer indices in [0, {self.num_layers})")
+            _check(
+                all(0 <= i < self.num_layers for i in self.dense_layers),
+                c,
+                "dense_layers",
+                self.dense_layers,
+                f"must be layer indices in [0, {self.num_layers})",
+            )
             _choice(c, "router", self.router, ("softmax", "sigmoid"))
-            _check(not (self.norm_topk_prob and self.router != "softmax"), c, "norm_topk_prob",
-                   self.norm_topk_prob, "only applies to router='softmax'")
-            _check(self.router_aux_loss_coef >= 0, c, "router_aux_loss_coef",
-                   self.router_aux_loss_coef, "must be >= 0 (0: no load-balancing loss)")
+            _check(
+                not (self.norm_topk_prob and self.router != "softmax"),
+                c,
+                "norm_topk_prob",
+                self.norm_topk_prob,
+                "only applies to router='softmax'",
+            )
+            _check(
+                self.router_aux_loss_coef >= 0,
+                c,
+                "router_aux_loss_coef",
+                self.router_aux_loss_coef,
+                "must be >= 0 (0: no load-balancing loss)",
+            )
         else:
-            _check(self.experts_per_token == 0 and self.shared_expert_size == 0 and
-                   self.router_aux_loss_coef == 0, c, "num_experts", 0,
-                   "experts_per_token, shared_expert_size and router_aux_loss_coef need "
-                   f"num_experts > 0 (got {self.experts_per_token}, {self.shared_expert_size}, "
-                   f"{self.router_aux_loss_coef})")
+            _check(
+                self.experts_per_token == 0
+                and self.shared_expert_size == 0
+                and self.router_aux_loss_coef == 0,
+                c,
+                "num_experts",
+                0,
+                "experts_per_token, shared_expert_size and router_aux_loss_coef need "
+                f"num_experts > 0 (got {self.experts_per_token}, {self.shared_expert_size}, "
+                f"{self.router_aux_loss_coef})",
+            )
 
     @property
     def dim_per_head(self) -> int:
@@ -158,8 +241,11 @@ class ModelConfig:
         return self.moe_intermediate_size or self.intermediate_size
 
     def is_moe_layer(self, i: int) -> bool:
-        return (self.num_experts > 0 and (i + 1) % self.moe_layer_step == 0 and
-                i not in self.dense_layers)
+        return (
+            self.num_experts > 0
+            and (i + 1) % self.moe_layer_step == 0
+            and i not in self.dense_layers
+        )
 
     def uses_rope(self, i: int) -> bool:
         return i not in self.nope_layers
@@ -175,19 +261,28 @@ class ModelConfig:
     def num_params(self, active: bool = False) -> int:
         """Parameter count (embeddings included once when tied). `active`: only what one token
         uses: top-k of the routed experts (the router and shared expert always run)."""
-        d, f, h, kv, hd = (self.hidden_size, self.intermediate_size, self.num_heads,
-                           self.num_kv_heads, self.dim_per_head)
+        d, f, h, kv, hd = (
+            self.hidden_size,
+            self.intermediate_size,
+            self.num_heads,
+            self.num_kv_heads,
+            self.dim_per_head,
+        )
         attn = d * h * hd + 2 * d * kv * hd + h * hd * d
         if self.qkv_bias:
             attn += h * hd + 2 * kv * hd
         if self.qk_norm:
             attn += 2 * hd
         experts = self.experts_per_token if active else self.num_experts
-        moe_ffn = (d * self.num_experts + 3 * d * self.expert_size * experts +
-                   3 * d * self.shared_expert_size)
+        moe_ffn = (
+            d * self.num_experts
+            + 3 * d * self.expert_size * experts
+            + 3 * d * self.shared_expert_size
+        )
         moe = self.num_moe_layers
-        blocks = self.num_layers * (attn + 2 * d) + (self.num_layers - moe) * 3 * d * f + \
-            moe * moe_ffn
+        blocks = (
+            self.num_layers * (attn + 2 * d) + (self.num_layers - moe) * 3 * d * f + moe * moe_ffn
+        )
         emb = self.vocab_size * d * (1 if self.tie_embeddings else 2)
         return blocks + emb + d
 
@@ -220,7 +315,17 @@ class MeshConfig:
         sizes = {"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor}
         for name, v in sizes.items():
             _check(v == -1 or v > 0, c, name, v, "must be a positive size or -1 (fill)")
-        _check(sum(v == -1 for v in sizes.values()) <= 1, c, "data/fsdp/tensor", sizes,
-               "at most one axis may be -1")
-        _check(self.sampler_tensor == -1 or self.sampler_tensor > 0, c, "sampler_tensor",
-               self.sampler_tensor, "must be a positive size or -1 (all sampler devices)")
+        _check(
+            sum(v == -1 for v in sizes.values()) <= 1,
+            c,
+            "data/fsdp/tensor",
+            sizes,
+            "at most one axis may be -1",
+        )
+        _check(
+            self.sampler_tensor == -1 or self.sampler_tensor > 0,
+            c,
+            "sampler_tensor",
+            self.sampler_tensor,
+            "must be a positive size or -1 (all sampler devices)",
+        )

@@ -1,5 +1,6 @@
 """Command-line overrides: `apply_overrides(cfg, ["section.field=value", ...])`, with the
 parsing of each value against its field's type."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -37,11 +38,15 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
         return float(value)
     if hint is str and not isinstance(value, str):
         return str(value)  # e.g. a numeric-looking string such as a run name "42"
-    if isinstance(hint, type) and isinstance(value, hint) and \
-            not (hint is int and isinstance(value, bool)):
+    if (
+        isinstance(hint, type)
+        and isinstance(value, hint)
+        and not (hint is int and isinstance(value, bool))
+    ):
         return value
-    raise ConfigError(f"override {key}: expected {getattr(hint, '__name__', hint)}, got "
-                      f"{type(value).__name__}")
+    raise ConfigError(
+        f"override {key}: expected {getattr(hint, '__name__', hint)}, got {type(value).__name__}"
+    )
 
 
 def _apply(obj: Any, tree: dict, prefix: str) -> Any:
@@ -55,8 +60,9 @@ def _apply(obj: Any, tree: dict, prefix: str) -> Any:
     for name, sub in tree.items():
         key = prefix + name
         if name not in fields:
-            raise ConfigError(f"override {key}: {cls.__name__} has no field {name!r}; fields: "
-                              f"{sorted(fields)}")
+            raise ConfigError(
+                f"override {key}: {cls.__name__} has no field {name!r}; fields: {sorted(fields)}"
+            )
         current = getattr(obj, name)
         item = _named_sections(hints[name])
         if item is not None:  # data.domains.NAME.field=value: sections addressed by name
@@ -67,20 +73,24 @@ def _apply(obj: Any, tree: dict, prefix: str) -> Any:
                 changes[name] = None  # e.g. sft=none turns an optional stage off
                 continue
             if dataclasses.is_dataclass(current):
-                raise ConfigError(f"override {key}: {name!r} is a section; set one of its "
-                                  f"fields ({key}.<field>=...)")
+                raise ConfigError(
+                    f"override {key}: {name!r} is a section; set one of its "
+                    f"fields ({key}.<field>=...)"
+                )
             changes[name] = _coerce(_parse_value(sub), hints[name], f"{key}={sub}")
             continue
         if current is None:  # an optional section that is off: start from its defaults
-            section = next((a for a in typing.get_args(hints[name])
-                            if dataclasses.is_dataclass(a)), None)
+            section = next(
+                (a for a in typing.get_args(hints[name]) if dataclasses.is_dataclass(a)), None
+            )
             if section is None:
                 raise ConfigError(f"override {key}: {name!r} is not a section")
             try:
                 current = section()  # type: ignore[operator]  # a dataclass class
             except TypeError:
-                raise ConfigError(f"override {key}: {name!r} is unset and has no defaults; set "
-                                  f"it in a recipe") from None
+                raise ConfigError(
+                    f"override {key}: {name!r} is unset and has no defaults; set it in a recipe"
+                ) from None
         elif not dataclasses.is_dataclass(current):
             raise ConfigError(f"override {key}: {name!r} is a value, not a section")
         changes[name] = _apply(current, sub, key + ".")
@@ -90,9 +100,13 @@ def _apply(obj: Any, tree: dict, prefix: str) -> Any:
 def _named_sections(hint: Any) -> Optional[type]:
     """X when `hint` is tuple[X, ...] of a dataclass X with a `name` field, else None."""
     args = typing.get_args(hint)
-    if typing.get_origin(hint) is tuple and len(args) == 2 and args[1] is Ellipsis and \
-            dataclasses.is_dataclass(args[0]) and \
-            "name" in {f.name for f in dataclasses.fields(args[0])}:
+    if (
+        typing.get_origin(hint) is tuple
+        and len(args) == 2
+        and args[1] is Ellipsis
+        and dataclasses.is_dataclass(args[0])
+        and "name" in {f.name for f in dataclasses.fields(args[0])}
+    ):
         return args[0]  # type: ignore[return-value]  # a class: tuple[X, ...] holds types
     return None
 
@@ -104,23 +118,30 @@ def _apply_named(items: tuple, cls: type, tree: Any, key: str) -> tuple:
     if not isinstance(tree, dict):
         if _parse_value(tree) is None:
             return ()
-        raise ConfigError(f"override {key}={tree}: {key} holds named sections; set "
-                          f"{key}.NAME.<field>=... (or {key}.NAME=none to drop one)")
+        raise ConfigError(
+            f"override {key}={tree}: {key} holds named sections; set "
+            f"{key}.NAME.<field>=... (or {key}.NAME=none to drop one)"
+        )
     out = list(items)
     for name, sub in tree.items():
         where = next((i for i, it in enumerate(out) if it.name == name), None)
         if not isinstance(sub, dict):
             if _parse_value(sub) is not None:
-                raise ConfigError(f"override {key}.{name}={sub}: set {key}.{name}.<field>=... "
-                                  f"or {key}.{name}=none")
+                raise ConfigError(
+                    f"override {key}.{name}={sub}: set {key}.{name}.<field>=... "
+                    f"or {key}.{name}=none"
+                )
             if where is None:
-                raise ConfigError(f"override {key}.{name}=none: no such entry; have "
-                                  f"{[it.name for it in out]}")
+                raise ConfigError(
+                    f"override {key}.{name}=none: no such entry; have {[it.name for it in out]}"
+                )
             out.pop(where)
             continue
         if "name" in sub:
-            raise ConfigError(f"override {key}.{name}.name: the name is the key; rename by "
-                              f"dropping {key}.{name}=none and adding the new one")
+            raise ConfigError(
+                f"override {key}.{name}.name: the name is the key; rename by "
+                f"dropping {key}.{name}=none and adding the new one"
+            )
         if where is not None:
             out[where] = _apply(out[where], sub, f"{key}.{name}.")
             continue
@@ -128,11 +149,16 @@ def _apply_named(items: tuple, cls: type, tree: Any, key: str) -> tuple:
         values = {}
         for field, text in sub.items():
             if field not in fields or isinstance(text, dict):
-                raise ConfigError(f"override {key}.{name}.{field}: {cls.__name__} has no value "
-                                  f"field {field!r}; fields: {sorted(fields)}")
+                raise ConfigError(
+                    f"override {key}.{name}.{field}: {cls.__name__} has no value "
+                    f"field {field!r}; fields: {sorted(fields)}"
+                )
             parsed = _parse_value(text)
-            values[field] = None if parsed is None and type(None) in typing.get_args(
-                hints[field]) else _coerce(parsed, hints[field], f"{key}.{name}.{field}={text}")
+            values[field] = (
+                None
+                if parsed is None and type(None) in typing.get_args(hints[field])
+                else _coerce(parsed, hints[field], f"{key}.{name}.{field}={text}")
+            )
         out.append(cls(name=name, **values))
     return tuple(out)
 

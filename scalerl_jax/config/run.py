@@ -1,6 +1,7 @@
 """RunConfig, the whole run (one field per section), and its round trip through plain JSON:
 `to_dict` / `from_dict`, and `field_defaults` for resuming a run directory written before a
 field existed."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -39,8 +40,13 @@ class RunConfig:
 
     def __post_init__(self):
         c = "RunConfig"
-        _positive(c, steps=self.steps, checkpoint_every=self.checkpoint_every,
-                  keep_checkpoints=self.keep_checkpoints, max_skipped_steps=self.max_skipped_steps)
+        _positive(
+            c,
+            steps=self.steps,
+            checkpoint_every=self.checkpoint_every,
+            keep_checkpoints=self.keep_checkpoints,
+            max_skipped_steps=self.max_skipped_steps,
+        )
         if self.keep_every is not None:
             _positive(c, keep_every=self.keep_every)
 
@@ -100,8 +106,11 @@ def field_defaults(cls=None, prefix: str = "") -> dict:
     for f in dataclasses.fields(cls):
         path = f"{prefix}{f.name}"
         sub = _NESTED.get((cls, f.name))
-        if sub is not None and f.default is dataclasses.MISSING and \
-                f.default_factory is dataclasses.MISSING:
+        if (
+            sub is not None
+            and f.default is dataclasses.MISSING
+            and f.default_factory is dataclasses.MISSING
+        ):
             out.update(field_defaults(sub, path + "."))
             continue
         if f.default is not dataclasses.MISSING:

@@ -1,5 +1,6 @@
 """The generation side of a run: SamplerConfig (decode slots, lengths, sampling,
 interruptions, weight sync) and PipelineConfig (off-policy mode and batch shape)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -25,7 +26,8 @@ class SamplerConfig:
     answer_budget: int = 2048
     think_close: str = "</think>"
     interruption_phrase: str = (
-        "Okay, time is up. Let me stop thinking and formulate a final answer now. </think>")
+        "Okay, time is up. Let me stop thinking and formulate a final answer now. </think>"
+    )
     decode_steps_per_call: int = 1  # generate() steps fused per host round trip
     # When many slots refill at once (a run's first fill, a synchronous round), the driver
     # prefills prompts of one length bucket together, in passes of at most this many padded
@@ -41,26 +43,51 @@ class SamplerConfig:
 
     def __post_init__(self):
         c = "SamplerConfig"
-        _positive(c, max_concurrent_decodes=self.max_concurrent_decodes,
-                  max_prefill_length=self.max_prefill_length,
-                  max_target_length=self.max_target_length, max_new_tokens=self.max_new_tokens,
-                  decode_steps_per_call=self.decode_steps_per_call,
-                  weight_sync_group_mib=self.weight_sync_group_mib)
+        _positive(
+            c,
+            max_concurrent_decodes=self.max_concurrent_decodes,
+            max_prefill_length=self.max_prefill_length,
+            max_target_length=self.max_target_length,
+            max_new_tokens=self.max_new_tokens,
+            decode_steps_per_call=self.decode_steps_per_call,
+            weight_sync_group_mib=self.weight_sync_group_mib,
+        )
         _choice(c, "weight_dtype", self.weight_dtype, ("compute", "param"))
-        _check(self.prefill_batch_tokens >= 0, c, "prefill_batch_tokens",
-               self.prefill_batch_tokens, "must be >= 0 (0: one prompt per prefill pass)")
-        _check(self.max_prefill_length < self.max_target_length, c, "max_prefill_length",
-               self.max_prefill_length, f"must be < max_target_length={self.max_target_length}")
-        _check(self.temperature >= 0, c, "temperature", self.temperature,
-               "must be >= 0 (0: greedy)")
+        _check(
+            self.prefill_batch_tokens >= 0,
+            c,
+            "prefill_batch_tokens",
+            self.prefill_batch_tokens,
+            "must be >= 0 (0: one prompt per prefill pass)",
+        )
+        _check(
+            self.max_prefill_length < self.max_target_length,
+            c,
+            "max_prefill_length",
+            self.max_prefill_length,
+            f"must be < max_target_length={self.max_target_length}",
+        )
+        _check(
+            self.temperature >= 0, c, "temperature", self.temperature, "must be >= 0 (0: greedy)"
+        )
         _check(0 < self.top_p <= 1, c, "top_p", self.top_p, "must be in (0, 1]")
         _check(self.top_k >= 0, c, "top_k", self.top_k, "must be >= 0 (0: off)")
         if self.interruptions:
-            _check(0 < self.think_min <= self.think_max, c, "think_min", self.think_min,
-                   f"must be in (0, think_max={self.think_max}]")
+            _check(
+                0 < self.think_min <= self.think_max,
+                c,
+                "think_min",
+                self.think_min,
+                f"must be in (0, think_max={self.think_max}]",
+            )
             _check(self.answer_budget >= 0, c, "answer_budget", self.answer_budget, "must be >= 0")
-            _check(bool(self.interruption_phrase), c, "interruption_phrase",
-                   self.interruption_phrase, "must be non-empty when interruptions are on")
+            _check(
+                bool(self.interruption_phrase),
+                c,
+                "interruption_phrase",
+                self.interruption_phrase,
+                "must be non-empty when interruptions are on",
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,9 +105,23 @@ class PipelineConfig:
     def __post_init__(self):
         c = "PipelineConfig"
         _choice(c, "mode", self.mode, ("pipeline", "ppo_off_policy", "sync"))
-        _positive(c, max_lag=self.max_lag, prompts_per_step=self.prompts_per_step,
-                  seq_bucket=self.seq_bucket)
-        _check(self.generations_per_prompt >= 2, c, "generations_per_prompt",
-               self.generations_per_prompt, "must be >= 2 (group-relative advantages)")
-        _check(0 < self.retire_pass_rate <= 1, c, "retire_pass_rate", self.retire_pass_rate,
-               "must be in (0, 1]")
+        _positive(
+            c,
+            max_lag=self.max_lag,
+            prompts_per_step=self.prompts_per_step,
+            seq_bucket=self.seq_bucket,
+        )
+        _check(
+            self.generations_per_prompt >= 2,
+            c,
+            "generations_per_prompt",
+            self.generations_per_prompt,
+            "must be >= 2 (group-relative advantages)",
+        )
+        _check(
+            0 < self.retire_pass_rate <= 1,
+            c,
+            "retire_pass_rate",
+            self.retire_pass_rate,
+            "must be in (0, 1]",
+        )

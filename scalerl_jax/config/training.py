@@ -1,13 +1,19 @@
 """How the policy is trained: LossConfig (the RL objective and its static settings),
 OptimConfig (AdamW and its schedule) and SFTConfig (the supervised warm-up before RL)."""
+
 from __future__ import annotations
 
 import dataclasses
 from typing import Optional
 
 from scalerl_jax.config.checks import _check, _choice, _positive
-from scalerl_jax.config.data import (COMPLETION_FORMATS, DataConfig, _check_placeholders,
-                                     resolve_source)
+from scalerl_jax.config.data import (
+    COMPLETION_FORMATS,
+    DataConfig,
+    _check_placeholders,
+    resolve_source,
+)
+
 # The objective -> settings table is shared with rl.losses; that module is free of JAX.
 from scalerl_jax.rl.hparams import OBJECTIVE_HPARAMS, OBJECTIVES, SPECIFIC_HPARAMS
 
@@ -63,28 +69,53 @@ class LossConfig:
         defaults = {f.name: f.default for f in dataclasses.fields(self)}
         for name in SPECIFIC_HPARAMS:
             value = getattr(self, name)
-            _check(name in uses or value == defaults[name], c, name, value,
-                   f"not used by objective={self.objective!r} (it reads {', '.join(uses)}); "
-                   f"leave it at its default {defaults[name]!r}")
-        _positive(c, ratio_cap=self.ratio_cap, gspo_eps_low=self.gspo_eps_low,
-                  gspo_eps_high=self.gspo_eps_high)
+            _check(
+                name in uses or value == defaults[name],
+                c,
+                name,
+                value,
+                f"not used by objective={self.objective!r} (it reads {', '.join(uses)}); "
+                f"leave it at its default {defaults[name]!r}",
+            )
+        _positive(
+            c,
+            ratio_cap=self.ratio_cap,
+            gspo_eps_low=self.gspo_eps_low,
+            gspo_eps_high=self.gspo_eps_high,
+        )
         if self.tis_cap is not None:
             _positive(c, tis_cap=self.tis_cap)
-        _check(0 <= self.clip_eps_low < 1, c, "clip_eps_low", self.clip_eps_low,
-               "must be in [0, 1)")
+        _check(
+            0 <= self.clip_eps_low < 1, c, "clip_eps_low", self.clip_eps_low, "must be in [0, 1)"
+        )
         _check(self.clip_eps_high >= 0, c, "clip_eps_high", self.clip_eps_high, "must be >= 0")
         if self.objective == "grpo":
-            _check(self.clip_eps_high == self.clip_eps_low, c, "clip_eps_high",
-                   self.clip_eps_high, f"objective='grpo' clips symmetrically: must equal "
-                   f"clip_eps_low={self.clip_eps_low} (clip-higher is 'dapo')")
+            _check(
+                self.clip_eps_high == self.clip_eps_low,
+                c,
+                "clip_eps_high",
+                self.clip_eps_high,
+                f"objective='grpo' clips symmetrically: must equal "
+                f"clip_eps_low={self.clip_eps_low} (clip-higher is 'dapo')",
+            )
         if self.ratio_floor is not None:
-            _check(0 <= self.ratio_floor < self.ratio_cap, c, "ratio_floor", self.ratio_floor,
-                   f"must be in [0, ratio_cap={self.ratio_cap})")
+            _check(
+                0 <= self.ratio_floor < self.ratio_cap,
+                c,
+                "ratio_floor",
+                self.ratio_floor,
+                f"must be in [0, ratio_cap={self.ratio_cap})",
+            )
         if self.dual_clip is not None:
             _check(self.dual_clip > 1, c, "dual_clip", self.dual_clip, "must be > 1")
         _check(self.kl_coef >= 0, c, "kl_coef", self.kl_coef, "must be >= 0")
-        _check(self.reward_correct > self.reward_incorrect, c, "reward_correct",
-               self.reward_correct, f"must exceed reward_incorrect={self.reward_incorrect}")
+        _check(
+            self.reward_correct > self.reward_incorrect,
+            c,
+            "reward_correct",
+            self.reward_correct,
+            f"must exceed reward_incorrect={self.reward_incorrect}",
+        )
 
     def objective_hparams(self) -> dict:
         """The settings its objective reads, as `policy_loss` keywords (the shared ones
@@ -111,15 +142,21 @@ class OptimConfig:
 
     def __post_init__(self):
         c = "OptimConfig"
-        _positive(c, learning_rate=self.learning_rate, eps=self.eps,
-                  micro_batches=self.micro_batches)
+        _positive(
+            c, learning_rate=self.learning_rate, eps=self.eps, micro_batches=self.micro_batches
+        )
         if self.logprob_chunk is not None:
             _positive(c, logprob_chunk=self.logprob_chunk)
         _check(self.warmup_steps >= 0, c, "warmup_steps", self.warmup_steps, "must be >= 0")
         _choice(c, "schedule", self.schedule, ("constant", "cosine"))
         if self.schedule == "cosine":
-            _check(self.total_steps > self.warmup_steps, c, "total_steps", self.total_steps,
-                   f"cosine needs total_steps > warmup_steps={self.warmup_steps}")
+            _check(
+                self.total_steps > self.warmup_steps,
+                c,
+                "total_steps",
+                self.total_steps,
+                f"cosine needs total_steps > warmup_steps={self.warmup_steps}",
+            )
         for name in ("b1", "b2"):
             v = getattr(self, name)
             _check(0 <= v < 1, c, name, v, "must be in [0, 1)")
@@ -151,8 +188,9 @@ class SFTConfig:
     steps: int = 200
     batch_size: int = 16  # rows per step, each packed with whole demonstrations
     max_length: int = 256  # row length in tokens; longer demonstrations are skipped
-    optim: OptimConfig = OptimConfig(learning_rate=1e-3, warmup_steps=10, eps=1e-8,
-                                     weight_decay=0.0)
+    optim: OptimConfig = OptimConfig(
+        learning_rate=1e-3, warmup_steps=10, eps=1e-8, weight_decay=0.0
+    )
     log_every: int = 10
     completion_format: str = "raw"
 
@@ -160,8 +198,13 @@ class SFTConfig:
         c = "SFTConfig"
         _check(bool(self.source), c, "source", self.source, "must be non-empty")
         _check_placeholders(c, "source", self.source)
-        _positive(c, steps=self.steps, batch_size=self.batch_size, max_length=self.max_length,
-                  log_every=self.log_every)
+        _positive(
+            c,
+            steps=self.steps,
+            batch_size=self.batch_size,
+            max_length=self.max_length,
+            log_every=self.log_every,
+        )
         _choice(c, "completion_format", self.completion_format, COMPLETION_FORMATS)
 
     def source_for(self, data: "DataConfig") -> str:

@@ -17,6 +17,7 @@ Each function raises ValueError saying why a row cannot be read; the data loader
 rows as malformed and skip them (prompts.parse_records), so a few odd rows in a large file cost
 those rows, and many of them stop the run with the counts (DataConfig.max_bad_fraction).
 """
+
 from __future__ import annotations
 
 import re
@@ -76,8 +77,11 @@ def gsm8k_solution(text: str) -> str:
     return "\n".join(lines + [FINAL_SENTENCE.format(final)])
 
 
-_ANSWERS: dict[str, Callable[[str], str]] = {"raw": raw_answer, "gsm8k": gsm8k_answer,
-                                             "boxed": boxed_answer}
+_ANSWERS: dict[str, Callable[[str], str]] = {
+    "raw": raw_answer,
+    "gsm8k": gsm8k_answer,
+    "boxed": boxed_answer,
+}
 _COMPLETIONS: dict[str, Callable[[str], str]] = {"raw": raw_answer, "gsm8k": gsm8k_solution}
 assert tuple(_ANSWERS) == ANSWER_FORMATS and tuple(_COMPLETIONS) == COMPLETION_FORMATS
 
@@ -92,6 +96,7 @@ def answer_reader(name: str) -> Callable[[str], str]:
 def completion_writer(name: str) -> Callable[[str], str]:
     """The function of completion format `name` (field text -> SFT target text)."""
     if name not in _COMPLETIONS:
-        raise ConfigError(f"SFTConfig.completion_format={name!r}: must be one of "
-                          f"{COMPLETION_FORMATS}")
+        raise ConfigError(
+            f"SFTConfig.completion_format={name!r}: must be one of {COMPLETION_FORMATS}"
+        )
     return _COMPLETIONS[name]

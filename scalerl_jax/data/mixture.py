@@ -16,6 +16,7 @@ Validation: every domain's held-out prompts, interleaved in proportion to the do
 sizes (prompt j of a domain of n sits at (j + 0.5) / n), so `validation()[:N]` keeps each
 domain's share when `EvalConfig.num_prompts` caps the set.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -26,40 +27,72 @@ from scalerl_jax.config import DataConfig
 from scalerl_jax.data.prompts import DataError, Prompt, PromptSource
 
 
-def open_source(config: DataConfig, tokenizer: Any = None, *, process_index: int = 0,
-                process_count: int = 1, skip: Optional[Callable[[str], bool]] = None,
-                check_answers: Optional[dict] = None):
+def open_source(
+    config: DataConfig,
+    tokenizer: Any = None,
+    *,
+    process_index: int = 0,
+    process_count: int = 1,
+    skip: Optional[Callable[[str], bool]] = None,
+    check_answers: Optional[dict] = None,
+):
     """The run's prompt stream: a `PromptSource` for one source (exactly as before mixtures
     existed), a `MixtureSource` when `config.domains` is set. `check_answers`: {domain:
     check(answer) raising ValueError} validating a domain's reference answers at load time
     (rewards.answer_checks; the domain of a single source is "")."""
     if not config.is_mixture:
-        return PromptSource(config, tokenizer, process_index=process_index,
-                            process_count=process_count, skip=skip, id_field=config.id_field,
-                            check_answer=(check_answers or {}).get(""))
-    return MixtureSource(config, tokenizer, process_index=process_index,
-                         process_count=process_count, skip=skip, check_answers=check_answers)
+        return PromptSource(
+            config,
+            tokenizer,
+            process_index=process_index,
+            process_count=process_count,
+            skip=skip,
+            id_field=config.id_field,
+            check_answer=(check_answers or {}).get(""),
+        )
+    return MixtureSource(
+        config,
+        tokenizer,
+        process_index=process_index,
+        process_count=process_count,
+        skip=skip,
+        check_answers=check_answers,
+    )
 
 
 class MixtureSource:
     """PromptSource's interface (iterate / take / validation / state_dict) over several domains.
     One consumer thread."""
 
-    def __init__(self, config: DataConfig, tokenizer: Any = None, *, process_index: int = 0,
-                 process_count: int = 1, skip: Optional[Callable[[str], bool]] = None,
-                 check_answers: Optional[dict] = None):
+    def __init__(
+        self,
+        config: DataConfig,
+        tokenizer: Any = None,
+        *,
+        process_index: int = 0,
+        process_count: int = 1,
+        skip: Optional[Callable[[str], bool]] = None,
+        check_answers: Optional[dict] = None,
+    ):
         if not config.is_mixture:
-            raise DataError("MixtureSource needs DataConfig.domains; use PromptSource for one "
-                            "source")
+            raise DataError(
+                "MixtureSource needs DataConfig.domains; use PromptSource for one source"
+            )
         self.config, self.process_index = config, process_index
         check_answers = check_answers or {}
         self.sources: dict[str, PromptSource] = {}
         for d in config.domains:
             try:
                 self.sources[d.name] = PromptSource(
-                    config.domain_data(d.name), tokenizer, process_index=process_index,
-                    process_count=process_count, skip=skip, id_field=d.id_field,
-                    domain=d.name, check_answer=check_answers.get(d.name))
+                    config.domain_data(d.name),
+                    tokenizer,
+                    process_index=process_index,
+                    process_count=process_count,
+                    skip=skip,
+                    id_field=d.id_field,
+                    domain=d.name,
+                    check_answer=check_answers.get(d.name),
+                )
             except DataError as e:  # say which domain: the message names only its source
                 raise DataError(f"data.domains.{d.name}: {e}") from None
         self.names = tuple(self.sources)
@@ -110,15 +143,19 @@ class MixtureSource:
 
     # ------------------------------------------------------------------------------- cursor
     def state_dict(self) -> dict:
-        return {"mixture": {"draws": self.draws, "domains": list(self.names)},
-                "domains": {name: s.state_dict() for name, s in self.sources.items()}}
+        return {
+            "mixture": {"draws": self.draws, "domains": list(self.names)},
+            "domains": {name: s.state_dict() for name, s in self.sources.items()},
+        }
 
     def load_state_dict(self, state: dict) -> None:
         saved = state.get("mixture", {}).get("domains") if isinstance(state, dict) else None
         if saved != list(self.names):
-            raise DataError(f"data cursor does not fit this run: saved domains {saved!r}, now "
-                            f"{list(self.names)!r} (a checkpoint of "
-                            f"{'one source' if saved is None else 'another mixture'})")
+            raise DataError(
+                f"data cursor does not fit this run: saved domains {saved!r}, now "
+                f"{list(self.names)!r} (a checkpoint of "
+                f"{'one source' if saved is None else 'another mixture'})"
+            )
         for name, source in self.sources.items():
             source.load_state_dict(state["domains"][name])
         self.draws = int(state["mixture"]["draws"])

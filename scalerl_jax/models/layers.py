@@ -5,6 +5,7 @@ Weights are stored in the layout the einsums use ([in, ..., out]) and every para
 `logical_axes` metadata that `mesh.RULES` maps to mesh axes. Parameters live in `param_dtype`
 and are cast to `compute_dtype` at use, so bf16 compute over fp32 master weights works.
 """
+
 from __future__ import annotations
 
 import math
@@ -46,16 +47,23 @@ def dense(x, w, contract: int = 1, preferred_element_type=None):
     the major one; the weight keeps its own shape, so no layout change of a weight is asked for
     (on TPU merging tiled weight axes would copy the weight). bf16 operands on CPU take
     `_dense_rows`, whose backward XLA:CPU runs at its bf16 rate."""
-    ins_shape = x.shape[x.ndim - contract:]
-    if (preferred_element_type is None and x.dtype == w.dtype == jnp.bfloat16
-            and _platform() == "cpu"):
+    ins_shape = x.shape[x.ndim - contract :]
+    if (
+        preferred_element_type is None
+        and x.dtype == w.dtype == jnp.bfloat16
+        and _platform() == "cpu"
+    ):
         k = math.prod(ins_shape)
         y = _dense_rows(x.reshape(-1, k), w.reshape(k, -1))
     else:
-        ins, outs = _AXES[:contract], _AXES[contract:w.ndim]
-        y = jnp.einsum(f"z{ins},{ins}{outs}->z{outs}", x.reshape(-1, *ins_shape), w,
-                       preferred_element_type=preferred_element_type)
-    return y.reshape(*x.shape[:x.ndim - contract], *w.shape[contract:])
+        ins, outs = _AXES[:contract], _AXES[contract : w.ndim]
+        y = jnp.einsum(
+            f"z{ins},{ins}{outs}->z{outs}",
+            x.reshape(-1, *ins_shape),
+            w,
+            preferred_element_type=preferred_element_type,
+        )
+    return y.reshape(*x.shape[: x.ndim - contract], *w.shape[contract:])
 
 
 @jax.custom_vjp
@@ -123,7 +131,8 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: Optional[RopeScaling]) -
     long_wl = ctx / scaling.low_freq_factor
     short_wl = ctx / scaling.high_freq_factor
     smooth = (ctx / wavelen - scaling.low_freq_factor) / (
-        scaling.high_freq_factor - scaling.low_freq_factor)
+        scaling.high_freq_factor - scaling.low_freq_factor
+    )
     blended = (1 - smooth) * inv / scaling.factor + smooth * inv
     out = np.where(wavelen > long_wl, inv / scaling.factor, inv)
     out = np.where((wavelen >= short_wl) & (wavelen <= long_wl), blended, out)
@@ -215,17 +224,32 @@ class Attention(nnx.Module):
             start = positions[:, 0]
 
             def write(c, new, axis):  # per row at its own start; axis: the sequence axis
-                return jax.vmap(lambda c, n, s: jax.lax.dynamic_update_slice_in_dim(
-                    c, n, s, axis - 1))(c, new.astype(c.dtype), start)
+                return jax.vmap(
+                    lambda c, n, s: jax.lax.dynamic_update_slice_in_dim(c, n, s, axis - 1)
+                )(c, new.astype(c.dtype), start)
+
             ck = write(ck, k.transpose(0, 2, 3, 1), 3)  # [B, T, KV, hd] -> [B, KV, hd, T]
             cv = write(cv, v.swapaxes(1, 2), 2)
             w = mask.shape[-1]  # a prefix window of the cache (Transformer.decode's window)
-            out = _attend_block(q, ck[..., :w].astype(x.dtype), cv[:, :, :w].astype(x.dtype),
-                                mask, k_spec="bkds", v_spec="bksd")
+            out = _attend_block(
+                q,
+                ck[..., :w].astype(x.dtype),
+                cv[:, :, :w].astype(x.dtype),
+                mask,
+                k_spec="bkds",
+                v_spec="bksd",
+            )
             cache = (ck, cv)
         else:
-            out = attend(q, k, v, mask, self.cfg.attention_chunk, impl=self.cfg.attention_impl,
-                         segment_ids=segment_ids)
+            out = attend(
+                q,
+                k,
+                v,
+                mask,
+                self.cfg.attention_chunk,
+                impl=self.cfg.attention_impl,
+                segment_ids=segment_ids,
+            )
         out = dense(out, self.o.get_value().astype(x.dtype), contract=2)
         return out, cache
 
@@ -256,8 +280,9 @@ def attend(q, k, v, mask, query_chunk: int = 0, *, impl: str = "xla", segment_id
     cache layout the engine does not have.
     """
     if segment_ids is not None:
-        kind = resolve_attention_impl(impl, _platform(), head_dim=q.shape[-1], dtype=q.dtype,
-                                      seq_len=q.shape[1])
+        kind = resolve_attention_impl(
+            impl, _platform(), head_dim=q.shape[-1], dtype=q.dtype, seq_len=q.shape[1]
+        )
         if kind == "cudnn":
             return checkpoint_name(dot_product_attention(q, k, v, segment_ids, "cudnn"), ATTN_OUT)
         if kind == "splash":
@@ -292,7 +317,7 @@ def _attend_block(q, k, v, mask, k_spec="bskd", v_spec="bskd"):
 
 
 def _platform() -> str:
-    """"cuda", "rocm", "tpu" or "cpu": the default backend, GPUs told apart by their runtime."""
+    """ "cuda", "rocm", "tpu" or "cpu": the default backend, GPUs told apart by their runtime."""
     backend = jax.default_backend()
     if backend == "gpu":
         return "cuda" if "cuda" in jax.devices()[0].client.platform_version.lower() else "rocm"
@@ -313,8 +338,9 @@ def _cudnn_head_dim_max() -> int:
     return 256 if cap >= (9, 0) else 128
 
 
-def fused_attention_problem(kind: str, platform: str, *, head_dim: int, dtype,
-                            seq_len: int) -> Optional[str]:
+def fused_attention_problem(
+    kind: str, platform: str, *, head_dim: int, dtype, seq_len: int
+) -> Optional[str]:
     """Why kernel `kind` ("cudnn" or "splash") cannot run these shapes here, or None."""
     dtype = jnp.dtype(dtype)
     if kind == "cudnn":
@@ -335,8 +361,7 @@ def fused_attention_problem(kind: str, platform: str, *, head_dim: int, dtype,
     return None
 
 
-def resolve_attention_impl(impl: str, platform: str, *, head_dim: int, dtype,
-                           seq_len: int) -> str:
+def resolve_attention_impl(impl: str, platform: str, *, head_dim: int, dtype, seq_len: int) -> str:
     """The kernel `attend` runs for ModelConfig.attention_impl=`impl` on `platform`: "xla",
     "cudnn" or "splash". "auto" takes the platform's fused kernel when it supports the shapes,
     else "xla"; a kernel asked for by name that cannot run is a ConfigError."""
@@ -344,19 +369,23 @@ def resolve_attention_impl(impl: str, platform: str, *, head_dim: int, dtype,
         return "xla"
     if impl == "auto":
         kind = {"cuda": "cudnn", "tpu": "splash"}.get(platform)
-        if kind is None or fused_attention_problem(kind, platform, head_dim=head_dim,
-                                                   dtype=dtype, seq_len=seq_len):
+        if kind is None or fused_attention_problem(
+            kind, platform, head_dim=head_dim, dtype=dtype, seq_len=seq_len
+        ):
             return "xla"
         return kind
     if impl not in ("cudnn", "splash"):
-        raise ConfigError(f"ModelConfig.attention_impl={impl!r}: must be one of "
-                          "('xla', 'cudnn', 'splash', 'auto')")
-    why = fused_attention_problem(impl, platform, head_dim=head_dim, dtype=dtype,
-                                  seq_len=seq_len)
+        raise ConfigError(
+            f"ModelConfig.attention_impl={impl!r}: must be one of "
+            "('xla', 'cudnn', 'splash', 'auto')"
+        )
+    why = fused_attention_problem(impl, platform, head_dim=head_dim, dtype=dtype, seq_len=seq_len)
     if why:
-        raise ConfigError(f"ModelConfig.attention_impl={impl!r} on platform {platform!r} "
-                          f"(head_dim={head_dim}, dtype={jnp.dtype(dtype)}, "
-                          f"sequence length {seq_len}): {why}; use 'auto' or 'xla'")
+        raise ConfigError(
+            f"ModelConfig.attention_impl={impl!r} on platform {platform!r} "
+            f"(head_dim={head_dim}, dtype={jnp.dtype(dtype)}, "
+            f"sequence length {seq_len}): {why}; use 'auto' or 'xla'"
+        )
     return impl
 
 
@@ -374,8 +403,14 @@ def dot_product_attention(q, k, v, segment_ids, implementation: str):
     public API has no segment ids, so packed segments and padding go in as a boolean mask,
     which cuDNN reads as a bias. GQA is native: k, v keep their KV heads."""
     # `implementation` is one of jax's names ("xla", "cudnn"): ModelConfig checks it.
-    return jax.nn.dot_product_attention(q, k, v, mask=segment_mask(segment_ids), is_causal=True,  # type: ignore[call-overload]
-                                        implementation=implementation)
+    return jax.nn.dot_product_attention(
+        q,
+        k,
+        v,
+        mask=segment_mask(segment_ids),
+        is_causal=True,  # type: ignore[call-overload]
+        implementation=implementation,
+    )
 
 
 def splash_attention(q, k, v, segment_ids, interpret: bool = False):
@@ -386,22 +421,38 @@ def splash_attention(q, k, v, segment_ids, interpret: bool = False):
     tests). On a multi-chip mesh this call should sit in a shard_map over the batch axes, which
     it does not yet (XLA cannot partition a Mosaic custom call)."""
     from jax.experimental.pallas.ops.tpu.splash_attention import (
-        splash_attention_kernel as splash, splash_attention_mask as splash_mask)
+        splash_attention_kernel as splash,
+        splash_attention_mask as splash_mask,
+    )
 
     b, t, h, hd = q.shape
     blk = next(x for x in _SPLASH_BLOCKS if t % x == 0)
-    sizes = splash.BlockSizes(block_q=blk, block_kv=blk, block_kv_compute=blk, block_q_dkv=blk,
-                              block_kv_dkv=blk, block_kv_dkv_compute=blk, block_q_dq=blk,
-                              block_kv_dq=blk)
+    sizes = splash.BlockSizes(
+        block_q=blk,
+        block_kv=blk,
+        block_kv_compute=blk,
+        block_q_dkv=blk,
+        block_kv_dkv=blk,
+        block_kv_dkv_compute=blk,
+        block_q_dq=blk,
+        block_kv_dq=blk,
+    )
     mask = splash_mask.MultiHeadMask([splash_mask.CausalMask((t, t))] * h)
-    kernel = splash.make_splash_mha(mask, head_shards=1, q_seq_shards=1, block_sizes=sizes,
-                                    residual_checkpoint_name=ATTN_OUT, interpret=interpret)
+    kernel = splash.make_splash_mha(
+        mask,
+        head_shards=1,
+        q_seq_shards=1,
+        block_sizes=sizes,
+        residual_checkpoint_name=ATTN_OUT,
+        interpret=interpret,
+    )
     # The kernel does not scale the logits; scaling q first is what the XLA path computes.
     qh = (q * (1.0 / math.sqrt(hd))).astype(q.dtype).transpose(0, 2, 1, 3)
     kh, vh = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
     seg = segment_ids.astype(jnp.int32)
     out = jax.vmap(lambda a, b_, c, s: kernel(a, b_, c, segment_ids=splash.SegmentIds(s, s)))(
-        qh, kh, vh, seg)
+        qh, kh, vh, seg
+    )
     return out.transpose(0, 2, 1, 3)
 
 
@@ -418,4 +469,3 @@ class MLP(nnx.Module):
         g = dense(x, self.gate.get_value().astype(dt))
         u = dense(x, self.up.get_value().astype(dt))
         return dense(jax.nn.silu(g) * u, self.down.get_value().astype(dt))
-

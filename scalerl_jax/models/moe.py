@@ -28,6 +28,7 @@ renormalised to sum to 1) and weights each expert's output; Llama-4 takes the to
 scales the expert *input* by their sigmoid, and always adds a shared expert. The router runs in
 fp32 (a bf16 router flips near-tied top-k choices between sampler and trainer).
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple, Optional
@@ -70,8 +71,9 @@ def router_stats(probs, ids, valid, num_experts: int) -> RouterStats:
     """probs [N, E], ids [N, k], valid [N] bool (padding excluded) -> RouterStats."""
     w = valid.astype(jnp.float32)
     counted = jnp.maximum(jnp.sum(w), 1.0)
-    assigned = jnp.zeros((num_experts,), jnp.float32).at[ids.reshape(-1)].add(
-        jnp.repeat(w, ids.shape[1]))
+    assigned = (
+        jnp.zeros((num_experts,), jnp.float32).at[ids.reshape(-1)].add(jnp.repeat(w, ids.shape[1]))
+    )
     frac_tokens = assigned / counted  # sums to k
     mean_prob = jnp.sum(probs * w[:, None], axis=0) / counted
     aux = num_experts * jnp.sum(frac_tokens * mean_prob)
@@ -136,8 +138,9 @@ class MoE(nnx.Module):
         b, t, d = x.shape
         k, e = cfg.experts_per_token, cfg.num_experts
         flat = x.reshape(b * t, d)
-        logits = jnp.einsum("nd,de->ne", flat.astype(jnp.float32),
-                            self.router.get_value().astype(jnp.float32))
+        logits = jnp.einsum(
+            "nd,de->ne", flat.astype(jnp.float32), self.router.get_value().astype(jnp.float32)
+        )
         weights, ids, probs = route(logits, cfg)
         valid = jnp.ones((b * t,), bool) if valid is None else valid.reshape(b * t)
         stats = router_stats(probs, ids, valid, e)
@@ -152,8 +155,7 @@ class MoE(nnx.Module):
             rows = rows * w[:, None]
         gate = grouped_matmul(rows, self.gate.get_value().astype(dt), group_sizes)
         up = grouped_matmul(rows, self.up.get_value().astype(dt), group_sizes)
-        out = grouped_matmul(jax.nn.silu(gate) * up, self.down.get_value().astype(dt),
-                             group_sizes)
+        out = grouped_matmul(jax.nn.silu(gate) * up, self.down.get_value().astype(dt), group_sizes)
         if cfg.router == "softmax":
             out = out * w[:, None]
         # Un-sort with the inverse permutation (a gather, whose gradient is a scatter of the

@@ -10,6 +10,7 @@ template gets `DEFAULT_CHAT_TEMPLATE`.
 adding them again is the classic double-BOS bug. Special tokens written as text (`<|im_end|>`,
 `<s>`) are encoded as their single ids by both backends.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -22,7 +23,8 @@ from typing import Any, Optional, Sequence
 DEFAULT_CHAT_TEMPLATE = (
     "{{ bos_token }}"
     "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-    "{% if add_generation_prompt %}assistant:{% endif %}")
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
 
 
 class TokenizerError(ValueError):
@@ -32,9 +34,11 @@ class TokenizerError(ValueError):
 class _HFBackend:
     def __init__(self, file: str):
         from tokenizers import Tokenizer as HFTokenizer
+
         self.tok = HFTokenizer.from_file(file)
-        self.special = {t.content: i for i, t in self.tok.get_added_tokens_decoder().items()
-                        if t.special}
+        self.special = {
+            t.content: i for i, t in self.tok.get_added_tokens_decoder().items() if t.special
+        }
 
     def default_specials(self) -> dict:
         return {}  # tokenizer.json does not say which token is eos: tokenizer_config.json does
@@ -56,21 +60,30 @@ class _HFBackend:
 class _SPBackend:
     def __init__(self, file: str):
         import sentencepiece as spm
+
         self.sp = spm.SentencePieceProcessor(model_file=file)
         n = self.sp.get_piece_size()
         self.special = {self.sp.id_to_piece(i): i for i in range(n) if self.sp.is_control(i)}
         # SentencePiece does not parse control pieces written as text; split them out first.
-        self._split = (re.compile("(" + "|".join(map(re.escape, sorted(
-            self.special, key=len, reverse=True))) + ")") if self.special else None)
+        self._split = (
+            re.compile(
+                "(" + "|".join(map(re.escape, sorted(self.special, key=len, reverse=True))) + ")"
+            )
+            if self.special
+            else None
+        )
 
     def default_specials(self) -> dict:
-        ids = {"bos_token": self.sp.bos_id(), "eos_token": self.sp.eos_id(),
-               "pad_token": self.sp.pad_id()}
+        ids = {
+            "bos_token": self.sp.bos_id(),
+            "eos_token": self.sp.eos_id(),
+            "pad_token": self.sp.pad_id(),
+        }
         return {k: self.sp.id_to_piece(i) for k, i in ids.items() if i >= 0}
 
     def encode(self, text: str, add_special_tokens: bool) -> list[int]:
         ids = [self.sp.bos_id()] if add_special_tokens and self.sp.bos_id() >= 0 else []
-        for part in (self._split.split(text) if self._split else [text]):
+        for part in self._split.split(text) if self._split else [text]:
             if part in self.special:
                 ids.append(self.special[part])
             elif part:
@@ -114,8 +127,9 @@ def _render_env():
         raise TokenizerError(f"chat template error: {message}")
 
     def tojson(x, indent=None, separators=None, sort_keys=False):
-        return json.dumps(x, ensure_ascii=False, indent=indent, separators=separators,
-                          sort_keys=sort_keys)
+        return json.dumps(
+            x, ensure_ascii=False, indent=indent, separators=separators, sort_keys=sort_keys
+        )
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.filters["tojson"] = tojson
@@ -127,8 +141,13 @@ def _render_env():
 class Tokenizer:
     """encode / decode / special ids / chat template, whichever file format is underneath."""
 
-    def __init__(self, backend, config: Optional[dict] = None,
-                 chat_template: Optional[str] = None, extra_eos_ids: Sequence[int] = ()):
+    def __init__(
+        self,
+        backend,
+        config: Optional[dict] = None,
+        chat_template: Optional[str] = None,
+        extra_eos_ids: Sequence[int] = (),
+    ):
         self._b = backend
         config = config or {}
         self.chat_template = chat_template
@@ -185,8 +204,9 @@ class Tokenizer:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         return self._b.decode([int(i) for i in ids], skip_special_tokens)
 
-    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True,
-                            **kwargs: Any) -> str:
+    def apply_chat_template(
+        self, messages: Sequence[dict], add_generation_prompt: bool = True, **kwargs: Any
+    ) -> str:
         """Render `messages` ([{"role", "content"}, ...]) to the prompt string. Extra keyword
         arguments reach the template (e.g. `enable_thinking=False` for Qwen3)."""
         if self._template is None:
@@ -194,9 +214,13 @@ class Tokenizer:
                 raise TokenizerError("this tokenizer has no chat template")
             self._template = _render_env().from_string(self.chat_template)
         return self._template.render(
-            messages=list(messages), add_generation_prompt=add_generation_prompt,
-            bos_token=self.bos_token or "", eos_token=self.eos_token or "",
-            pad_token=self.pad_token or "", **kwargs)
+            messages=list(messages),
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self.bos_token or "",
+            eos_token=self.eos_token or "",
+            pad_token=self.pad_token or "",
+            **kwargs,
+        )
 
 
 # -- loading ------------------------------------------------------------------------------------
@@ -221,8 +245,14 @@ def _chat_template(directory: str, config: dict) -> Optional[str]:
 
 # What a checkpoint directory needs beside its weights for the tokenizer, its chat template and
 # its stop ids to load as they did from the source checkpoint.
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
-                   "special_tokens_map.json", "generation_config.json", "chat_template.jinja")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "special_tokens_map.json",
+    "generation_config.json",
+    "chat_template.jinja",
+)
 
 
 def copy_tokenizer_files(source: Optional[str], dest: str) -> None:
@@ -241,8 +271,9 @@ def load_tokenizer(path) -> Tokenizer:
     directory = path if os.path.isdir(path) else os.path.dirname(path)
     if os.path.isdir(path):
         candidates = [os.path.join(path, "tokenizer.json"), os.path.join(path, "tokenizer.model")]
-        candidates += sorted(os.path.join(path, f) for f in os.listdir(path)
-                             if f.endswith(".model"))
+        candidates += sorted(
+            os.path.join(path, f) for f in os.listdir(path) if f.endswith(".model")
+        )
         file = next((c for c in candidates if os.path.exists(c)), None)
         if file is None:
             raise TokenizerError(f"no tokenizer.json or *.model (SentencePiece) in {path}")

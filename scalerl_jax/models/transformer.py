@@ -11,6 +11,7 @@ Two paths share the weights:
 * `model.decode(tokens, positions, cache)` -> (hidden, cache), the KV-cache path for the sampler:
   prefill writes a whole prompt, decode steps write one token per row.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple, Optional
@@ -50,8 +51,10 @@ def cache_shapes(cfg: ModelConfig, batch: int, length: int) -> tuple[tuple, tupl
 def init_cache(cfg: ModelConfig, batch: int, length: int, dtype=None) -> KVCache:
     dtype = jnp.dtype(dtype or cfg.compute_dtype)
     kshape, vshape = cache_shapes(cfg, batch, length)
-    return KVCache(tuple(jnp.zeros(kshape, dtype) for _ in range(cfg.num_layers)),
-                   tuple(jnp.zeros(vshape, dtype) for _ in range(cfg.num_layers)))
+    return KVCache(
+        tuple(jnp.zeros(kshape, dtype) for _ in range(cfg.num_layers)),
+        tuple(jnp.zeros(vshape, dtype) for _ in range(cfg.num_layers)),
+    )
 
 
 class Block(nnx.Module):
@@ -93,9 +96,12 @@ def remat_policy(name: str):
     """ModelConfig.remat_policy -> a jax.checkpoint policy (None: save nothing but the block's
     input, jax's default)."""
     policies = jax.checkpoint_policies
-    return {"full": None, "dots": policies.checkpoint_dots,
-            "dots_no_batch": policies.dots_with_no_batch_dims_saveable,
-            "attn_out": policies.save_only_these_names(ATTN_OUT)}[name]
+    return {
+        "full": None,
+        "dots": policies.checkpoint_dots,
+        "dots_no_batch": policies.dots_with_no_batch_dims_saveable,
+        "attn_out": policies.save_only_these_names(ATTN_OUT),
+    }[name]
 
 
 def _stack_stats(stats: list) -> Optional[RouterStats]:
@@ -130,8 +136,11 @@ class Transformer(nnx.Module):
         """Logits for hidden states [..., D]: fp32 when `fp32_head` (ScaleRL), else compute
         dtype."""
         dt = jnp.float32 if self.cfg.fp32_head else jnp.dtype(self.cfg.compute_dtype)
-        return dense(hidden.astype(dt), self.head_kernel().astype(dt),
-                     preferred_element_type=jnp.float32 if self.cfg.fp32_head else None)
+        return dense(
+            hidden.astype(dt),
+            self.head_kernel().astype(dt),
+            preferred_element_type=jnp.float32 if self.cfg.fp32_head else None,
+        )
 
     # -- training path -------------------------------------------------------------------------
     def __call__(self, tokens, positions=None, segment_ids=None):
@@ -163,9 +172,11 @@ class Transformer(nnx.Module):
             seg = None if block.local_attention else segment_ids
             if self.cfg.remat:
                 x, st = nnx.remat(
-                    lambda blk, h, m=m, seg=seg: blk(h, positions, m, valid=valid,
-                                                     segment_ids=seg)[::2],
-                    policy=policy)(block, x)
+                    lambda blk, h, m=m, seg=seg: blk(h, positions, m, valid=valid, segment_ids=seg)[
+                        ::2
+                    ],
+                    policy=policy,
+                )(block, x)
             else:
                 x, _, st = block(x, positions, m, valid=valid, segment_ids=seg)
             stats.append(st)

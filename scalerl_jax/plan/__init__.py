@@ -13,21 +13,72 @@
 Pure functions of the config and the table: importing or calling them touches no device
 (except `local.detect`, which asks jax for this host's devices).
 """
-from scalerl_jax.plan import local
-from scalerl_jax.plan.estimate import (GIB, Assumptions, Layout, SamplerMemory, StepTime,
-                                       TrainerMemory, activation_bytes, kv_cache_bytes,
-                                       param_bytes, param_inventory, rows_per_chip,
-                                       sampler_memory, sampler_param_bytes, seq_len,
-                                       shard_elements, step_time, sync_group_bytes,
-                                       trainer_memory)
-from scalerl_jax.plan.planner import (PLANNED, Plan, explain, format_plan, resolve,
-                                      smallest_fitting)
-from scalerl_jax.plan.topology import (CHIPS, Chip, PlanError, Topology, check_hardware,
-                                       known_topologies, slices, topology)
 
-__all__ = ["CHIPS", "GIB", "PLANNED", "Assumptions", "Chip", "Layout", "Plan", "PlanError",
-           "SamplerMemory", "StepTime", "Topology", "TrainerMemory", "activation_bytes",
-           "check_hardware", "explain", "format_plan", "known_topologies", "kv_cache_bytes",
-           "local", "param_bytes", "param_inventory", "resolve", "rows_per_chip", "sampler_memory",
-           "sampler_param_bytes", "seq_len", "shard_elements", "slices", "smallest_fitting",
-           "step_time", "sync_group_bytes", "topology", "trainer_memory"]
+from scalerl_jax.plan import local
+from scalerl_jax.plan.estimate import (
+    GIB,
+    Assumptions,
+    Layout,
+    SamplerMemory,
+    StepTime,
+    TrainerMemory,
+    activation_bytes,
+    kv_cache_bytes,
+    param_bytes,
+    param_inventory,
+    rows_per_chip,
+    sampler_memory,
+    sampler_param_bytes,
+    seq_len,
+    shard_elements,
+    step_time,
+    sync_group_bytes,
+    trainer_memory,
+)
+from scalerl_jax.plan.planner import PLANNED, Plan, explain, format_plan, resolve, smallest_fitting
+from scalerl_jax.plan.topology import (
+    CHIPS,
+    Chip,
+    PlanError,
+    Topology,
+    check_hardware,
+    known_topologies,
+    slices,
+    topology,
+)
+
+__all__ = [
+    "CHIPS",
+    "GIB",
+    "PLANNED",
+    "Assumptions",
+    "Chip",
+    "Layout",
+    "Plan",
+    "PlanError",
+    "SamplerMemory",
+    "StepTime",
+    "Topology",
+    "TrainerMemory",
+    "activation_bytes",
+    "check_hardware",
+    "explain",
+    "format_plan",
+    "known_topologies",
+    "kv_cache_bytes",
+    "local",
+    "param_bytes",
+    "param_inventory",
+    "resolve",
+    "rows_per_chip",
+    "sampler_memory",
+    "sampler_param_bytes",
+    "seq_len",
+    "shard_elements",
+    "slices",
+    "smallest_fitting",
+    "step_time",
+    "sync_group_bytes",
+    "topology",
+    "trainer_memory",
+]

@@ -3,6 +3,7 @@
 The memory figures are estimates of what XLA keeps live, not measurements; each formula is
 explained next to its code. Nothing here touches devices or data.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -28,21 +29,31 @@ def param_inventory(m: ModelConfig) -> list[tuple[tuple, tuple, int]]:
 
 @functools.lru_cache(maxsize=64)  # pure; a plan search asks for it thousands of times
 def _inventory(m: ModelConfig) -> tuple:
-    d, f, h, kv, hd, n = (m.hidden_size, m.intermediate_size, m.num_heads, m.num_kv_heads,
-                          m.dim_per_head, m.num_layers)
+    d, f, h, kv, hd, n = (
+        m.hidden_size,
+        m.intermediate_size,
+        m.num_heads,
+        m.num_kv_heads,
+        m.dim_per_head,
+        m.num_layers,
+    )
     moe = m.num_moe_layers
-    out = [((m.vocab_size, d), ("vocab", "embed"), 1),
-           ((d,), ("norm",), 2 * n + 1),  # attn_norm, mlp_norm per layer; final_norm
-           ((d, h, hd), ("embed", "heads", "head_dim"), n),  # q
-           ((d, kv, hd), ("embed", "kv_heads", "head_dim"), 2 * n),  # k, v
-           ((h, hd, d), ("heads", "head_dim", "embed"), n),  # o
-           ((d, f), ("embed", "mlp"), 2 * (n - moe)),  # gate, up (dense layers)
-           ((f, d), ("mlp", "embed"), n - moe)]  # down
+    out = [
+        ((m.vocab_size, d), ("vocab", "embed"), 1),
+        ((d,), ("norm",), 2 * n + 1),  # attn_norm, mlp_norm per layer; final_norm
+        ((d, h, hd), ("embed", "heads", "head_dim"), n),  # q
+        ((d, kv, hd), ("embed", "kv_heads", "head_dim"), 2 * n),  # k, v
+        ((h, hd, d), ("heads", "head_dim", "embed"), n),  # o
+        ((d, f), ("embed", "mlp"), 2 * (n - moe)),  # gate, up (dense layers)
+        ((f, d), ("mlp", "embed"), n - moe),
+    ]  # down
     if moe:
         e, fe, fs = m.num_experts, m.expert_size, m.shared_expert_size
-        out += [((d, e), ("embed", "router"), moe),
-                ((e, d, fe), ("expert", "embed", "mlp"), 2 * moe),  # expert gate, up
-                ((e, fe, d), ("expert", "mlp", "embed"), moe)]  # expert down
+        out += [
+            ((d, e), ("embed", "router"), moe),
+            ((e, d, fe), ("expert", "embed", "mlp"), 2 * moe),  # expert gate, up
+            ((e, fe, d), ("expert", "mlp", "embed"), moe),
+        ]  # expert down
         if fs:
             out += [((d, fs), ("embed", "mlp"), 2 * moe), ((fs, d), ("mlp", "embed"), moe)]
     out = [x for x in out if x[2]]
@@ -93,8 +104,13 @@ def param_bytes(m: ModelConfig, mesh_shape: dict, dtype: Optional[str] = None) -
 
 # Inventory entry (by its logical axes) -> the parameter names sampler/weight_sync.use_dtype
 # decides on: norm scales, the router, the untied LM head, the embedding; the rest is a matrix.
-_NAMES = {("norm",): ("scale",), ("head_dim",): ("scale",), ("embed", "router"): ("router",),
-          ("embed", "vocab"): ("lm_head",), ("vocab", "embed"): ("embed",)}
+_NAMES = {
+    ("norm",): ("scale",),
+    ("head_dim",): ("scale",),
+    ("embed", "router"): ("router",),
+    ("embed", "vocab"): ("lm_head",),
+    ("vocab", "embed"): ("embed",),
+}
 
 
 def sampler_item_bytes(m: ModelConfig, axes: tuple, weight_dtype: str) -> int:
@@ -111,8 +127,10 @@ def sampler_item_bytes(m: ModelConfig, axes: tuple, weight_dtype: str) -> int:
 
 def sampler_param_bytes(m: ModelConfig, mesh_shape: dict, weight_dtype: str) -> int:
     """Bytes of the sampler's copy of the params on one device of its mesh."""
-    return sum(k * shard_elements(s, a, mesh_shape) * sampler_item_bytes(m, a, weight_dtype)
-               for s, a, k in param_inventory(m))
+    return sum(
+        k * shard_elements(s, a, mesh_shape) * sampler_item_bytes(m, a, weight_dtype)
+        for s, a, k in param_inventory(m)
+    )
 
 
 def sync_group_bytes(cfg: RunConfig) -> int:
@@ -147,8 +165,9 @@ class TrainerMemory:
 
     @property
     def peak(self) -> int:
-        return self.params + self.optimizer + max(self.gradients + self.activations,
-                                                  self.weight_sync)
+        return (
+            self.params + self.optimizer + max(self.gradients + self.activations, self.weight_sync)
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -195,12 +214,19 @@ def fused_attention(m: ModelConfig, t: int) -> bool:
     `layers.resolve_attention_impl`). It keeps one fp32 log-sum-exp per query and head instead of
     the [T, T] scores, and needs no dense mask."""
     from scalerl_jax.models.layers import fused_attention_problem
-    return m.attention_impl in ("splash", "auto") and fused_attention_problem(
-        "splash", "tpu", head_dim=m.dim_per_head, dtype=m.compute_dtype, seq_len=t) is None
+
+    return (
+        m.attention_impl in ("splash", "auto")
+        and fused_attention_problem(
+            "splash", "tpu", head_dim=m.dim_per_head, dtype=m.compute_dtype, seq_len=t
+        )
+        is None
+    )
 
 
-def activation_bytes(m: ModelConfig, rows: int, t: int, tensor: int, logprob_chunk,
-                     remat: bool) -> int:
+def activation_bytes(
+    m: ModelConfig, rows: int, t: int, tensor: int, logprob_chunk, remat: bool
+) -> int:
     """Activations one trainer chip keeps for the backward pass of one micro-batch.
 
     Per token per layer, what autodiff saves in compute dtype (b bytes): the block input, both
@@ -228,15 +254,25 @@ def activation_bytes(m: ModelConfig, rows: int, t: int, tensor: int, logprob_chu
     # logits and probabilities (2 E).
     dense_ffn = b * 4 * per_shard(f, tensor)
     k = m.experts_per_token
-    moe_ffn = b * (4 * (k * per_shard(m.expert_size, tensor) +
-                        per_shard(m.shared_expert_size, tensor)) + 2 * k * d) + \
-        4 * 2 * m.num_experts
+    moe_ffn = (
+        b
+        * (
+            4 * (k * per_shard(m.expert_size, tensor) + per_shard(m.shared_expert_size, tensor))
+            + 2 * k * d
+        )
+        + 4 * 2 * m.num_experts
+    )
     fused = fused_attention(m, t)
     scores = h * _attention_score_elements(t, m.attention_chunk) * (4 + b)
     unfused = [not fused or m.is_local_attention_layer(i) for i in range(m.num_layers)]
-    sets = [rows * (t * (per_token + (moe_ffn if m.is_moe_layer(i) else dense_ffn)) +
-                    (scores if unfused[i] else h * t * 4))
-            for i in range(m.num_layers)]
+    sets = [
+        rows
+        * (
+            t * (per_token + (moe_ffn if m.is_moe_layer(i) else dense_ffn))
+            + (scores if unfused[i] else h * t * 4)
+        )
+        for i in range(m.num_layers)
+    ]
     if remat and m.remat_policy in ("full", "attn_out"):
         saved = d + (h * hd if m.remat_policy == "attn_out" else 0)
         kept = m.num_layers * rows * t * saved * b + max(sets)
@@ -248,8 +284,9 @@ def activation_bytes(m: ModelConfig, rows: int, t: int, tensor: int, logprob_chu
     return kept + common
 
 
-def trainer_memory(cfg: RunConfig, mesh_shape: dict, micro_batches: int, remat: bool,
-                   trainer_per_host: int) -> TrainerMemory:
+def trainer_memory(
+    cfg: RunConfig, mesh_shape: dict, micro_batches: int, remat: bool, trainer_per_host: int
+) -> TrainerMemory:
     """Per trainer chip: params in param_dtype; AdamW's two moments (optax keeps them in the
     params' dtype, so fp32 params are their own master copy and bf16 params have none);
     gradients: the fp32 accumulator plus one micro-batch's gradients in param_dtype
@@ -261,8 +298,9 @@ def trainer_memory(cfg: RunConfig, mesh_shape: dict, micro_batches: int, remat: 
     grads = param_bytes(m, mesh_shape, "float32") + params
     rows = rows_per_chip(cfg, mesh_shape["data"] * mesh_shape["fsdp"], micro_batches)
     t, tensor = seq_len(cfg), mesh_shape["tensor"]
-    act = {r: activation_bytes(m, rows, t, tensor, cfg.optim.logprob_chunk, r)
-           for r in (False, True)}
+    act = {
+        r: activation_bytes(m, rows, t, tensor, cfg.optim.logprob_chunk, r) for r in (False, True)
+    }
     sync = -(-sync_group_bytes(cfg) // trainer_per_host)
     return TrainerMemory(params, 2 * params, grads, act[remat], act[False], act[True], sync)
 
@@ -272,8 +310,15 @@ def kv_cache_bytes(cfg: RunConfig, data: int, tensor: int, slots: int) -> int:
     head_dim x compute-dtype bytes; slots shard over `data` and kv heads over `tensor` when they
     divide (models/transformer.KEY_AXES, VALUE_AXES), else they are replicated."""
     m = cfg.model
-    return (per_shard(slots, data) * cfg.sampler.max_target_length * m.num_layers * 2 *
-            per_shard(m.num_kv_heads, tensor) * m.dim_per_head * _BYTES[m.compute_dtype])
+    return (
+        per_shard(slots, data)
+        * cfg.sampler.max_target_length
+        * m.num_layers
+        * 2
+        * per_shard(m.num_kv_heads, tensor)
+        * m.dim_per_head
+        * _BYTES[m.compute_dtype]
+    )
 
 
 def prefill_score_entries(s, groups: int) -> int:
@@ -298,8 +343,11 @@ def sampler_memory(cfg: RunConfig, data: int, tensor: int, slots: int) -> Sample
     # The driver groups slots by the pipeline's G, an evaluation by its k: the smaller gives
     # more groups, so larger batched prefills.
     groups = -(-slots // min(cfg.pipeline.generations_per_prompt, cfg.eval.k))
-    working = 4 * (2 * h * prefill_score_entries(s, groups) + per_chip * h * s.max_target_length +
-                   per_chip * per_shard(m.vocab_size, tensor))
+    working = 4 * (
+        2 * h * prefill_score_entries(s, groups)
+        + per_chip * h * s.max_target_length
+        + per_chip * per_shard(m.vocab_size, tensor)
+    )
     return SamplerMemory(params, kv_cache_bytes(cfg, data, tensor, slots), working)
 
 
@@ -323,8 +371,10 @@ class Assumptions:
 
     def lengths(self, cfg: RunConfig) -> tuple[int, int]:
         s = cfg.sampler
-        return (self.mean_prompt or max(1, s.max_prefill_length // 4),
-                self.mean_completion or max(1, s.max_new_tokens // 2))
+        return (
+            self.mean_prompt or max(1, s.max_prefill_length // 4),
+            self.mean_completion or max(1, s.max_new_tokens // 2),
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -363,16 +413,18 @@ class Layout:
 
     @property
     def sampler_per_host(self) -> int:
-        return self.chips_per_host if self.colocated else self.chips_per_host - \
-            self.trainer_per_host
+        return (
+            self.chips_per_host if self.colocated else self.chips_per_host - self.trainer_per_host
+        )
 
     @property
     def trainer_chips(self) -> int:
         return math.prod(self.trainer_mesh)
 
 
-def step_time(cfg: RunConfig, topo: Topology, layout: Layout, sampler: SamplerMemory,
-              assume: Assumptions) -> StepTime:
+def step_time(
+    cfg: RunConfig, topo: Topology, layout: Layout, sampler: SamplerMemory, assume: Assumptions
+) -> StepTime:
     """Model FLOPs of a step and the time they take at `assume.mfu` of the bf16 peak.
 
     Trainer: P x G rows of (prompt + completion) tokens at transformer.num_flops_per_token
@@ -394,17 +446,29 @@ def step_time(cfg: RunConfig, topo: Topology, layout: Layout, sampler: SamplerMe
     trainer_flops = rows * (p + c) * num_flops_per_token(m, p + c, training=True)
     sampler_flops = rows * (p + c) * num_flops_per_token(m, p + c, training=False)
     rows_host = rows / layout.hosts
-    prefill_s = rows_host * p * num_flops_per_token(m, p, training=False) / (
-        layout.sampler_per_host * rate)
+    prefill_s = (
+        rows_host * p * num_flops_per_token(m, p, training=False) / (layout.sampler_per_host * rate)
+    )
     data, tensor = layout.sampler_mesh
     per_chip = per_shard(layout.slots, data)
-    flops = per_chip * (2 * matmul_params(m) + 4 * m.num_layers * m.num_heads * m.dim_per_head *
-                        cfg.sampler.max_target_length) / tensor
+    flops = (
+        per_chip
+        * (
+            2 * matmul_params(m)
+            + 4 * m.num_layers * m.num_heads * m.dim_per_head * cfg.sampler.max_target_length
+        )
+        / tensor
+    )
     read = sampler.params + sampler.kv_cache
     t_read, t_flops = read / (topo.chip.hbm_gbps * 1e9), flops / rate
-    return StepTime(trainer_flops, sampler_flops, trainer_flops / (layout.trainer_chips * rate),
-                    prefill_s, rows_host * c / layout.slots, max(t_read, t_flops), read,
-                    "HBM bandwidth" if t_read >= t_flops else "compute",
-                    overlap=not layout.colocated and pipe.mode == "pipeline")
-
-
+    return StepTime(
+        trainer_flops,
+        sampler_flops,
+        trainer_flops / (layout.trainer_chips * rate),
+        prefill_s,
+        rows_host * c / layout.slots,
+        max(t_read, t_flops),
+        read,
+        "HBM bandwidth" if t_read >= t_flops else "compute",
+        overlap=not layout.colocated and pipe.mode == "pipeline",
+    )

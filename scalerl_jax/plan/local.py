@@ -11,6 +11,7 @@ Unlike a TPU plan nothing is re-planned: the run uses its config's meshes, micro
 and decode slots as given, and a config that does not fit is refused with settings that would.
 `headroom` of the memory is left to XLA's own buffers, the compiler and the Python process.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -19,8 +20,16 @@ import os
 from typing import Any, Optional
 
 from scalerl_jax.config import RunConfig
-from scalerl_jax.plan.estimate import (GIB, SamplerMemory, TrainerMemory, per_shard,
-                                       rows_per_chip, sampler_memory, seq_len, trainer_memory)
+from scalerl_jax.plan.estimate import (
+    GIB,
+    SamplerMemory,
+    TrainerMemory,
+    per_shard,
+    rows_per_chip,
+    sampler_memory,
+    seq_len,
+    trainer_memory,
+)
 from scalerl_jax.plan.topology import PlanError
 
 
@@ -43,8 +52,10 @@ class Machine:
     def describe(self) -> str:
         n = f"{self.devices} {self.platform} device" + ("" if self.devices == 1 else "s")
         where = "shared host RAM" if self.shared else "per device"
-        return (f"{n} ({self.kind}): {self.free / GIB:.1f} GiB {where} ({self.source}), "
-                f"{self.budget / GIB:.1f} usable ({self.headroom:.0%} left to XLA and the process)")
+        return (
+            f"{n} ({self.kind}): {self.free / GIB:.1f} GiB {where} ({self.source}), "
+            f"{self.budget / GIB:.1f} usable ({self.headroom:.0%} left to XLA and the process)"
+        )
 
 
 def _read_int(path: str) -> Optional[int]:
@@ -57,9 +68,10 @@ def _read_int(path: str) -> Optional[int]:
 
 
 # (limit, usage) files of cgroup v2 and v1: a container's limit can be far below the host's RAM.
-CGROUP_FILES = (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-                ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
-                 "/sys/fs/cgroup/memory/memory.usage_in_bytes"))
+CGROUP_FILES = (
+    ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+    ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
+)
 
 
 def host_memory(meminfo: str = "/proc/meminfo", cgroups=CGROUP_FILES) -> tuple[int, str]:
@@ -72,15 +84,17 @@ def host_memory(meminfo: str = "/proc/meminfo", cgroups=CGROUP_FILES) -> tuple[i
         found.append((int(info["MemAvailable"].split()[0]) * 1024, "MemAvailable"))
     except (OSError, KeyError, ValueError):
         try:
-            found.append((os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"),
-                          "free physical pages"))
+            found.append(
+                (os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "free physical pages")
+            )
         except (OSError, ValueError):
             pass
     for limit, usage in cgroups:
         lim, used = _read_int(limit), _read_int(usage)
         if lim is not None and used is not None and lim < 1 << 60:  # v1 "no limit" is ~2^63
-            found.append((max(0, lim - used), f"cgroup limit {os.path.basename(limit)} minus "
-                                              "usage"))
+            found.append(
+                (max(0, lim - used), f"cgroup limit {os.path.basename(limit)} minus usage")
+            )
     if not found:
         raise PlanError("cannot tell how much host memory is free (no /proc/meminfo, no sysconf)")
     return min(found)
@@ -94,8 +108,16 @@ def detect(headroom: float = 0.10) -> Optional[Machine]:
     first = devices[0]
     if first.platform == "cpu":
         free, source = host_memory()
-        return Machine("cpu", first.device_kind, len(devices), free, source, shared=True,
-                       hosts=jax.process_count(), headroom=headroom)
+        return Machine(
+            "cpu",
+            first.device_kind,
+            len(devices),
+            free,
+            source,
+            shared=True,
+            hosts=jax.process_count(),
+            headroom=headroom,
+        )
     try:
         stats = [d.memory_stats() or {} for d in devices]
     except Exception:  # noqa: BLE001 - backends without the query raise various errors
@@ -103,9 +125,15 @@ def detect(headroom: float = 0.10) -> Optional[Machine]:
     if not all("bytes_limit" in s for s in stats):
         return None
     free = min(s["bytes_limit"] - s.get("bytes_in_use", 0) for s in stats)
-    return Machine(first.platform, first.device_kind, len(devices), free,
-                   "memory_stats: bytes_limit minus bytes_in_use", hosts=jax.process_count(),
-                   headroom=headroom)
+    return Machine(
+        first.platform,
+        first.device_kind,
+        len(devices),
+        free,
+        "memory_stats: bytes_limit minus bytes_in_use",
+        hosts=jax.process_count(),
+        headroom=headroom,
+    )
 
 
 # ------------------------------------------------------------------------------------- plan
@@ -146,11 +174,17 @@ def _mesh_shape(cfg: RunConfig, n: int) -> dict:
     for name in [k for k, v in sizes.items() if v == -1]:
         sizes[name] = n // fixed if n % fixed == 0 else 0
     if m.expert * math.prod(sizes.values()) != n:
-        raise PlanError(f"mesh.*: the trainer mesh {dict(sizes, expert=m.expert)} does not "
-                        f"cover {n} trainer devices")
+        raise PlanError(
+            f"mesh.*: the trainer mesh {dict(sizes, expert=m.expert)} does not "
+            f"cover {n} trainer devices"
+        )
     # `expert` is one more data axis for rows (mesh.RULES "batch"), and shards only the experts.
-    return {"data": sizes["data"] * m.expert, "fsdp": sizes["fsdp"], "tensor": sizes["tensor"],
-            "expert": m.expert}
+    return {
+        "data": sizes["data"] * m.expert,
+        "fsdp": sizes["fsdp"],
+        "tensor": sizes["tensor"],
+        "expert": m.expert,
+    }
 
 
 def local_plan(cfg: RunConfig, machine: Machine) -> LocalPlan:
@@ -162,15 +196,24 @@ def local_plan(cfg: RunConfig, machine: Machine) -> LocalPlan:
         k = cfg.mesh.trainer_devices_per_host or (n + 1) // 2
         s = n - k
         if s < 1 or k < 1:
-            raise PlanError(f"mesh.trainer_devices_per_host={k} with {n} local devices leaves "
-                            "no sampler device; set mesh.colocate=true")
+            raise PlanError(
+                f"mesh.trainer_devices_per_host={k} with {n} local devices leaves "
+                "no sampler device; set mesh.colocate=true"
+            )
     mesh = _mesh_shape(cfg, k * machine.hosts)
     st = s if cfg.mesh.sampler_tensor == -1 else cfg.mesh.sampler_tensor
     data = max(1, s // st)
     slots = cfg.sampler.max_concurrent_decodes
-    return LocalPlan(machine, cfg, k, s, mesh, (data, st),
-                     trainer_memory(cfg, mesh, cfg.optim.micro_batches, cfg.model.remat, k),
-                     sampler_memory(cfg, data, st, slots))
+    return LocalPlan(
+        machine,
+        cfg,
+        k,
+        s,
+        mesh,
+        (data, st),
+        trainer_memory(cfg, mesh, cfg.optim.micro_batches, cfg.model.remat, k),
+        sampler_memory(cfg, data, st, slots),
+    )
 
 
 def items(plan: LocalPlan) -> list[tuple[str, int]]:
@@ -178,17 +221,28 @@ def items(plan: LocalPlan) -> list[tuple[str, int]]:
     first."""
     cfg, tm, sm = plan.config, plan.trainer, plan.sampler
     kt, ks = (plan.trainer_devices, plan.sampler_devices) if plan.machine.shared else (1, 1)
-    rows = rows_per_chip(cfg, plan.trainer_mesh["data"] * plan.trainer_mesh["fsdp"],
-                         cfg.optim.micro_batches)
+    rows = rows_per_chip(
+        cfg, plan.trainer_mesh["data"] * plan.trainer_mesh["fsdp"], cfg.optim.micro_batches
+    )
     s = cfg.sampler
-    out = [("trainer params", kt * tm.params), ("AdamW moments", kt * tm.optimizer),
-           ("gradients", kt * tm.gradients),
-           (f"activations ({rows} rows x {seq_len(cfg):,} tokens per micro-batch per device, "
-            f"remat {'on' if cfg.model.remat else 'off'})", kt * tm.activations),
-           ("weight-sync copy", kt * tm.weight_sync), ("sampler params", ks * sm.params),
-           (f"KV cache ({per_shard(s.max_concurrent_decodes, plan.sampler_mesh[0])} slots x "
-            f"{s.max_target_length:,} tokens per device)", ks * sm.kv_cache),
-           ("sampler working set", ks * sm.working)]
+    out = [
+        ("trainer params", kt * tm.params),
+        ("AdamW moments", kt * tm.optimizer),
+        ("gradients", kt * tm.gradients),
+        (
+            f"activations ({rows} rows x {seq_len(cfg):,} tokens per micro-batch per device, "
+            f"remat {'on' if cfg.model.remat else 'off'})",
+            kt * tm.activations,
+        ),
+        ("weight-sync copy", kt * tm.weight_sync),
+        ("sampler params", ks * sm.params),
+        (
+            f"KV cache ({per_shard(s.max_concurrent_decodes, plan.sampler_mesh[0])} slots x "
+            f"{s.max_target_length:,} tokens per device)",
+            ks * sm.kv_cache,
+        ),
+        ("sampler working set", ks * sm.working),
+    ]
     return sorted(out, key=lambda x: -x[1])
 
 
@@ -205,17 +259,22 @@ def _length_options(cfg: RunConfig):
         f = new / s.max_new_tokens
         think: dict[str, Any] = {}
         if s.interruptions:
-            think = dict(think_min=max(1, int(s.think_min * f)),
-                         think_max=max(1, int(s.think_max * f)),
-                         answer_budget=int(s.answer_budget * f))
-        yield dataclasses.replace(s, max_new_tokens=new, **think,
-                                  max_target_length=s.max_prefill_length + new + room)
+            think = dict(
+                think_min=max(1, int(s.think_min * f)),
+                think_max=max(1, int(s.think_max * f)),
+                answer_budget=int(s.answer_budget * f),
+            )
+        yield dataclasses.replace(
+            s, max_new_tokens=new, **think, max_target_length=s.max_prefill_length + new + room
+        )
         new //= 2
 
 
 def _slot_options(cfg: RunConfig):
-    n, floor = cfg.sampler.max_concurrent_decodes, min(cfg.sampler.max_concurrent_decodes,
-                                                      cfg.pipeline.generations_per_prompt)
+    n, floor = (
+        cfg.sampler.max_concurrent_decodes,
+        min(cfg.sampler.max_concurrent_decodes, cfg.pipeline.generations_per_prompt),
+    )
     while n >= floor:
         yield n
         n //= 2
@@ -235,29 +294,37 @@ def fitting_settings(cfg: RunConfig, machine: Machine) -> list[str]:
             seen = set()
             for micro in micros:
                 trial = dataclasses.replace(
-                    base, model=cfg.model.replace(remat=remat),
-                    optim=dataclasses.replace(cfg.optim, micro_batches=micro))
+                    base,
+                    model=cfg.model.replace(remat=remat),
+                    optim=dataclasses.replace(cfg.optim, micro_batches=micro),
+                )
                 plan = local_plan(trial, machine)
-                rows = rows_per_chip(trial, plan.trainer_mesh["data"] * plan.trainer_mesh["fsdp"],
-                                     micro)
+                rows = rows_per_chip(
+                    trial, plan.trainer_mesh["data"] * plan.trainer_mesh["fsdp"], micro
+                )
                 if rows in seen:  # more micro-batches that hold no fewer rows: no use
                     continue
                 seen.add(rows)
                 for slots in _slot_options(trial):  # the trainer's figures stay as they are
-                    fit = dataclasses.replace(trial, sampler=dataclasses.replace(
-                        trial.sampler, max_concurrent_decodes=slots))
-                    if dataclasses.replace(plan, config=fit, sampler=sampler_memory(
-                            fit, *plan.sampler_mesh, slots)).fits:
+                    fit = dataclasses.replace(
+                        trial,
+                        sampler=dataclasses.replace(trial.sampler, max_concurrent_decodes=slots),
+                    )
+                    if dataclasses.replace(
+                        plan, config=fit, sampler=sampler_memory(fit, *plan.sampler_mesh, slots)
+                    ).fits:
                         return _diff(cfg, fit)
     return []
 
 
 def _diff(old: RunConfig, new: RunConfig) -> list[str]:
     text = lambda v: str(v).lower() if isinstance(v, bool) else str(v)  # noqa: E731
-    return [f"{section}.{f.name}={text(getattr(getattr(new, section), f.name))}"
-            for section in ("model", "optim", "sampler")
-            for f in dataclasses.fields(getattr(new, section))
-            if getattr(getattr(old, section), f.name) != getattr(getattr(new, section), f.name)]
+    return [
+        f"{section}.{f.name}={text(getattr(getattr(new, section), f.name))}"
+        for section in ("model", "optim", "sampler")
+        for f in dataclasses.fields(getattr(new, section))
+        if getattr(getattr(old, section), f.name) != getattr(getattr(new, section), f.name)
+    ]
 
 
 def explain(plan: LocalPlan) -> str:
@@ -265,14 +332,19 @@ def explain(plan: LocalPlan) -> str:
     m = plan.machine
     top = ", ".join(f"{what} {n / GIB:,.1f} GiB" for what, n in items(plan)[:3])
     where = "" if m.shared else " on its fullest device"
-    text = (f"{plan.config.model.name} does not fit this machine: it needs {plan.need / GIB:,.1f} "
-            f"GiB{where}, {m.budget / GIB:,.1f} GiB usable of {m.free / GIB:,.1f} GiB "
-            f"({m.source}; {m.devices} {m.platform} device{'s' if m.devices > 1 else ''}). "
-            f"Largest: {top}")
+    text = (
+        f"{plan.config.model.name} does not fit this machine: it needs {plan.need / GIB:,.1f} "
+        f"GiB{where}, {m.budget / GIB:,.1f} GiB usable of {m.free / GIB:,.1f} GiB "
+        f"({m.source}; {m.devices} {m.platform} device{'s' if m.devices > 1 else ''}). "
+        f"Largest: {top}"
+    )
     fix = fitting_settings(plan.config, m)
-    return text + (f". Settings that fit: {' '.join(fix)}" if fix else
-                   ". No shorter lengths, remat, micro-batches or decode slots fit: use a "
-                   "smaller model or a machine with more memory")
+    return text + (
+        f". Settings that fit: {' '.join(fix)}"
+        if fix
+        else ". No shorter lengths, remat, micro-batches or decode slots fit: use a "
+        "smaller model or a machine with more memory"
+    )
 
 
 # ----------------------------------------------------------------------------- the printout
@@ -285,13 +357,21 @@ def format_local(plan: LocalPlan) -> str:
     label = lambda text: f"    {text:<30}"  # noqa: E731
     dash = f"{'-':>9}"
     if plan.colocated:
-        roles = ("its device trains and samples" if n == 1 else
-                 f"all {n} devices train and sample") + " (colocated)"
+        roles = (
+            "its device trains and samples" if n == 1 else f"all {n} devices train and sample"
+        ) + " (colocated)"
     else:
-        roles = ("device 0" if k == 1 else f"devices 0-{k - 1}") + " train, " + \
-            (f"device {k}" if k == n - 1 else f"devices {k}-{n - 1}") + " sample"
-    total = ("the sum over devices, on shared host RAM" if m.shared else
-             "the fullest device" + (": trainer + sampler" if plan.colocated else ""))
+        roles = (
+            ("device 0" if k == 1 else f"devices 0-{k - 1}")
+            + " train, "
+            + (f"device {k}" if k == n - 1 else f"devices {k}-{n - 1}")
+            + " sample"
+        )
+    total = (
+        "the sum over devices, on shared host RAM"
+        if m.shared
+        else "the fullest device" + (": trainer + sampler" if plan.colocated else "")
+    )
     params = cfg.model.num_params()
     size = f"{params / 1e9:.2f}B" if params >= 1e9 else f"{params / 1e6:.1f}M"
     micro = cfg.optim.micro_batches
@@ -312,7 +392,8 @@ def format_local(plan: LocalPlan) -> str:
         label("params") + g(tm.params) + g(sm.params),
         label("optimizer (AdamW mu, nu)") + g(tm.optimizer) + dash,
         label("gradients (fp32 acc + grads)") + g(tm.gradients) + dash,
-        label(f"activations (remat {'on' if cfg.model.remat else 'off'})") + g(tm.activations)
+        label(f"activations (remat {'on' if cfg.model.remat else 'off'})")
+        + g(tm.activations)
         + dash,
         label("weight-sync copy") + g(tm.weight_sync) + dash,
         label("KV cache") + dash + g(sm.kv_cache),

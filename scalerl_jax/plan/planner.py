@@ -24,6 +24,7 @@ and the topology table: nothing touches devices or data, so a plan for any slice
 on a laptop (`experiments/run.py --dry-run --tpu v5p-256`). The memory and time formulas are in
 plan/estimate.py.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -31,16 +32,35 @@ import functools
 from typing import Optional
 
 from scalerl_jax.config import MeshConfig, RunConfig
-from scalerl_jax.plan.estimate import (GIB, Assumptions, Layout, SamplerMemory, StepTime,
-                                       TrainerMemory, per_shard, rows_per_chip, sampler_memory,
-                                       seq_len, step_time, trainer_memory)
+from scalerl_jax.plan.estimate import (
+    GIB,
+    Assumptions,
+    Layout,
+    SamplerMemory,
+    StepTime,
+    TrainerMemory,
+    per_shard,
+    rows_per_chip,
+    sampler_memory,
+    seq_len,
+    step_time,
+    trainer_memory,
+)
 from scalerl_jax.plan.topology import CHIPS, PlanError, Topology, slices
 
 
 # ------------------------------------------------------------------------------ resolution
-PLANNED = ("mesh.trainer_devices_per_host", "mesh.colocate", "mesh.data", "mesh.fsdp",
-           "mesh.tensor", "mesh.sampler_tensor", "optim.micro_batches", "model.remat",
-           "sampler.max_concurrent_decodes")
+PLANNED = (
+    "mesh.trainer_devices_per_host",
+    "mesh.colocate",
+    "mesh.data",
+    "mesh.fsdp",
+    "mesh.tensor",
+    "mesh.sampler_tensor",
+    "optim.micro_batches",
+    "model.remat",
+    "sampler.max_concurrent_decodes",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,11 +104,17 @@ def _trainer_options(cfg: RunConfig, n: int, pinned: frozenset):
     fewer micro-batches; a micro-batch count that does not lower the rows per chip is skipped."""
     mc, pipe = cfg.mesh, cfg.pipeline
     remats = [cfg.model.remat] if "model.remat" in pinned else [False, True]
-    tensors = [mc.tensor] if "mesh.tensor" in pinned and mc.tensor != -1 else \
-        [t for t in (1, 2, 4, 8) if n % t == 0]
+    tensors = (
+        [mc.tensor]
+        if "mesh.tensor" in pinned and mc.tensor != -1
+        else [t for t in (1, 2, 4, 8) if n % t == 0]
+    )
     data = mc.data if "mesh.data" in pinned and mc.data != -1 else 1
-    micros = [cfg.optim.micro_batches] if "optim.micro_batches" in pinned else \
-        range(1, pipe.prompts_per_step + 1)  # whole prompts per micro-batch: M <= P
+    micros = (
+        [cfg.optim.micro_batches]
+        if "optim.micro_batches" in pinned
+        else range(1, pipe.prompts_per_step + 1)
+    )  # whole prompts per micro-batch: M <= P
     for remat in remats:
         for t in tensors:
             if n % (data * t):
@@ -111,8 +137,11 @@ def _sampler_options(cfg: RunConfig, chips: int, pinned: frozenset):
     a multiple of `data`. Tensor parallelism shards the expert weights too (their `mlp` dim),
     so it is what splits an MoE model's experts over a host's chips."""
     st = cfg.mesh.sampler_tensor
-    tensors = [chips if st == -1 else st] if "mesh.sampler_tensor" in pinned else \
-        [t for t in range(1, chips + 1) if chips % t == 0]
+    tensors = (
+        [chips if st == -1 else st]
+        if "mesh.sampler_tensor" in pinned
+        else [t for t in range(1, chips + 1) if chips % t == 0]
+    )
     fixed = "sampler.max_concurrent_decodes" in pinned
     counts = [cfg.sampler.max_concurrent_decodes]
     if not fixed:
@@ -141,36 +170,55 @@ def _host_problems(cfg: RunConfig, topo: Topology) -> list[str]:
         p = cfg.pipeline.prompts_per_step
         smaller = [t for t in slices() if t.chip == topo.chip and t.hosts <= p]
         other = f" (e.g. {smaller[-1].name}, {smaller[-1].hosts} hosts)" if smaller else ""
-        return [f"{err}: set pipeline.prompts_per_step={topo.hosts} or more, or use a slice "
-                f"with at most {p} hosts{other}"]
+        return [
+            f"{err}: set pipeline.prompts_per_step={topo.hosts} or more, or use a slice "
+            f"with at most {p} hosts{other}"
+        ]
     return []
 
 
-def _memory_problem(cfg: RunConfig, topo: Topology, layout: Layout, tmem: TrainerMemory,
-                    smem: SamplerMemory, budget: int) -> str:
+def _memory_problem(
+    cfg: RunConfig,
+    topo: Topology,
+    layout: Layout,
+    tmem: TrainerMemory,
+    smem: SamplerMemory,
+    budget: int,
+) -> str:
     g = lambda n: f"{n / GIB:.1f}"  # noqa: E731
-    trainer = (f"params {g(tmem.params)}, optimizer {g(tmem.optimizer)}, gradients "
-               f"{g(tmem.gradients)}, activations {g(tmem.activations)}, weight-sync copy "
-               f"{g(tmem.weight_sync)}")
+    trainer = (
+        f"params {g(tmem.params)}, optimizer {g(tmem.optimizer)}, gradients "
+        f"{g(tmem.gradients)}, activations {g(tmem.activations)}, weight-sync copy "
+        f"{g(tmem.weight_sync)}"
+    )
     sampler = f"params {g(smem.params)}, KV cache {g(smem.kv_cache)}"
-    head = (f"{cfg.model.name} does not fit on {topo.name} ({g(budget)} GiB usable of "
-            f"{topo.chip.hbm_gib:g} GiB per chip): ")
+    head = (
+        f"{cfg.model.name} does not fit on {topo.name} ({g(budget)} GiB usable of "
+        f"{topo.chip.hbm_gib:g} GiB per chip): "
+    )
     if layout.colocated:
-        return head + (f"each chip trains and samples and needs "
-                       f"{g(tmem.peak + smem.peak)} GiB (trainer: {trainer}; sampler: "
-                       f"{sampler}) with {layout.trainer_chips} chips")
+        return head + (
+            f"each chip trains and samples and needs "
+            f"{g(tmem.peak + smem.peak)} GiB (trainer: {trainer}; sampler: "
+            f"{sampler}) with {layout.trainer_chips} chips"
+        )
     parts = []
     if tmem.peak > budget:
-        parts.append(f"a trainer chip needs {g(tmem.peak)} GiB ({trainer}) with "
-                     f"{layout.trainer_chips} trainer chips")
+        parts.append(
+            f"a trainer chip needs {g(tmem.peak)} GiB ({trainer}) with "
+            f"{layout.trainer_chips} trainer chips"
+        )
     if smem.peak > budget:
-        parts.append(f"a sampler chip needs {g(smem.peak)} GiB ({sampler}) with "
-                     f"{layout.sampler_per_host} sampler chips per host")
+        parts.append(
+            f"a sampler chip needs {g(smem.peak)} GiB ({sampler}) with "
+            f"{layout.sampler_per_host} sampler chips per host"
+        )
     return head + "; ".join(parts)
 
 
-def resolve(cfg: RunConfig, topo: Topology, pinned=frozenset(),
-            assume: Assumptions = Assumptions()) -> Plan:
+def resolve(
+    cfg: RunConfig, topo: Topology, pinned=frozenset(), assume: Assumptions = Assumptions()
+) -> Plan:
     """The plan for `cfg` on `topo` (see the module docstring). Keys in `pinned` (from PLANNED)
     keep the config's value. A plan that cannot run has `problems`; it still holds the numbers
     of the layout that came closest (the default split with its smallest-memory options)."""
@@ -186,8 +234,10 @@ def resolve(cfg: RunConfig, topo: Topology, pinned=frozenset(),
         splits = list(range(max(1, c // 4), c))
     problems = _host_problems(cfg, topo)
     if not colocate and (c < 2 or not all(0 < k < c for k in splits)):
-        problems.append(f"mesh.trainer_devices_per_host={splits[0]} must be in [1, {c - 1}] with "
-                        f"{c} chips per host (the rest sample); or colocate")
+        problems.append(
+            f"mesh.trainer_devices_per_host={splits[0]} must be in [1, {c - 1}] with "
+            f"{c} chips per host (the rest sample); or colocate"
+        )
         splits = [max(1, c // 4)] if c >= 2 else [c]
         colocate = colocate or c < 2
     roles = [(k, colocate) for k in splits]
@@ -223,15 +273,26 @@ def resolve(cfg: RunConfig, topo: Topology, pinned=frozenset(),
             continue
         # For the numbers of a plan that cannot run: the roles whose smallest-memory options
         # come closest to the budget.
-        least = evaluate(k, co, min(trs, key=lambda o: evaluate(k, co, o, sas[0])[1].peak),
-                         min(sas, key=lambda o: evaluate(k, co, trs[0], o)[2].peak))
+        least = evaluate(
+            k,
+            co,
+            min(trs, key=lambda o: evaluate(k, co, o, sas[0])[1].peak),
+            min(sas, key=lambda o: evaluate(k, co, trs[0], o)[2].peak),
+        )
         if closest is None or _worst(least, co) < _worst(closest, closest[0].colocated):
             closest = least
         if co:
             tms = [evaluate(k, co, tr, sas[0])[1].peak for tr in trs]
             sms = [evaluate(k, co, trs[0], sa)[2].peak for sa in sas]
-            chosen = next((evaluate(k, co, tr, sa) for (tr, tm) in zip(trs, tms)
-                           for (sa, sm) in zip(sas, sms) if tm + sm <= budget), None)
+            chosen = next(
+                (
+                    evaluate(k, co, tr, sa)
+                    for (tr, tm) in zip(trs, tms)
+                    for (sa, sm) in zip(sas, sms)
+                    if tm + sm <= budget
+                ),
+                None,
+            )
         else:
             tr = next((o for o in trs if evaluate(k, co, o, sas[0])[1].peak <= budget), None)
             sa = next((o for o in sas if evaluate(k, co, trs[0], o)[2].peak <= budget), None)
@@ -239,16 +300,31 @@ def resolve(cfg: RunConfig, topo: Topology, pinned=frozenset(),
         if chosen:
             break
     if closest is None:
-        raise PlanError(f"no trainer / sampler mesh on {topo.describe()} matches the pinned "
-                        f"settings (mesh: {dataclasses.asdict(cfg.mesh)})")
+        raise PlanError(
+            f"no trainer / sampler mesh on {topo.describe()} matches the pinned "
+            f"settings (mesh: {dataclasses.asdict(cfg.mesh)})"
+        )
     layout, tmem, smem = chosen or closest
     if chosen is None:
         problems.append(_memory_problem(cfg, topo, layout, tmem, smem, budget))
     resolved = _apply(cfg, layout)
-    changes = tuple((key, _get(cfg, key), _get(resolved, key)) for key in PLANNED
-                    if _get(cfg, key) != _get(resolved, key))
-    return Plan(topo, layout, tmem, smem, step_time(resolved, topo, layout, smem, assume),
-                assume, resolved, changes, tuple(problems), cfg)
+    changes = tuple(
+        (key, _get(cfg, key), _get(resolved, key))
+        for key in PLANNED
+        if _get(cfg, key) != _get(resolved, key)
+    )
+    return Plan(
+        topo,
+        layout,
+        tmem,
+        smem,
+        step_time(resolved, topo, layout, smem, assume),
+        assume,
+        resolved,
+        changes,
+        tuple(problems),
+        cfg,
+    )
 
 
 def _worst(evaluated, colocated: bool) -> int:
@@ -264,17 +340,26 @@ def _get(cfg: RunConfig, key: str):
 
 def _apply(cfg: RunConfig, layout: Layout) -> RunConfig:
     data, fsdp, tensor = layout.trainer_mesh
-    mesh = MeshConfig(trainer_devices_per_host=None if layout.colocated else
-                      layout.trainer_per_host, colocate=layout.colocated, data=data, fsdp=fsdp,
-                      tensor=tensor, sampler_tensor=layout.sampler_mesh[1])
+    mesh = MeshConfig(
+        trainer_devices_per_host=None if layout.colocated else layout.trainer_per_host,
+        colocate=layout.colocated,
+        data=data,
+        fsdp=fsdp,
+        tensor=tensor,
+        sampler_tensor=layout.sampler_mesh[1],
+    )
     return dataclasses.replace(
-        cfg, mesh=mesh, optim=dataclasses.replace(cfg.optim, micro_batches=layout.micro_batches),
+        cfg,
+        mesh=mesh,
+        optim=dataclasses.replace(cfg.optim, micro_batches=layout.micro_batches),
         model=cfg.model.replace(remat=layout.remat),
-        sampler=dataclasses.replace(cfg.sampler, max_concurrent_decodes=layout.slots))
+        sampler=dataclasses.replace(cfg.sampler, max_concurrent_decodes=layout.slots),
+    )
 
 
-def smallest_fitting(cfg: RunConfig, pinned=frozenset(),
-                     assume: Assumptions = Assumptions()) -> list[str]:
+def smallest_fitting(
+    cfg: RunConfig, pinned=frozenset(), assume: Assumptions = Assumptions()
+) -> list[str]:
     """Per generation, the smallest slice whose plan fits in memory (for error messages), with
     the prompts per step it needs when it has more hosts than the config's prompts."""
     out = []
@@ -283,8 +368,14 @@ def smallest_fitting(cfg: RunConfig, pinned=frozenset(),
             try:
                 if resolve(cfg, topo, pinned, assume).fits:
                     short = topo.hosts > cfg.pipeline.prompts_per_step
-                    out.append(topo.name + (f" (with pipeline.prompts_per_step={topo.hosts}: "
-                                            f"one prompt per host)" if short else ""))
+                    out.append(
+                        topo.name
+                        + (
+                            f" (with pipeline.prompts_per_step={topo.hosts}: one prompt per host)"
+                            if short
+                            else ""
+                        )
+                    )
                     break
             except PlanError:
                 continue
@@ -300,10 +391,16 @@ def explain(plan: Plan, pinned=frozenset()) -> str:
         fits = smallest_fitting(plan.requested or plan.config, pinned, plan.assumptions)
         cfg = plan.config
         hints = ["model.param_dtype=bfloat16"] if cfg.model.param_dtype == "float32" else []
-        hints += [f"fewer decode slots (sampler.max_concurrent_decodes="
-                  f"{cfg.sampler.max_concurrent_decodes} now)", "a smaller --model"]
-        text += (f". Smallest slices that fit: {', '.join(fits)}" if fits else
-                 f". No slice in the table fits it as configured; try {', '.join(hints)}")
+        hints += [
+            f"fewer decode slots (sampler.max_concurrent_decodes="
+            f"{cfg.sampler.max_concurrent_decodes} now)",
+            "a smaller --model",
+        ]
+        text += (
+            f". Smallest slices that fit: {', '.join(fits)}"
+            if fits
+            else f". No slice in the table fits it as configured; try {', '.join(hints)}"
+        )
     return text
 
 
@@ -320,8 +417,7 @@ def _flop(x: float) -> str:
 
 
 def _secs(t: float) -> str:
-    return f"{t:.1f} s" if t >= 1 else f"{t * 1e3:.1f} ms" if t >= 1e-3 else \
-        f"{t * 1e6:.0f} us"
+    return f"{t:.1f} s" if t >= 1 else f"{t * 1e3:.1f} ms" if t >= 1e-3 else f"{t * 1e6:.0f} us"
 
 
 def _n(k: int, what: str) -> str:
@@ -329,20 +425,29 @@ def _n(k: int, what: str) -> str:
 
 
 def format_plan(plan: Plan) -> str:
-    cfg, topo, lay, tm, sm, st = (plan.config, plan.topology, plan.layout, plan.trainer,
-                                  plan.sampler, plan.time)
+    cfg, topo, lay, tm, sm, st = (
+        plan.config,
+        plan.topology,
+        plan.layout,
+        plan.trainer,
+        plan.sampler,
+        plan.time,
+    )
     m, pipe, a, chip = cfg.model, cfg.pipeline, plan.assumptions, plan.topology.chip
     rows = pipe.prompts_per_step * pipe.generations_per_prompt
-    per_chip_rows = rows_per_chip(cfg, lay.trainer_mesh[0] * lay.trainer_mesh[1],
-                                  lay.micro_batches)
+    per_chip_rows = rows_per_chip(cfg, lay.trainer_mesh[0] * lay.trainer_mesh[1], lay.micro_batches)
     sdata, stensor = lay.sampler_mesh
     k, c = lay.trainer_per_host, lay.chips_per_host
     if lay.colocated:
         roles = "its chip trains and samples" if c == 1 else f"all {c} chips train and sample"
         roles += " (colocated)"
     else:
-        roles = ("chip 0" if k == 1 else f"chips 0-{k - 1}") + " train, " + \
-            (f"chip {k}" if k == c - 1 else f"chips {k}-{c - 1}") + " sample"
+        roles = (
+            ("chip 0" if k == 1 else f"chips 0-{k - 1}")
+            + " train, "
+            + (f"chip {k}" if k == c - 1 else f"chips {k}-{c - 1}")
+            + " sample"
+        )
     p_len, c_len = a.lengths(cfg)
     tp, sp = plan.chip_peaks
     verdict = lambda peak: "fits" if peak <= plan.budget else "DOES NOT FIT"  # noqa: E731
@@ -364,20 +469,28 @@ def format_plan(plan: Plan) -> str:
         f"  sampler   one replica per host on {_n(lay.sampler_per_host, 'chip')}, mesh "
         f"data={sdata} tensor={stensor}; {lay.slots} decode slots ({per_shard(lay.slots, sdata)} "
         f"per chip), KV cache length {cfg.sampler.max_target_length}; weights in "
-        + ("the dtype of use (fp32 norms, router" + (", LM head" if m.fp32_head else "") +
-           f"; {m.compute_dtype} the rest)" if cfg.sampler.weight_dtype == "compute"
-           else m.param_dtype),
+        + (
+            "the dtype of use (fp32 norms, router"
+            + (", LM head" if m.fp32_head else "")
+            + f"; {m.compute_dtype} the rest)"
+            if cfg.sampler.weight_dtype == "compute"
+            else m.param_dtype
+        ),
         f"  memory per chip, GiB{'':14}trainer   sampler",
         label("params") + _gib(tm.params) + _gib(sm.params),
         label("optimizer (AdamW mu, nu)") + _gib(tm.optimizer) + dash,
         label("gradients (fp32 acc + grads)") + _gib(tm.gradients) + dash,
-        label(f"activations (remat {'on' if lay.remat else 'off'})") + _gib(tm.activations) +
-        dash + f"   remat off {tm.activations_no_remat / GIB:.2f}, on "
+        label(f"activations (remat {'on' if lay.remat else 'off'})")
+        + _gib(tm.activations)
+        + dash
+        + f"   remat off {tm.activations_no_remat / GIB:.2f}, on "
         f"{tm.activations_remat / GIB:.2f}",
         label("weight-sync copy") + _gib(tm.weight_sync) + dash,
         label("KV cache") + dash + _gib(sm.kv_cache),
         label("working set") + dash + _gib(sm.working),
-        label("peak" + (" (colocated: the sum)" if lay.colocated else "")) + _gib(tp) + _gib(sp)
+        label("peak" + (" (colocated: the sum)" if lay.colocated else ""))
+        + _gib(tp)
+        + _gib(sp)
         + f"   trainer {verdict(tp)}, sampler {verdict(sp)}",
         f"  compute per step, assuming mean prompt {p_len} + completion {c_len} tokens and "
         f"{a.mfu:.0%} MFU",
@@ -389,12 +502,14 @@ def format_plan(plan: Plan) -> str:
         f"bound ({st.decode_bytes / GIB:.1f} GiB read per chip per step)",
         f"    step      ~{_secs(st.step_s)}, "
         + ("trainer and sampler overlap (PipelineRL), " if st.overlap else "trainer + sampler, ")
-        + ("sampler" if st.sampler_s >= st.trainer_s else "trainer") + "-bound",
+        + ("sampler" if st.sampler_s >= st.trainer_s else "trainer")
+        + "-bound",
     ]
     if plan.changes:
-        lines.append("  planned   " + ", ".join(f"{k}={new}" for k, _, new in plan.changes)
-                     + " (set any of them as KEY=VALUE to pin it)")
+        lines.append(
+            "  planned   "
+            + ", ".join(f"{k}={new}" for k, _, new in plan.changes)
+            + " (set any of them as KEY=VALUE to pin it)"
+        )
     lines += [f"  PROBLEM   {text}" for text in plan.problems]
     return "\n".join(lines)
-
-

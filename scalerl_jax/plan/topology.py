@@ -1,5 +1,6 @@
 """The TPU topology table (hosts, chips per host, HBM, bf16 peak, HBM bandwidth) and the check
 that this machine is the slice a command names."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -46,8 +47,10 @@ class Topology:
         return self.hosts * self.chips_per_host
 
     def describe(self) -> str:
-        return (f"{self.name} ({self.hosts} host(s) x {self.chips_per_host} "
-                f"{self.chip.generation} chips)")
+        return (
+            f"{self.name} ({self.hosts} host(s) x {self.chips_per_host} "
+            f"{self.chip.generation} chips)"
+        )
 
 
 def slices() -> list[Topology]:
@@ -98,8 +101,11 @@ def check_hardware(topo: Topology, devices, process_count: int) -> Optional[str]
             f"{'/'.join(platforms)} device(s) ({', '.join(kinds)}) in {process_count} "
             f"process(es). Run the same command on every worker of a {topo.name} slice "
             "(`tpu/pod.sh launch` runs it on all workers), or add --dry-run to print the plan "
-            "here")
+            "here"
+        )
     if not set(kinds) <= set(topo.chip.kinds):
-        return (f"--tpu {topo.name}: devices report kind {kinds}, the table expects "
-                f"{list(topo.chip.kinds)}; check the topology name")
+        return (
+            f"--tpu {topo.name}: devices report kind {kinds}, the table expects "
+            f"{list(topo.chip.kinds)}; check the topology name"
+        )
     return None

@@ -3,13 +3,22 @@ built from it by changing a few fields: the comparison baselines (`grpo`, `dapo`
 `minimax`), the leave-one-out ablations (`loo_*`) and the scaling axes (batch size,
 generations per prompt, 32k generation). Each derived recipe's docstring ends with its
 "Differs from scalerl:" block (see registry.documented_diff)."""
+
 from __future__ import annotations
 
 import dataclasses
 from typing import Callable
 
-from scalerl_jax.config import (DataConfig, EvalConfig, LossConfig, MeshConfig, OptimConfig,
-                                PipelineConfig, RunConfig, SamplerConfig)
+from scalerl_jax.config import (
+    DataConfig,
+    EvalConfig,
+    LossConfig,
+    MeshConfig,
+    OptimConfig,
+    PipelineConfig,
+    RunConfig,
+    SamplerConfig,
+)
 from scalerl_jax.models import presets
 
 DEFAULT_MODEL = "llama-3.1-8b"
@@ -30,18 +39,28 @@ def scalerl(model: str = DEFAULT_MODEL, **overrides) -> RunConfig:
     cfg = RunConfig(
         model=model_cfg,
         mesh=MeshConfig(),
-        sampler=SamplerConfig(max_concurrent_decodes=64, max_prefill_length=PROMPT_TOKENS,
-                              max_target_length=(PROMPT_TOKENS + THINK_TOKENS + ANSWER_TOKENS
-                                                 + PHRASE_ROOM),
-                              max_new_tokens=THINK_TOKENS + ANSWER_TOKENS, think_min=10000,
-                              think_max=12000, answer_budget=ANSWER_TOKENS),
+        sampler=SamplerConfig(
+            max_concurrent_decodes=64,
+            max_prefill_length=PROMPT_TOKENS,
+            max_target_length=(PROMPT_TOKENS + THINK_TOKENS + ANSWER_TOKENS + PHRASE_ROOM),
+            max_new_tokens=THINK_TOKENS + ANSWER_TOKENS,
+            think_min=10000,
+            think_max=12000,
+            answer_budget=ANSWER_TOKENS,
+        ),
         loss=LossConfig(),
         optim=OptimConfig(learning_rate=5e-7, warmup_steps=100, eps=1e-15, weight_decay=0.01),
-        pipeline=PipelineConfig(mode="pipeline", max_lag=8, prompts_per_step=48,
-                                generations_per_prompt=16, no_positive_resampling=True,
-                                retire_pass_rate=0.9),
-        data=DataConfig(source="hf:POLARIS-Project/Polaris-Dataset-53K", template="chat",
-                        num_validation=1000),
+        pipeline=PipelineConfig(
+            mode="pipeline",
+            max_lag=8,
+            prompts_per_step=48,
+            generations_per_prompt=16,
+            no_positive_resampling=True,
+            retire_pass_rate=0.9,
+        ),
+        data=DataConfig(
+            source="hf:POLARIS-Project/Polaris-Dataset-53K", template="chat", num_validation=1000
+        ),
         eval=EvalConfig(every_steps=100, k=16, num_prompts=1000),
         workdir=f"runs/scalerl-{model}",
         steps=10000,
@@ -53,8 +72,9 @@ def _variant(name: str, model: str, overrides: dict, /, **sections: dict) -> Run
     """`scalerl(model)` with fields of some sections replaced (`loss={"objective": "dapo"}`),
     its own workdir, then the caller's RunConfig-level overrides."""
     cfg = scalerl(model)
-    changed = {sec: dataclasses.replace(getattr(cfg, sec), **fields)
-               for sec, fields in sections.items()}
+    changed = {
+        sec: dataclasses.replace(getattr(cfg, sec), **fields) for sec, fields in sections.items()
+    }
     cfg = dataclasses.replace(cfg, workdir=f"runs/{name.replace(':', '-')}-{model}", **changed)
     return dataclasses.replace(cfg, **overrides) if overrides else cfg
 
@@ -72,6 +92,7 @@ def _variant(name: str, model: str, overrides: dict, /, **sections: dict) -> Run
 #
 # DAPO's clip-higher is 0.26 here, not DAPO's own 0.28: the value of the paper's DAPO runs.
 
+
 def grpo(model: str = DEFAULT_MODEL, **overrides) -> RunConfig:
     """DeepSeek (GRPO) baseline: symmetric PPO-clip eps 0.2, sample average (1/G sum 1/|y|),
     PPO-off-policy-8, batch 768 = 48 x 16, advantages normalised by each group's std, no
@@ -88,11 +109,19 @@ def grpo(model: str = DEFAULT_MODEL, **overrides) -> RunConfig:
         pipeline.no_positive_resampling = False
         model.fp32_head = False
     """
-    return _variant("grpo", model, overrides,
-                    loss=dict(objective="grpo", aggregation="sequence", advantage_norm="group",
-                              zero_variance_filter=False),
-                    pipeline=dict(mode="ppo_off_policy", no_positive_resampling=False),
-                    model=dict(fp32_head=False))
+    return _variant(
+        "grpo",
+        model,
+        overrides,
+        loss=dict(
+            objective="grpo",
+            aggregation="sequence",
+            advantage_norm="group",
+            zero_variance_filter=False,
+        ),
+        pipeline=dict(mode="ppo_off_policy", no_positive_resampling=False),
+        model=dict(fp32_head=False),
+    )
 
 
 def dapo(model: str = DEFAULT_MODEL, **overrides) -> RunConfig:
@@ -109,11 +138,14 @@ def dapo(model: str = DEFAULT_MODEL, **overrides) -> RunConfig:
         pipeline.no_positive_resampling = False
         model.fp32_head = False
     """
-    return _variant("dapo", model, overrides,
-                    loss=dict(objective="dapo", clip_eps_high=0.26, advantage_norm="group"),
-                    pipeline=dict(mode="ppo_off_policy", prompts_per_step=80,
-                                  no_positive_resampling=False),
-                    model=dict(fp32_head=False))
+    return _variant(
+        "dapo",
+        model,
+        overrides,
+        loss=dict(objective="dapo", clip_eps_high=0.26, advantage_norm="group"),
+        pipeline=dict(mode="ppo_off_policy", prompts_per_step=80, no_positive_resampling=False),
+        model=dict(fp32_head=False),
+    )
 
 
 def magistral(model: str = DEFAULT_MODEL, **overrides) -> RunConfig:
@@ -129,10 +161,14 @@ def magistral(model: str = DEFAULT_MODEL, **overrides) -> RunConfig:
         pipeline.no_positive_resampling = False
         model.fp32_head = False
     """
-    return _variant("magistral", model, overrides,
-                    loss=dict(objective="dapo", clip_eps_high=0.26),
-                    pipeline=dict(prompts_per_step=80, no_positive_resampling=False),
-                    model=dict(fp32_head=False))
+    return _variant(
+        "magistral",
+        model,
+        overrides,
+        loss=dict(objective="dapo", clip_eps_high=0.26),
+        pipeline=dict(prompts_per_step=80, no_positive_resampling=False),
+        model=dict(fp32_head=False),
+    )
 
 
 def minimax(model: str = DEFAULT_MODEL, **overrides) -> RunConfig:
@@ -146,13 +182,18 @@ def minimax(model: str = DEFAULT_MODEL, **overrides) -> RunConfig:
         pipeline.prompts_per_step = 80
         pipeline.no_positive_resampling = False
     """
-    return _variant("minimax", model, overrides, loss=dict(advantage_norm="group"),
-                    pipeline=dict(mode="ppo_off_policy", prompts_per_step=80,
-                                  no_positive_resampling=False))
+    return _variant(
+        "minimax",
+        model,
+        overrides,
+        loss=dict(advantage_norm="group"),
+        pipeline=dict(mode="ppo_off_policy", prompts_per_step=80, no_positive_resampling=False),
+    )
 
 
 # ----------------------------------------------------------------- leave-one-out ablations (LOO)
 # Each reverts exactly one ScaleRL piece, as REFERENCE.md's leave-one-out list.
+
 
 def loo_loss(model: str = DEFAULT_MODEL, **overrides) -> RunConfig:
     """ScaleRL with the DAPO loss instead of CISPO: PPO-clip 0.2 / 0.26 (the paper's DAPO
@@ -162,8 +203,9 @@ def loo_loss(model: str = DEFAULT_MODEL, **overrides) -> RunConfig:
         loss.objective = "dapo"
         loss.clip_eps_high = 0.26
     """
-    return _variant("scalerl-loo:loss", model, overrides,
-                    loss=dict(objective="dapo", clip_eps_high=0.26))
+    return _variant(
+        "scalerl-loo:loss", model, overrides, loss=dict(objective="dapo", clip_eps_high=0.26)
+    )
 
 
 def loo_fp32_head(model: str = DEFAULT_MODEL, **overrides) -> RunConfig:
@@ -183,8 +225,7 @@ def loo_aggregation(model: str = DEFAULT_MODEL, **overrides) -> RunConfig:
     Differs from scalerl:
         loss.aggregation = "sequence"
     """
-    return _variant("scalerl-loo:aggregation", model, overrides,
-                    loss=dict(aggregation="sequence"))
+    return _variant("scalerl-loo:aggregation", model, overrides, loss=dict(aggregation="sequence"))
 
 
 def loo_advantage_norm(model: str = DEFAULT_MODEL, **overrides) -> RunConfig:
@@ -193,8 +234,9 @@ def loo_advantage_norm(model: str = DEFAULT_MODEL, **overrides) -> RunConfig:
     Differs from scalerl:
         loss.advantage_norm = "group"
     """
-    return _variant("scalerl-loo:advantage-norm", model, overrides,
-                    loss=dict(advantage_norm="group"))
+    return _variant(
+        "scalerl-loo:advantage-norm", model, overrides, loss=dict(advantage_norm="group")
+    )
 
 
 def loo_zero_variance(model: str = DEFAULT_MODEL, **overrides) -> RunConfig:
@@ -204,8 +246,9 @@ def loo_zero_variance(model: str = DEFAULT_MODEL, **overrides) -> RunConfig:
     Differs from scalerl:
         loss.zero_variance_filter = False
     """
-    return _variant("scalerl-loo:zero-variance", model, overrides,
-                    loss=dict(zero_variance_filter=False))
+    return _variant(
+        "scalerl-loo:zero-variance", model, overrides, loss=dict(zero_variance_filter=False)
+    )
 
 
 def loo_no_positive_resampling(model: str = DEFAULT_MODEL, **overrides) -> RunConfig:
@@ -214,8 +257,12 @@ def loo_no_positive_resampling(model: str = DEFAULT_MODEL, **overrides) -> RunCo
     Differs from scalerl:
         pipeline.no_positive_resampling = False
     """
-    return _variant("scalerl-loo:no-positive-resampling", model, overrides,
-                    pipeline=dict(no_positive_resampling=False))
+    return _variant(
+        "scalerl-loo:no-positive-resampling",
+        model,
+        overrides,
+        pipeline=dict(no_positive_resampling=False),
+    )
 
 
 def loo_off_policy(model: str = DEFAULT_MODEL, **overrides) -> RunConfig:
@@ -225,8 +272,9 @@ def loo_off_policy(model: str = DEFAULT_MODEL, **overrides) -> RunConfig:
     Differs from scalerl:
         pipeline.mode = "ppo_off_policy"
     """
-    return _variant("scalerl-loo:off-policy", model, overrides,
-                    pipeline=dict(mode="ppo_off_policy"))
+    return _variant(
+        "scalerl-loo:off-policy", model, overrides, pipeline=dict(mode="ppo_off_policy")
+    )
 
 
 def loo_interruptions(model: str = DEFAULT_MODEL, **overrides) -> RunConfig:
@@ -239,14 +287,20 @@ def loo_interruptions(model: str = DEFAULT_MODEL, **overrides) -> RunConfig:
         sampler.interruptions = False
         loss.length_penalty = True
     """
-    return _variant("scalerl-loo:interruptions", model, overrides,
-                    sampler=dict(interruptions=False), loss=dict(length_penalty=True))
+    return _variant(
+        "scalerl-loo:interruptions",
+        model,
+        overrides,
+        sampler=dict(interruptions=False),
+        loss=dict(length_penalty=True),
+    )
 
 
 # --------------------------------------------------------------------------------- scaling axes
 # Batch size: the paper varies the number of prompts and keeps 16 generations per prompt (the
 # 768 recipe is 48 x 16; the 2048 run is 128 x 16). Generations per prompt: the batch stays 768,
 # so prompts = 768 / G.
+
 
 def scalerl_batch512(model: str = DEFAULT_MODEL, **overrides) -> RunConfig:
     """ScaleRL at batch 512 = 32 prompts x 16 generations.
@@ -268,8 +322,13 @@ def scalerl_batch2048(model: str = DEFAULT_MODEL, **overrides) -> RunConfig:
 
 def _generations(g: int) -> Callable[..., RunConfig]:
     def recipe(model: str = DEFAULT_MODEL, **overrides) -> RunConfig:
-        return _variant(f"scalerl-gen{g}", model, overrides,
-                        pipeline=dict(prompts_per_step=768 // g, generations_per_prompt=g))
+        return _variant(
+            f"scalerl-gen{g}",
+            model,
+            overrides,
+            pipeline=dict(prompts_per_step=768 // g, generations_per_prompt=g),
+        )
+
     recipe.__name__ = recipe.__qualname__ = f"scalerl_gen{g}"
     recipe.__doc__ = f"""ScaleRL with {g} generations per prompt at batch 768 = {768 // g} x {g}.
 
@@ -300,7 +359,14 @@ def scalerl_32k(model: str = DEFAULT_MODEL, **overrides) -> RunConfig:
         sampler.think_max = 30000
     """
     think = LONG_THINK_TOKENS
-    return _variant("scalerl-32k", model, overrides, sampler=dict(
-        max_target_length=PROMPT_TOKENS + think + ANSWER_TOKENS + PHRASE_ROOM,
-        max_new_tokens=think + ANSWER_TOKENS, think_min=think * 10000 // THINK_TOKENS,
-        think_max=think * 12000 // THINK_TOKENS))
+    return _variant(
+        "scalerl-32k",
+        model,
+        overrides,
+        sampler=dict(
+            max_target_length=PROMPT_TOKENS + think + ANSWER_TOKENS + PHRASE_ROOM,
+            max_new_tokens=think + ANSWER_TOKENS,
+            think_min=think * 10000 // THINK_TOKENS,
+            think_max=think * 12000 // THINK_TOKENS,
+        ),
+    )

@@ -2,6 +2,7 @@
 `get` and `describe`, the sizes a recipe takes on an accelerator (ACCELERATOR_SIZES,
 `for_accelerator`), and `documented_diff`, which reads a recipe's "Differs from ...:"
 docstring block so tests can hold it to the real difference."""
+
 from __future__ import annotations
 
 import ast
@@ -10,12 +11,27 @@ import textwrap
 from typing import Any, Callable, Optional
 
 from scalerl_jax.config import ConfigError, RunConfig, apply_overrides
-from scalerl_jax.recipes.paper import (dapo, grpo, loo_advantage_norm, loo_aggregation,
-                                       loo_fp32_head, loo_interruptions, loo_loss,
-                                       loo_no_positive_resampling, loo_off_policy,
-                                       loo_zero_variance, magistral, minimax, scalerl,
-                                       scalerl_32k, scalerl_batch512, scalerl_batch2048,
-                                       scalerl_gen8, scalerl_gen24, scalerl_gen32)
+from scalerl_jax.recipes.paper import (
+    dapo,
+    grpo,
+    loo_advantage_norm,
+    loo_aggregation,
+    loo_fp32_head,
+    loo_interruptions,
+    loo_loss,
+    loo_no_positive_resampling,
+    loo_off_policy,
+    loo_zero_variance,
+    magistral,
+    minimax,
+    scalerl,
+    scalerl_32k,
+    scalerl_batch512,
+    scalerl_batch2048,
+    scalerl_gen8,
+    scalerl_gen24,
+    scalerl_gen32,
+)
 from scalerl_jax.recipes.testbeds import gsm8k, testbed, testbed_mix
 
 # What a recipe changes when it runs on an accelerator (a GPU, or a TPU slice with --tpu)
@@ -26,7 +42,8 @@ from scalerl_jax.recipes.testbeds import gsm8k, testbed, testbed_mix
 ACCELERATOR_SIZES: dict[str, tuple[tuple[str, ...], ...]] = {
     "gsm8k": (
         # 512 samples a step, 16 per prompt as the paper; every slot of a step's batch at once.
-        ("pipeline.prompts_per_step=32",), ("pipeline.generations_per_prompt=16",),
+        ("pipeline.prompts_per_step=32",),
+        ("pipeline.generations_per_prompt=16",),
         ("sampler.max_concurrent_decodes=512",),
         # Remat only where the plan needs it (it is on for the CPU's shared host RAM).
         ("model.remat=false",),
@@ -35,8 +52,12 @@ ACCELERATOR_SIZES: dict[str, tuple[tuple[str, ...], ...]] = {
         # All 1,319 test problems x 4 samples (standard error ~0.01) every 20 steps.
         ("eval.num_prompts=1319", "eval.k=4", "eval.every_steps=20"),
         # About 3 epochs of the 7,473 solutions (32 rows of ~2.5 packed solutions a step).
-        ("sft.steps=250", "sft.batch_size=32", "sft.optim.total_steps=250",
-         "sft.optim.warmup_steps=10"),
+        (
+            "sft.steps=250",
+            "sft.batch_size=32",
+            "sft.optim.total_steps=250",
+            "sft.optim.warmup_steps=10",
+        ),
         ("checkpoint_every=50",),
     ),
 }
@@ -46,9 +67,12 @@ def for_accelerator(name: str, cfg: RunConfig, pinned=frozenset()) -> tuple[RunC
     """(`cfg` with recipe `name`'s ACCELERATOR_SIZES, the KEY=VALUE settings applied). `cfg` is
     the recipe as the command line built it; a group with a key in `pinned` (the keys the
     command line set) is skipped. A recipe without accelerator sizes comes back unchanged."""
-    applied = [item for group in ACCELERATOR_SIZES.get(name, ())
-               if not any(item.partition("=")[0] in pinned for item in group)
-               for item in group]
+    applied = [
+        item
+        for group in ACCELERATOR_SIZES.get(name, ())
+        if not any(item.partition("=")[0] in pinned for item in group)
+        for item in group
+    ]
     return (apply_overrides(cfg, applied) if applied else cfg), applied
 
 
@@ -67,11 +91,15 @@ RECIPES: dict[str, tuple[Callable[..., RunConfig], str]] = {
     LOO_PREFIX + "aggregation": (loo_aggregation, "LOO: sample average instead of prompt"),
     LOO_PREFIX + "advantage-norm": (loo_advantage_norm, "LOO: group std instead of batch std"),
     LOO_PREFIX + "zero-variance": (loo_zero_variance, "LOO: no zero-variance filtering"),
-    LOO_PREFIX + "no-positive-resampling": (loo_no_positive_resampling,
-                                            "LOO: no no-positive-resampling"),
+    LOO_PREFIX + "no-positive-resampling": (
+        loo_no_positive_resampling,
+        "LOO: no no-positive-resampling",
+    ),
     LOO_PREFIX + "off-policy": (loo_off_policy, "LOO: PPO-off-policy-8 instead of PipelineRL-8"),
-    LOO_PREFIX + "interruptions": (loo_interruptions,
-                                   "LOO: length penalty (14k / 2k) instead of interruptions"),
+    LOO_PREFIX + "interruptions": (
+        loo_interruptions,
+        "LOO: length penalty (14k / 2k) instead of interruptions",
+    ),
     "scalerl-batch512": (scalerl_batch512, "ScaleRL at batch 512 = 32 x 16"),
     "scalerl-batch2048": (scalerl_batch2048, "ScaleRL at batch 2048 = 128 x 16"),
     "scalerl-gen8": (scalerl_gen8, "ScaleRL, 8 generations per prompt: 96 x 8 = 768"),
@@ -80,15 +108,17 @@ RECIPES: dict[str, tuple[Callable[..., RunConfig], str]] = {
     "scalerl-32k": (scalerl_32k, "ScaleRL generating 32k tokens: 30,720 thinking + 2,048 answer"),
     "gsm8k": (gsm8k, "ScaleRL on GSM8K with SmolLM2-135M: chat, \\boxed{} answers, SFT then RL"),
 }
-LOO_PIECES = tuple(n[len(LOO_PREFIX):] for n in RECIPES if n.startswith(LOO_PREFIX))
+LOO_PIECES = tuple(n[len(LOO_PREFIX) :] for n in RECIPES if n.startswith(LOO_PREFIX))
 
 
 def _lookup(name: str) -> Callable[..., RunConfig]:
     if name in RECIPES:
         return RECIPES[name][0]
     if name.startswith(LOO_PREFIX):
-        raise KeyError(f"unknown leave-one-out piece {name[len(LOO_PREFIX):]!r} in {name!r}; "
-                       f"pieces: {list(LOO_PIECES)}")
+        raise KeyError(
+            f"unknown leave-one-out piece {name[len(LOO_PREFIX) :]!r} in {name!r}; "
+            f"pieces: {list(LOO_PIECES)}"
+        )
     raise KeyError(f"unknown recipe {name!r}; known: {list(RECIPES)}")
 
 
@@ -100,8 +130,10 @@ def get(name: str, **overrides) -> RunConfig:
     # testbed takes no preset name: replacing its model by a string would build a RunConfig
     # whose `model` is not a ModelConfig, and fail only deep inside the run.
     if isinstance(overrides.get("model"), str) and "model" not in inspect.signature(fn).parameters:
-        raise ConfigError(f"recipe {name!r} has its own model; model={overrides['model']!r} "
-                          "(a preset name) applies to the recipes built from scalerl")
+        raise ConfigError(
+            f"recipe {name!r} has its own model; model={overrides['model']!r} "
+            "(a preset name) applies to the recipes built from scalerl"
+        )
     return fn(**overrides)
 
 
@@ -130,7 +162,9 @@ def documented_diff(name: str, base: str = "scalerl") -> Optional[dict[str, Any]
     diff = {}
     for node in ast.parse(textwrap.dedent(block).strip()).body:
         if not (isinstance(node, ast.Assign) and len(node.targets) == 1):
-            raise ValueError(f"recipe {name!r}: not a `key = value` line in its "
-                             f"{DIFF_HEADER!r} block: {ast.unparse(node)}")
+            raise ValueError(
+                f"recipe {name!r}: not a `key = value` line in its "
+                f"{DIFF_HEADER!r} block: {ast.unparse(node)}"
+            )
         diff[ast.unparse(node.targets[0])] = ast.literal_eval(node.value)
     return diff

@@ -1,13 +1,24 @@
 """The recipes sized for this CPU: `testbed` (the embedded default of `make run`: a tiny model
 learning a synthetic task), `testbed_mix` (the testbed on a math + code mixture) and `gsm8k`
 (ScaleRL on GSM8K with a small instruct model)."""
+
 from __future__ import annotations
 
 import dataclasses
 
-from scalerl_jax.config import (DataConfig, DomainConfig, EvalConfig, LossConfig, MeshConfig,
-                                ModelConfig, OptimConfig, PipelineConfig, RunConfig,
-                                SamplerConfig, SFTConfig)
+from scalerl_jax.config import (
+    DataConfig,
+    DomainConfig,
+    EvalConfig,
+    LossConfig,
+    MeshConfig,
+    ModelConfig,
+    OptimConfig,
+    PipelineConfig,
+    RunConfig,
+    SamplerConfig,
+    SFTConfig,
+)
 from scalerl_jax.recipes.paper import scalerl
 
 
@@ -40,26 +51,52 @@ def testbed(**overrides) -> RunConfig:
     from scalerl_jax.data.synthetic import CharTokenizer
 
     problems = "synthetic:countup?max_start=499&num=4000"
-    model_cfg = ModelConfig(name="testbed", vocab_size=CharTokenizer().vocab_size,
-                            hidden_size=128, intermediate_size=384, num_layers=4, num_heads=4,
-                            num_kv_heads=4, max_position_embeddings=256, tie_embeddings=True)
+    model_cfg = ModelConfig(
+        name="testbed",
+        vocab_size=CharTokenizer().vocab_size,
+        hidden_size=128,
+        intermediate_size=384,
+        num_layers=4,
+        num_heads=4,
+        num_kv_heads=4,
+        max_position_embeddings=256,
+        tie_embeddings=True,
+    )
     cfg = RunConfig(
         model=model_cfg,
         mesh=MeshConfig(colocate=True),
-        sampler=SamplerConfig(max_concurrent_decodes=64, max_prefill_length=16,
-                              max_target_length=96, max_new_tokens=80, think_min=56,
-                              think_max=60, answer_budget=4,
-                              interruption_phrase="time is up. </think>"),
+        sampler=SamplerConfig(
+            max_concurrent_decodes=64,
+            max_prefill_length=16,
+            max_target_length=96,
+            max_new_tokens=80,
+            think_min=56,
+            think_max=60,
+            answer_budget=4,
+            interruption_phrase="time is up. </think>",
+        ),
         loss=LossConfig(),
         optim=OptimConfig(learning_rate=6e-6, warmup_steps=10, eps=1e-8, logprob_chunk=None),
-        pipeline=PipelineConfig(mode="pipeline", max_lag=8, prompts_per_step=16,
-                                generations_per_prompt=8, seq_bucket=16),
+        pipeline=PipelineConfig(
+            mode="pipeline", max_lag=8, prompts_per_step=16, generations_per_prompt=8, seq_bucket=16
+        ),
         data=DataConfig(source=problems, template="{prompt}", num_validation=400),
         eval=EvalConfig(every_steps=18, k=4, num_prompts=400),
-        sft=SFTConfig(source=problems + "&direct=0.7", steps=300, batch_size=16, max_length=128,
-                      optim=OptimConfig(learning_rate=3e-3, warmup_steps=20, eps=1e-8,
-                                        weight_decay=0.0, schedule="cosine", total_steps=300,
-                                        logprob_chunk=None)),
+        sft=SFTConfig(
+            source=problems + "&direct=0.7",
+            steps=300,
+            batch_size=16,
+            max_length=128,
+            optim=OptimConfig(
+                learning_rate=3e-3,
+                warmup_steps=20,
+                eps=1e-8,
+                weight_decay=0.0,
+                schedule="cosine",
+                total_steps=300,
+                logprob_chunk=None,
+            ),
+        ),
         workdir="runs/testbed",
         steps=180,
         checkpoint_every=45,
@@ -96,14 +133,24 @@ def testbed_mix(**overrides) -> RunConfig:
     base = testbed()
     cfg = dataclasses.replace(
         base,
-        data=dataclasses.replace(base.data, source="mixture", num_validation=200, domains=(
-            DomainConfig("math", MIX_MATH, verifier="exact"),
-            DomainConfig("code", MIX_CODE, verifier="code"))),
+        data=dataclasses.replace(
+            base.data,
+            source="mixture",
+            num_validation=200,
+            domains=(
+                DomainConfig("math", MIX_MATH, verifier="exact"),
+                DomainConfig("code", MIX_CODE, verifier="code"),
+            ),
+        ),
         # testbed() has an SFT stage.
         sft=dataclasses.replace(  # type: ignore[type-var]
-            base.sft, source=f"{MIX_MATH}&direct=0.7|{MIX_CODE[len('synthetic:'):]}&direct=0.7",
-            steps=400, optim=dataclasses.replace(base.sft.optim, total_steps=400)),  # type: ignore[union-attr]
-        workdir="runs/testbed-mix")
+            base.sft,
+            source=f"{MIX_MATH}&direct=0.7|{MIX_CODE[len('synthetic:') :]}&direct=0.7",
+            steps=400,
+            optim=dataclasses.replace(base.sft.optim, total_steps=400),
+        ),  # type: ignore[union-attr]
+        workdir="runs/testbed-mix",
+    )
     return dataclasses.replace(cfg, **overrides) if overrides else cfg
 
 
@@ -196,22 +243,45 @@ def gsm8k(model: str = GSM8K_MODEL, **overrides) -> RunConfig:
         cfg,
         model=cfg.model.replace(remat=True),
         mesh=dataclasses.replace(cfg.mesh, colocate=True),
-        sampler=dataclasses.replace(cfg.sampler, max_concurrent_decodes=16,
-                                    max_prefill_length=256, max_target_length=512,
-                                    max_new_tokens=256, interruptions=False),
-        optim=dataclasses.replace(cfg.optim, learning_rate=2e-6, warmup_steps=10,
-                                  micro_batches=4),
+        sampler=dataclasses.replace(
+            cfg.sampler,
+            max_concurrent_decodes=16,
+            max_prefill_length=256,
+            max_target_length=512,
+            max_new_tokens=256,
+            interruptions=False,
+        ),
+        optim=dataclasses.replace(cfg.optim, learning_rate=2e-6, warmup_steps=10, micro_batches=4),
         pipeline=dataclasses.replace(cfg.pipeline, prompts_per_step=4, generations_per_prompt=4),
-        data=dataclasses.replace(cfg.data, source="../shared/data/gsm8k/train.jsonl",
-                                 prompt_field="question", answer_field="answer",
-                                 answer_format="gsm8k", system_prompt=BOXED_INSTRUCTION,
-                                 validation_source="{data_dir}/test.jsonl", num_validation=1319),
+        data=dataclasses.replace(
+            cfg.data,
+            source="../shared/data/gsm8k/train.jsonl",
+            prompt_field="question",
+            answer_field="answer",
+            answer_format="gsm8k",
+            system_prompt=BOXED_INSTRUCTION,
+            validation_source="{data_dir}/test.jsonl",
+            num_validation=1319,
+        ),
         eval=EvalConfig(every_steps=10, k=1, num_prompts=64),
-        sft=SFTConfig(source="{data_source}", prompt_field="question", completion_field="answer",
-                      completion_format="gsm8k", steps=16, batch_size=4, max_length=512,
-                      log_every=2,
-                      optim=OptimConfig(learning_rate=5e-5, warmup_steps=2, schedule="cosine",
-                                        total_steps=16, eps=1e-8, weight_decay=0.0)),
+        sft=SFTConfig(
+            source="{data_source}",
+            prompt_field="question",
+            completion_field="answer",
+            completion_format="gsm8k",
+            steps=16,
+            batch_size=4,
+            max_length=512,
+            log_every=2,
+            optim=OptimConfig(
+                learning_rate=5e-5,
+                warmup_steps=2,
+                schedule="cosine",
+                total_steps=16,
+                eps=1e-8,
+                weight_decay=0.0,
+            ),
+        ),
         workdir=f"runs/gsm8k-{model}",
         steps=200,
         checkpoint_every=10,

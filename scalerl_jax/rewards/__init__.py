@@ -7,18 +7,41 @@ The names below load their module on first use (PEP 562): the pool's child proce
 this package on their way to pool_child.py, and must not pay for SymPy, math-verify or the
 config there.
 """
+
 import importlib
 
 _EXPORTS = {
-    "math": ("extract_answer", "is_equivalent", "normalize_answer", "parse_math",
-             "strip_thinking", "to_reward", "verify_math"),
-    "code": ("CodeResult", "SandboxLimits", "TestOutcome", "check_tests", "extract_code",
-             "run_tests", "verify_code"),
+    "math": (
+        "extract_answer",
+        "is_equivalent",
+        "normalize_answer",
+        "parse_math",
+        "strip_thinking",
+        "to_reward",
+        "verify_math",
+    ),
+    "code": (
+        "CodeResult",
+        "SandboxLimits",
+        "TestOutcome",
+        "check_tests",
+        "extract_code",
+        "run_tests",
+        "verify_code",
+    ),
     "pool": ("RewardPool", "ScoreResult", "Verifier"),
     "synthetic": ("extract_final", "verify_exact"),
-    "verifiers": ("ANSWER_CHECKS", "NAMED_VERIFIERS", "answer_checks", "default_verifier",
-                  "domain_verifiers", "use_processes", "verifier_by_name", "verifier_for_source",
-                  "verifier_names"),
+    "verifiers": (
+        "ANSWER_CHECKS",
+        "NAMED_VERIFIERS",
+        "answer_checks",
+        "default_verifier",
+        "domain_verifiers",
+        "use_processes",
+        "verifier_by_name",
+        "verifier_for_source",
+        "verifier_names",
+    ),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 

@@ -14,6 +14,7 @@ Protocol, one JSON line each way: stdin gets the job (`setup`, `tests`), then `{
 process answers with `{"op": "call", ...}` lines (each followed on stdin by the candidate's
 answer) and ends each test with `{"verdict": status, "detail": text}`.
 """
+
 import builtins
 import os
 import sys
@@ -47,8 +48,12 @@ _FAILURES: list[CandidateFailed] = []
 def _proxy(name):
     def call(*args, **kwargs):
         try:
-            encoded = {"op": "call", "fn": name, "args": _inside.encode(list(args)),
-                       "kwargs": _inside.encode(dict(kwargs))}
+            encoded = {
+                "op": "call",
+                "fn": name,
+                "args": _inside.encode(list(args)),
+                "kwargs": _inside.encode(dict(kwargs)),
+            }
         except _inside.WireError as e:
             raise CandidateFailed("unsupported", f"argument of {name}(): {e}") from None
         _send(encoded)
@@ -62,6 +67,7 @@ def _proxy(name):
                 kind = RuntimeError
             raise kind(str(answer.get("message", ""))[:300])
         raise CandidateFailed(str(status), str(answer.get("detail", ""))[:300])
+
     call.__name__ = name
     return call
 

@@ -11,6 +11,7 @@ tagged: `{"$t": [...]}` tuple, `{"$s": [...]}` set, `{"$fs": [...]}` frozenset, 
 "inf"}` non-finite float. Plain JSON objects never appear on the wire, so no tag can be faked by a
 string key. Hand-written: pickle would run code on decode, and no JSON library keeps these types.
 """
+
 import json
 import math
 import os
@@ -60,7 +61,7 @@ def decode(obj, depth=0):
         return [decode(v, depth + 1) for v in obj]
     if t is not dict or len(obj) != 1:
         raise WireError(f"malformed value of type {t.__name__}")
-    (tag, body), = obj.items()
+    ((tag, body),) = obj.items()
     if tag == "$f" and body in ("inf", "-inf", "nan"):
         return float(body)
     if tag == "$b" and type(body) is str:
@@ -109,7 +110,7 @@ def dumps(msg):
 def write_all(fd, data):
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 def drop_privileges(uid):

@@ -22,6 +22,7 @@ size, open files, processes (RLIMIT_NPROC also counts threads), no core files. I
 root where the installation allows, becomes a child subreaper (so the trusted side can find and
 kill every descendant), and installs an audit hook in each child.
 """
+
 import builtins
 import math
 import os
@@ -30,7 +31,6 @@ import select
 import signal
 import sys
 import time
-
 
 
 def _load(name):
@@ -60,6 +60,7 @@ def _emit(msg):
 
 def _prctl(option, value):
     import ctypes  # the runner's own use; a candidate program never runs in this process
+
     return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
 
 
@@ -67,11 +68,14 @@ def _prctl(option, value):
 def _set_limits(lim):
     cpu = max(1, math.ceil(lim["cpu_s"]))
     mem = lim["memory_mb"] << 20
-    for res, value in ((resource.RLIMIT_CPU, (cpu, cpu + 1)), (resource.RLIMIT_AS, (mem, mem)),
-                       (resource.RLIMIT_FSIZE, (lim["max_file_bytes"],) * 2),
-                       (resource.RLIMIT_NOFILE, (lim["max_open_files"],) * 2),
-                       (resource.RLIMIT_CORE, (0, 0)),
-                       (resource.RLIMIT_NPROC, (lim["nproc"],) * 2)):
+    for res, value in (
+        (resource.RLIMIT_CPU, (cpu, cpu + 1)),
+        (resource.RLIMIT_AS, (mem, mem)),
+        (resource.RLIMIT_FSIZE, (lim["max_file_bytes"],) * 2),
+        (resource.RLIMIT_NOFILE, (lim["max_open_files"],) * 2),
+        (resource.RLIMIT_CORE, (0, 0)),
+        (resource.RLIMIT_NPROC, (lim["nproc"],) * 2),
+    ):
         resource.setrlimit(res, value)
 
 
@@ -162,9 +166,11 @@ def _session_child(job, compiled):
                 answer = {"status": "crash", "detail": f"{type(e).__name__} in the call"}
             except BaseException as e:  # noqa: BLE001 - raised by the program: the test sees it
                 status, detail = _failure(e, violations)
-                answer = ({"status": status, "detail": detail[:300]} if status != "crash" else
-                          {"status": "raised", "type": type(e).__name__,
-                           "message": detail[:300]})
+                answer = (
+                    {"status": status, "detail": detail[:300]}
+                    if status != "crash"
+                    else {"status": "raised", "type": type(e).__name__, "message": detail[:300]}
+                )
             _report(answer)
         os._exit(0)
     except MemoryError:
@@ -195,8 +201,13 @@ class Child:
                 devnull = os.open(os.devnull, os.O_WRONLY)
                 # a loaded program's prints are not part of any verdict: discarded
                 stdout = out_w if stdin_text is not None else devnull
-                for src, dst in ((in_fd, 0), (stdout, 1), (devnull, 2), (status_w, STATUS_FD),
-                                 (req_r, REQUEST_FD)):
+                for src, dst in (
+                    (in_fd, 0),
+                    (stdout, 1),
+                    (devnull, 2),
+                    (status_w, STATUS_FD),
+                    (req_r, REQUEST_FD),
+                ):
                     os.dup2(src, dst)
                 os.closerange(REQUEST_FD + 1, 1 << 16)
                 _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -294,12 +305,16 @@ class Child:
         if os.WIFSIGNALED(w):
             sig = os.WTERMSIG(w)
             cpu = sig in (signal.SIGXCPU, signal.SIGKILL)
-            return {"status": "timeout" if cpu else "crash",
-                    "detail": f"killed by {signal.Signals(sig).name}"
-                    + (f" (cpu limit {lim['cpu_s']} s)" if cpu else "")}
+            return {
+                "status": "timeout" if cpu else "crash",
+                "detail": f"killed by {signal.Signals(sig).name}"
+                + (f" (cpu limit {lim['cpu_s']} s)" if cpu else ""),
+            }
         code = os.WEXITSTATUS(w) if os.WIFEXITED(w) else -1
-        return {"status": "memory" if code == EXIT_NO_RESULT + 1 else "crash",
-                "detail": f"exited with code {code} before reporting a result"}
+        return {
+            "status": "memory" if code == EXIT_NO_RESULT + 1 else "crash",
+            "detail": f"exited with code {code} before reporting a result",
+        }
 
 
 def _answer(child, line, reason):
@@ -320,7 +335,7 @@ def _run_stdio(job, compiled, text):
     else:
         status = child.ended(reason)
     child.kill()
-    out = bytes(child.stdout[:child.cap]).decode("utf-8", "replace")
+    out = bytes(child.stdout[: child.cap]).decode("utf-8", "replace")
     status["stdout"] = out
     return _inside.dumps(status)
 

@@ -3,6 +3,7 @@
 the Python installation stays importable for nobody, and a PEP 578 audit hook. Loaded by path in
 the weak mode only; standard library only.
 """
+
 import os
 import sys
 
@@ -15,17 +16,22 @@ NOBODY = 65534
 def unshare():
     """Network + PID namespaces (+ a user namespace when not root): None, or why not."""
     import ctypes
+
     libc = ctypes.CDLL(None, use_errno=True)
     uid, gid = os.geteuid(), os.getegid()
     attempts = ([CLONE_NEWNET | CLONE_NEWPID] if uid == 0 else []) + [
-        CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWPID]
+        CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWPID
+    ]
     error = "unshare unavailable"
     for flags in attempts:
         if libc.unshare(flags) == 0:
             if flags & CLONE_NEWUSER:
                 try:
-                    for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"),
-                                       ("gid_map", f"{gid} {gid} 1")):
+                    for name, text in (
+                        ("setgroups", "deny"),
+                        ("uid_map", f"{uid} {uid} 1"),
+                        ("gid_map", f"{gid} {gid} 1"),
+                    ):
                         with open(f"/proc/self/{name}", "w") as f:
                             f.write(text)
                 except OSError:
@@ -67,23 +73,66 @@ def audit_hook(workdir, violations):
     Python-level calls, and a program aimed at it can undo it; the strong mode does not rely
     on it."""
     workdir = os.path.realpath(workdir)
-    read_roots = {workdir, "/usr", "/lib", "/lib64", "/etc", "/dev/null", "/dev/zero",
-                  "/dev/urandom", "/dev/random", os.path.realpath("/proc/self")}
+    read_roots = {
+        workdir,
+        "/usr",
+        "/lib",
+        "/lib64",
+        "/etc",
+        "/dev/null",
+        "/dev/zero",
+        "/dev/urandom",
+        "/dev/random",
+        os.path.realpath("/proc/self"),
+    }
     for p in [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, *sys.path]:
         if p:
             read_roots.add(os.path.realpath(p))
     read_roots = tuple(read_roots)
     deny_events = {
-        "os.fork", "os.forkpty", "os.system", "os.exec", "os.posix_spawn", "os.spawn",
-        "subprocess.Popen", "os.kill", "os.killpg", "signal.pthread_kill", "socket.__new__",
-        "socket.getaddrinfo", "socket.gethostbyname", "socket.gethostbyname_ex",
-        "socket.gethostbyaddr", "socket.getnameinfo", "ctypes.dlsym", "ctypes.dlsym/handle",
-        "ctypes.call_function", "ctypes.cdata", "ctypes.cdata/buffer", "ctypes.string_at",
-        "ctypes.wstring_at", "os.setxattr", "os.removexattr", "sqlite3.connect"}
-    path_events = {"os.remove": (0,), "os.rmdir": (0,), "os.mkdir": (0,), "os.rename": (0, 1),
-                   "os.link": (0, 1), "os.symlink": (1,), "os.truncate": (0,), "os.chmod": (0,),
-                   "os.chown": (0,), "os.utime": (0,), "os.chflags": (0,), "os.lchflags": (0,),
-                   "shutil.rmtree": (0,), "shutil.chown": (0,)}
+        "os.fork",
+        "os.forkpty",
+        "os.system",
+        "os.exec",
+        "os.posix_spawn",
+        "os.spawn",
+        "subprocess.Popen",
+        "os.kill",
+        "os.killpg",
+        "signal.pthread_kill",
+        "socket.__new__",
+        "socket.getaddrinfo",
+        "socket.gethostbyname",
+        "socket.gethostbyname_ex",
+        "socket.gethostbyaddr",
+        "socket.getnameinfo",
+        "ctypes.dlsym",
+        "ctypes.dlsym/handle",
+        "ctypes.call_function",
+        "ctypes.cdata",
+        "ctypes.cdata/buffer",
+        "ctypes.string_at",
+        "ctypes.wstring_at",
+        "os.setxattr",
+        "os.removexattr",
+        "sqlite3.connect",
+    }
+    path_events = {
+        "os.remove": (0,),
+        "os.rmdir": (0,),
+        "os.mkdir": (0,),
+        "os.rename": (0, 1),
+        "os.link": (0, 1),
+        "os.symlink": (1,),
+        "os.truncate": (0,),
+        "os.chmod": (0,),
+        "os.chown": (0,),
+        "os.utime": (0,),
+        "os.chflags": (0,),
+        "os.lchflags": (0,),
+        "shutil.rmtree": (0,),
+        "shutil.chown": (0,),
+    }
     write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
     realpath, fspath, sep = os.path.realpath, os.fspath, os.sep
 
@@ -108,7 +157,8 @@ def audit_hook(workdir, violations):
         elif event == "open":
             path, mode, flags = (tuple(args) + (None, None, None))[:3]
             writing = (mode is not None and any(c in str(mode) for c in "wax+")) or (
-                mode is None and flags is not None and flags & write_flags)
+                mode is None and flags is not None and flags & write_flags
+            )
             if not inside(path, (workdir,) if writing else read_roots):
                 deny(f"{'writing' if writing else 'reading'} {path!r}")
         elif event in path_events:

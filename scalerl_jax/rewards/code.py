@@ -20,6 +20,7 @@ not 1000); a number written with a decimal point or exponent in the expected out
 within 1e-6 (relative, or absolute below 1), in exact decimal arithmetic (no digit limit, no
 overflow to inf).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -65,18 +66,28 @@ class SandboxLimits:
     def __post_init__(self):
         for name in ("timeout_s", "cpu_s", "total_timeout_s"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-                    value > 0 and math.isfinite(value)):
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not (value > 0 and math.isfinite(value))
+            ):
                 raise ConfigError(f"SandboxLimits.{name}={value!r}: must be a finite number > 0")
-        minimum = {"memory_mb": 32, "max_output_bytes": 1, "max_processes": 1,
-                   "max_file_bytes": 1, "max_open_files": 16, "tmpfs_mb": 1}
+        minimum = {
+            "memory_mb": 32,
+            "max_output_bytes": 1,
+            "max_processes": 1,
+            "max_file_bytes": 1,
+            "max_open_files": 16,
+            "tmpfs_mb": 1,
+        }
         for name, low in minimum.items():
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ConfigError(f"SandboxLimits.{name}={value!r}: must be an integer >= {low}")
         if self.isolation not in ISOLATIONS:
-            raise ConfigError(f"SandboxLimits.isolation={self.isolation!r}: must be one of "
-                              f"{ISOLATIONS}")
+            raise ConfigError(
+                f"SandboxLimits.isolation={self.isolation!r}: must be one of {ISOLATIONS}"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,8 +139,9 @@ def _text(value: Any, field: str, i: int) -> str:
         return value
     if isinstance(value, list) and all(isinstance(v, str) for v in value):
         return "\n".join(value) + "\n"
-    raise ValueError(f"tests.{field}[{i}]: expected a string (or a list of lines), "
-                     f"got {type(value).__name__}")
+    raise ValueError(
+        f"tests.{field}[{i}]: expected a string (or a list of lines), got {type(value).__name__}"
+    )
 
 
 def _strings(value: Any, field: str) -> list:
@@ -144,8 +156,9 @@ def parse_tests(tests: Union[dict, list]) -> TestSpec:
     if isinstance(tests, list):
         tests = {"test_list": tests}
     if not isinstance(tests, dict):
-        raise ValueError(f"tests: expected a JSON object or a list of asserts, "
-                         f"got {type(tests).__name__}")
+        raise ValueError(
+            f"tests: expected a JSON object or a list of asserts, got {type(tests).__name__}"
+        )
     if "test_list" in tests:
         asserts = [a for a in _strings(tests["test_list"], "test_list") if a.strip()]
         setup = tests.get("test_setup_code") or ""
@@ -159,15 +172,18 @@ def parse_tests(tests: Union[dict, list]) -> TestSpec:
     if "test" in tests or "entry_point" in tests:
         test, entry = tests.get("test"), tests.get("entry_point")
         if not isinstance(test, str) or "def check" not in test:
-            raise ValueError(f"tests.test: expected source defining check(candidate), "
-                             f"got {test!r:.80}")
+            raise ValueError(
+                f"tests.test: expected source defining check(candidate), got {test!r:.80}"
+            )
         if not isinstance(entry, str) or not entry.isidentifier():
             raise ValueError(f"tests.entry_point: expected a function name, got {entry!r:.80}")
         return TestSpec("assert", (f"{test}\ncheck({entry})\n",))
     keys = ("inputs", "outputs") if "inputs" in tests else ("input", "output")
     if keys[0] not in tests or keys[1] not in tests:
-        raise ValueError(f"tests: expected 'inputs'/'outputs', 'test_list' or 'test'/"
-                         f"'entry_point' keys, got {sorted(tests)[:10]}")
+        raise ValueError(
+            f"tests: expected 'inputs'/'outputs', 'test_list' or 'test'/"
+            f"'entry_point' keys, got {sorted(tests)[:10]}"
+        )
     inputs, outputs = tests[keys[0]], tests[keys[1]]
     for field, value in zip(keys, (inputs, outputs)):
         if not isinstance(value, list):
@@ -178,14 +194,18 @@ def parse_tests(tests: Union[dict, list]) -> TestSpec:
         raise ValueError(f"tests.{keys[0]}: no tests (empty list)")
     fn_name = tests.get("fn_name")
     if fn_name is None or fn_name == "":
-        return TestSpec("stdio", tuple(_text(v, keys[0], i) for i, v in enumerate(inputs)),
-                        tuple(_text(v, keys[1], i) for i, v in enumerate(outputs)))
+        return TestSpec(
+            "stdio",
+            tuple(_text(v, keys[0], i) for i, v in enumerate(inputs)),
+            tuple(_text(v, keys[1], i) for i, v in enumerate(outputs)),
+        )
     if not isinstance(fn_name, str) or not fn_name.isidentifier():
         raise ValueError(f"tests.fn_name: expected a function name, got {fn_name!r:.80}")
     for i, args in enumerate(inputs):
         if not isinstance(args, list):
-            raise ValueError(f"tests.{keys[0]}[{i}]: expected a list of arguments, "
-                             f"got {type(args).__name__}")
+            raise ValueError(
+                f"tests.{keys[0]}[{i}]: expected a list of arguments, got {type(args).__name__}"
+            )
     return TestSpec("call", tuple(inputs), tuple(outputs), fn_name=fn_name)
 
 
@@ -247,15 +267,15 @@ def values_match(got: Any, expected: Any) -> bool:
     if isinstance(got, (list, tuple)) and isinstance(expected, list):
         return len(got) == len(expected) and all(map(values_match, got, expected))
     if isinstance(got, dict) and isinstance(expected, dict):
-        return got.keys() == expected.keys() and all(values_match(got[k], expected[k])
-                                                     for k in got)
+        return got.keys() == expected.keys() and all(values_match(got[k], expected[k]) for k in got)
     return type(got) is type(expected) and got == expected
 
 
 def _call_match(got: Any, expected: Any) -> bool:
     """APPS stores many call-based outputs wrapped in a one-element list: accept either."""
     return values_match(got, expected) or (
-        isinstance(expected, list) and len(expected) == 1 and values_match(got, expected[0]))
+        isinstance(expected, list) and len(expected) == 1 and values_match(got, expected[0])
+    )
 
 
 # ----------------------------------------------------------------------------- extraction
@@ -278,7 +298,7 @@ def extract_code(completion: str) -> Optional[str]:
             code, start, pos = text[start:j], None, j + 3
             continue
         newline = text.find("\n", j + 3, j + 3 + _FENCE_TAG_CHARS + 1)
-        if newline >= 0 and text[j + 3:newline].strip(" \t").lower() in _FENCE_LANGS:
+        if newline >= 0 and text[j + 3 : newline].strip(" \t").lower() in _FENCE_LANGS:
             start = pos = newline + 1
         else:
             pos = j + 3
@@ -302,8 +322,9 @@ def _decode_value(answer: dict) -> tuple[bool, Any]:
 def _outcome(answer: Optional[dict], what: str = "") -> TestOutcome:
     """A TestOutcome for a failed answer of the program's process (None: it did not answer)."""
     if answer is None:
-        return TestOutcome("timeout" if what == "timeout" else "crash",
-                           what or "the sandbox stopped answering")
+        return TestOutcome(
+            "timeout" if what == "timeout" else "crash", what or "the sandbox stopped answering"
+        )
     status = str(answer.get("status"))
     detail = str(answer.get("detail", answer.get("message", "")))[:300]
     if status == "raised":
@@ -322,16 +343,26 @@ class _Run:
         self.spec, self.limits = spec, limits
         self.deadline = start + limits.total_timeout_s
         mode = resolve_mode(limits.isolation)
-        lim = {k: getattr(limits, k) for k in ("timeout_s", "cpu_s", "memory_mb",
-                                               "max_output_bytes", "max_processes",
-                                               "max_file_bytes", "max_open_files")}
+        lim = {
+            k: getattr(limits, k)
+            for k in (
+                "timeout_s",
+                "cpu_s",
+                "memory_mb",
+                "max_output_bytes",
+                "max_processes",
+                "max_file_bytes",
+                "max_open_files",
+            )
+        }
         max_line = 6 * limits.max_output_bytes + 4096  # JSON escaping of the capped output
         tmpfs = limits.tmpfs_mb << 20
         self.harness = None
         self.program = Process(RUNNER, mode, {"code": code, "limits": lim}, tmpfs, max_line)
         if spec.mode == "assert":
-            self.harness = Process(HARNESS, mode, {"setup": spec.setup,
-                                                   "tests": list(spec.inputs)}, tmpfs, max_line)
+            self.harness = Process(
+                HARNESS, mode, {"setup": spec.setup, "tests": list(spec.inputs)}, tmpfs, max_line
+            )
         hello = self.program.read(self.deadline)
         if hello is not None and "fatal" in hello:
             raise RuntimeError(f"the code sandbox could not start: {hello['fatal']}")
@@ -351,8 +382,9 @@ class _Run:
                 return self._failed(answer, deadline)
             out = str(answer.get("stdout", ""))
             if not outputs_match(out, spec.expected[i]):
-                return TestOutcome("wrong", f"expected {spec.expected[i][:60]!r}, got "
-                                            f"{out[:60]!r}", out)
+                return TestOutcome(
+                    "wrong", f"expected {spec.expected[i][:60]!r}, got {out[:60]!r}", out
+                )
             return TestOutcome("ok", "", out)
         loaded = self.program.request({"op": "load"}, deadline)
         if loaded is None or loaded.get("status") != "ok":
@@ -366,16 +398,18 @@ class _Run:
         return outcome
 
     def _failed(self, answer: Optional[dict], deadline: float) -> TestOutcome:
-        return _outcome(answer, "timeout" if answer is None and time.monotonic() >= deadline
-                        else "")
+        return _outcome(
+            answer, "timeout" if answer is None and time.monotonic() >= deadline else ""
+        )
 
     def _call(self, i: int, deadline: float) -> TestOutcome:
         try:
             args = _inside.encode(list(self.spec.inputs[i]))
         except _inside.WireError as e:
             return TestOutcome("crash", f"tests.inputs[{i}]: {e}")
-        answer = self.program.request({"op": "call", "fn": self.spec.fn_name, "args": args},
-                                      deadline)
+        answer = self.program.request(
+            {"op": "call", "fn": self.spec.fn_name, "args": args}, deadline
+        )
         if answer is None or answer.get("status") != "ok":
             return self._failed(answer, deadline)
         ok, got = _decode_value(answer)
@@ -387,8 +421,9 @@ class _Run:
         except RecursionError:
             match = False
         if not match:
-            return TestOutcome("wrong", f"expected {self.spec.expected[i]!r:.60}, got "
-                                        f"{shown[:60]}", shown)
+            return TestOutcome(
+                "wrong", f"expected {self.spec.expected[i]!r:.60}, got {shown[:60]}", shown
+            )
         return TestOutcome("ok", "", shown)
 
     def _assert(self, harness: Process, i: int, deadline: float) -> TestOutcome:
@@ -417,8 +452,13 @@ class _Run:
                 process.close()
 
 
-def run_tests(code: str, tests: Union[dict, list, TestSpec],
-              limits: SandboxLimits = SandboxLimits(), *, fail_fast: bool = False) -> CodeResult:
+def run_tests(
+    code: str,
+    tests: Union[dict, list, TestSpec],
+    limits: SandboxLimits = SandboxLimits(),
+    *,
+    fail_fast: bool = False,
+) -> CodeResult:
     """Run `code` against `tests` in the sandbox. Every test gets a status (STATUSES); with
     `fail_fast` the run stops at the first failure and the rest are `skipped`. Raises ValueError
     for a malformed spec, SandboxUnavailable when `limits.isolation="strong"` cannot be met, and
@@ -437,8 +477,9 @@ def run_tests(code: str, tests: Union[dict, list, TestSpec],
                 break
             outcomes[i] = run.run(i)
             if outcomes[i].status == "timeout" and time.monotonic() >= run.deadline:
-                outcomes[i] = TestOutcome("timeout", f"program over total_timeout_s="
-                                                     f"{limits.total_timeout_s}")
+                outcomes[i] = TestOutcome(
+                    "timeout", f"program over total_timeout_s={limits.total_timeout_s}"
+                )
             if outcomes[i].status != "ok" and fail_fast:
                 break
     finally:
@@ -446,14 +487,19 @@ def run_tests(code: str, tests: Union[dict, list, TestSpec],
             run.close()
     for i in range(n):
         if outcomes[i] is None:
-            outcomes[i] = (TestOutcome("skipped", "an earlier test failed") if fail_fast else
-                           TestOutcome("crash", "the sandbox stopped answering")
-                           if run is not None and run.broken and time.monotonic() < run.deadline
-                           else TestOutcome("timeout", f"program over total_timeout_s="
-                                                       f"{limits.total_timeout_s}"))
+            outcomes[i] = (
+                TestOutcome("skipped", "an earlier test failed")
+                if fail_fast
+                else TestOutcome("crash", "the sandbox stopped answering")
+                if run is not None and run.broken and time.monotonic() < run.deadline
+                else TestOutcome(
+                    "timeout", f"program over total_timeout_s={limits.total_timeout_s}"
+                )
+            )
     passed = sum(o.status == "ok" for o in outcomes)
-    return CodeResult(passed, n, tuple(outcomes), run.isolation if run else {},
-                      time.monotonic() - start)
+    return CodeResult(
+        passed, n, tuple(outcomes), run.isolation if run else {}, time.monotonic() - start
+    )
 
 
 def verify_code(completion: str, reference: str, isolation: str = "strong") -> bool:

@@ -35,6 +35,7 @@ Hand-written parts: the extraction and structural rules (math-verify's are too l
 reward: set vs tuple, last number of any expression, last value of a chain, hedges accepted)
 and the size screens (no library bounds SymPy's work).
 """
+
 from __future__ import annotations
 
 import logging
@@ -44,15 +45,34 @@ from typing import Optional
 import math_verify
 
 from scalerl_jax.rewards.math_compare import MAX_COMPARE_DEPTH, collection, compare
-from scalerl_jax.rewards.math_extract import (MAX_COMPLETION_CHARS, THINK_CLOSE, THINK_OPEN,
-                                              extract_answer, last_boxed, strip_thinking)
-from scalerl_jax.rewards.math_limits import (MAX_ANSWER_CHARS, symbolic_ok, within_limits)
+from scalerl_jax.rewards.math_extract import (
+    MAX_COMPLETION_CHARS,
+    THINK_CLOSE,
+    THINK_OPEN,
+    extract_answer,
+    last_boxed,
+    strip_thinking,
+)
+from scalerl_jax.rewards.math_limits import MAX_ANSWER_CHARS, symbolic_ok, within_limits
 from scalerl_jax.rewards.math_normalize import TEXT_CMD_RE, normalize_answer
 from scalerl_jax.rewards.sympy_safe import parse_math
 
-__all__ = ["MAX_ANSWER_CHARS", "MAX_COMPARE_DEPTH", "MAX_COMPLETION_CHARS", "THINK_CLOSE",
-           "THINK_OPEN", "extract_answer", "is_equivalent", "last_boxed", "normalize_answer",
-           "parse_math", "strip_thinking", "to_reward", "verify_math", "within_limits"]
+__all__ = [
+    "MAX_ANSWER_CHARS",
+    "MAX_COMPARE_DEPTH",
+    "MAX_COMPLETION_CHARS",
+    "THINK_CLOSE",
+    "THINK_OPEN",
+    "extract_answer",
+    "is_equivalent",
+    "last_boxed",
+    "normalize_answer",
+    "parse_math",
+    "strip_thinking",
+    "to_reward",
+    "verify_math",
+    "within_limits",
+]
 
 
 class _QuietTimeoutWarning(logging.Filter):
@@ -72,10 +92,12 @@ def _math_verify_equal(pred: str, gold: str) -> bool:
     """math-verify's verdict, LaTeX extraction only (no plain-expression `parse_expr`). Its
     signal-based timeouts are off (they need the main thread); the pool bounds the time."""
     try:
-        parsed_gold = math_verify.parse(f"${gold}$", extraction_config=_MV_CONFIG,
-                                        parsing_timeout=None)
-        parsed_pred = math_verify.parse(f"${pred}$", extraction_config=_MV_CONFIG,
-                                        parsing_timeout=None)
+        parsed_gold = math_verify.parse(
+            f"${gold}$", extraction_config=_MV_CONFIG, parsing_timeout=None
+        )
+        parsed_pred = math_verify.parse(
+            f"${pred}$", extraction_config=_MV_CONFIG, parsing_timeout=None
+        )
         if not parsed_gold or not parsed_pred:
             return False
         return bool(math_verify.verify(parsed_gold, parsed_pred, timeout_seconds=None))
@@ -94,8 +116,7 @@ def is_equivalent(pred: Optional[str], gold: str) -> bool:
         return False
     try:
         p, g = normalize_answer(pred), normalize_answer(gold)
-        if _ALTERNATIVES_RE.search(TEXT_CMD_RE.sub(r" \1 ", pred)) and \
-                collection(g)[0] == "scalar":
+        if _ALTERNATIVES_RE.search(TEXT_CMD_RE.sub(r" \1 ", pred)) and collection(g)[0] == "scalar":
             return False  # "4 (or 3)": alternatives, wherever they stand, for one value
         verdict = compare(p, g) if p and g else False
     except Exception:  # a bug in our rules: let math-verify decide rather than fail the batch

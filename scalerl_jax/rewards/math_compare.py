@@ -2,6 +2,7 @@
 `math.py`'s pipeline (hedges, multiple choice, matrices, inequalities, equations, unions,
 named values, sets, tuples and intervals), down to scalars (`math_numbers`). None leaves the
 answer to math-verify."""
+
 from __future__ import annotations
 
 import re
@@ -57,9 +58,9 @@ def _name_key(name: str) -> str:
 def _named(item: str) -> tuple[Optional[str], str]:
     """("a_37", "19") for "a_{37} = 19"; (None, item) without a name."""
     m = NAME_EQ_RE.match(item)
-    if m is None or "=" in item[m.end():] or "≈" in item[m.end():]:
+    if m is None or "=" in item[m.end() :] or "≈" in item[m.end() :]:
         return None, item
-    return _name_key(m.group(1)), item[m.end():].strip()
+    return _name_key(m.group(1)), item[m.end() :].strip()
 
 
 def _all_true(verdicts) -> Optional[bool]:
@@ -146,8 +147,9 @@ def _as_interval(chain: tuple[list[str], list[str]]) -> Optional[str]:
     return f"{left}{low}, {high}{right}"
 
 
-_MATRIX_RE = re.compile(r"^\\begin\{([pbBvV]?matrix|array)\}(?:\{[^{}]*\})?(.*)\\end\{\1\}$",
-                        re.DOTALL)
+_MATRIX_RE = re.compile(
+    r"^\\begin\{([pbBvV]?matrix|array)\}(?:\{[^{}]*\})?(.*)\\end\{\1\}$", re.DOTALL
+)
 
 
 def _matrix(s: str) -> Optional[list[list[str]]]:
@@ -195,8 +197,10 @@ def _equations(p_parts: list[str], g_parts: list[str]) -> Optional[bool]:
     if any(x is None for x in sides):
         return None
     pl, pr, gl, gr = sides
-    return proportional(sympy.Add(pl, sympy.Mul(-1, pr, evaluate=False), evaluate=False),
-                         sympy.Add(gl, sympy.Mul(-1, gr, evaluate=False), evaluate=False))
+    return proportional(
+        sympy.Add(pl, sympy.Mul(-1, pr, evaluate=False), evaluate=False),
+        sympy.Add(gl, sympy.Mul(-1, gr, evaluate=False), evaluate=False),
+    )
 
 
 def _chain(p: str, g: str, depth: int):
@@ -239,8 +243,7 @@ def compare(p: str, g: str, depth: int = 0) -> Optional[bool]:
             return None
         if [len(r) for r in pm] != [len(r) for r in gm]:
             return False
-        return _all_true(compare(a, b, depth + 1) for pr, gr in zip(pm, gm)
-                         for a, b in zip(pr, gr))
+        return _all_true(compare(a, b, depth + 1) for pr, gr in zip(pm, gm) for a, b in zip(pr, gr))
     if decimal_comma(p, g):
         return True
     pi, gi = _inequality(p), _inequality(g)
@@ -262,8 +265,14 @@ def compare(p: str, g: str, depth: int = 0) -> Optional[bool]:
         p_parts, g_parts = [collection(x) for x in p_union], [collection(x) for x in g_union]
         remaining = list(g_parts)
         for kind, items in p_parts:
-            hit = next((j for j, (k, xs) in enumerate(remaining) if k == kind and
-                        _items(items, xs, True, depth) is True), None)
+            hit = next(
+                (
+                    j
+                    for j, (k, xs) in enumerate(remaining)
+                    if k == kind and _items(items, xs, True, depth) is True
+                ),
+                None,
+            )
             if hit is None:
                 return None
             remaining.pop(hit)

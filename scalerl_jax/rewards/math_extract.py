@@ -20,6 +20,7 @@ Order, from the most explicit statement of an answer to the least:
 Every scan is linear in the completion's length (no pattern backtracks over a line), and
 completions over MAX_COMPLETION_CHARS have no answer.
 """
+
 from __future__ import annotations
 
 import re
@@ -32,14 +33,15 @@ MAX_JOINED_BOXES = 65  # more is no answer (math_limits.MAX_ELEMENTS refuses it)
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 
-def strip_thinking(text: str, require_close: bool = False, open_tag: str = THINK_OPEN,
-                   close_tag: str = THINK_CLOSE) -> Optional[str]:
+def strip_thinking(
+    text: str, require_close: bool = False, open_tag: str = THINK_OPEN, close_tag: str = THINK_CLOSE
+) -> Optional[str]:
     """The text after the last `close_tag`; None when thinking was opened but never closed (an
     unfinished thought has no final answer); the whole text when there is no thinking.
     `require_close=True` is for templates whose prompt already opens the thinking block."""
     end = text.rfind(close_tag)
     if end >= 0:
-        return text[end + len(close_tag):]
+        return text[end + len(close_tag) :]
     return None if require_close or open_tag in text else text
 
 
@@ -57,7 +59,7 @@ def braced(text: str, start: int) -> Optional[tuple[str, int]]:
         elif text[j] == "}":
             depth -= 1
             if depth == 0:
-                return text[start + 1:j], j + 1
+                return text[start + 1 : j], j + 1
     return None
 
 
@@ -106,8 +108,10 @@ def last_boxed(text: str):
 
 # What may stand between two boxes that state one answer: separators, spacing, math delimiters,
 # "and" / "or", and a label "y_2 =" just before the next box.
-_JOINER = (r"(?:\s|[,;.&$~]|\\[()\[\],;: !]|\\\\|\\q?quad(?![a-zA-Z])|\\text\{[\s,;]*(?:and|or)?"
-           r"[\s,;]*\}|\b(?:and|or)\b)*")
+_JOINER = (
+    r"(?:\s|[,;.&$~]|\\[()\[\],;: !]|\\\\|\\q?quad(?![a-zA-Z])|\\text\{[\s,;]*(?:and|or)?"
+    r"[\s,;]*\}|\b(?:and|or)\b)*"
+)
 _LABEL = r"(?P<label>[a-zA-Z](?:_\{?\w{1,4}\}?)?)\s*=\s*\$?\s*"
 _GAP_RE = re.compile(_JOINER + r"(?:" + _LABEL + r")?")
 # A short phrase ending in "and" also joins: "\boxed{1} papers and \boxed{2} bins".
@@ -127,7 +131,7 @@ def _final_boxes(text: str):
     items = [content.strip()]  # last box first
     k = len(boxes) - 1
     while k > 0 and len(items) <= MAX_JOINED_BOXES:
-        gap = text[boxes[k - 1][1]:boxes[k][0]]
+        gap = text[boxes[k - 1][1] : boxes[k][0]]
         if len(gap) > MAX_GAP_CHARS:
             break
         m = _GAP_RE.fullmatch(gap)
@@ -141,15 +145,18 @@ def _final_boxes(text: str):
         items.append(previous.strip())
         k -= 1
     if len(items) > 1:
-        label = re.search(_LABEL + r"$", text[max(0, boxes[k][0] - 12):boxes[k][0]])
+        label = re.search(_LABEL + r"$", text[max(0, boxes[k][0] - 12) : boxes[k][0]])
         if label:
             items[-1] = f"{label.group('label')} = {items[-1]}"
     return ", ".join(reversed(items)), end
 
 
 _ANSWER_RE = re.compile(r"(?:final\s+)?answer\s*(?:is|:)\s*:?", re.IGNORECASE)
-_HEDGE_WORDS_RE = re.compile(r"\b(?:or|not|either|maybe|perhaps|approximately|about|around"
-                             r"|roughly|nearly|between)\b", re.IGNORECASE)
+_HEDGE_WORDS_RE = re.compile(
+    r"\b(?:or|not|either|maybe|perhaps|approximately|about|around"
+    r"|roughly|nearly|between)\b",
+    re.IGNORECASE,
+)
 _WORD_RE = re.compile(r"(?<![\\a-zA-Z])[a-zA-Z]{2,}")
 _LAST_VERB_RE = re.compile(r".*(?:\b(?:is|are|equals|was|be)\b|=)", re.DOTALL)
 _SPANS_RE = re.compile(r"\$+([^$]+)\$+((?:\s*(?:,|and|or)\s*\$+[^$]+\$+)*)")
@@ -162,7 +169,7 @@ def _answer_phrase(text: str) -> Optional[tuple[str, int]]:
         pass
     if m is None:
         return None
-    rest = text[m.end():].strip().lstrip("*").strip()
+    rest = text[m.end() :].strip().lstrip("*").strip()
     rest = re.sub(r'^\\?"', "", rest)  # quoted: "$12$ and $13$"
     dollars = _SPANS_RE.match(rest[:MAX_PHRASE_CHARS])
     if dollars:  # "$12$ and $13$" is a list: the spans with their joiners
@@ -186,7 +193,7 @@ def _in_sentence(phrase: str) -> str:
         return phrase
     verb = _LAST_VERB_RE.match(phrase)
     if verb:
-        tail = phrase[verb.end():].strip()
+        tail = phrase[verb.end() :].strip()
         span = re.fullmatch(r"\$([^$]+)\$[.!]?", tail)
         if span:
             return span.group(1).strip()
@@ -199,8 +206,10 @@ def _in_sentence(phrase: str) -> str:
 
 
 # What may follow the answer's math span on its line: "is the answer", "is our solution".
-_SPAN_TAIL_RE = re.compile(r"\s(?:is|are)\s+(?:the|our)\s+(?:final\s+)?"
-                           r"(?:answer|solution|result)s?$")
+_SPAN_TAIL_RE = re.compile(
+    r"\s(?:is|are)\s+(?:the|our)\s+(?:final\s+)?"
+    r"(?:answer|solution|result)s?$"
+)
 _CLOSERS = (("$$", "$$"), ("$", "$"), ("\\)", "\\("), ("\\]", "\\["))
 
 
@@ -216,22 +225,25 @@ def _last_line_math(text: str) -> Optional[str]:
     window = max(0, len(body) - 60)  # the tail is short: search only the end of the line
     tail = _SPAN_TAIL_RE.search(body, window)
     if tail:
-        body = body[:tail.start()].rstrip(" .!*")
+        body = body[: tail.start()].rstrip(" .!*")
     for close, open_ in _CLOSERS:
         if body.endswith(close) and not (close == "$" and body.endswith("\\$")):
             start = body.rfind(open_, 0, len(body) - len(close))
             if start < 0:
                 return None
-            return body[start + len(open_):len(body) - len(close)].strip() or None
+            return body[start + len(open_) : len(body) - len(close)].strip() or None
     return None
 
 
 _LAST_NUMBER_RE = re.compile(
     r"(?:(?<![\w)\]}])-)?(?:\\[dt]?frac\{\d+\}\{\d+\}|\d{1,3}(?:,\d{3})+(?:\.\d+)?"
-    r"|\d{1,3}(?: \d{3})+(?![\d.,])|\d+,\d\d(?!\d|,\d)|\d*\.?\d+(?:/\d+)?)(?:\s*\\?%)?")
+    r"|\d{1,3}(?: \d{3})+(?![\d.,])|\d+,\d\d(?!\d|,\d)|\d*\.?\d+(?:/\d+)?)(?:\s*\\?%)?"
+)
 # Text allowed right after a stand-alone final number: units, degrees, closing math delimiters.
-_NUMBER_TAIL_RE = re.compile(r"(?:\^\s*\{?\\circ\}?|\\(?:text|mathrm|mbox|,|;|quad|\)|\]|\$)"
-                             r"(?![a-zA-Z]))")
+_NUMBER_TAIL_RE = re.compile(
+    r"(?:\^\s*\{?\\circ\}?|\\(?:text|mathrm|mbox|,|;|quad|\)|\]|\$)"
+    r"(?![a-zA-Z]))"
+)
 _RELATION_BEFORE_RE = re.compile(r"\\(?:geq?|leq?|gt|lt|neq?|pm|mp|approx)$")
 
 
@@ -252,7 +264,7 @@ def standalone_number(text: str) -> Optional[str]:
         pass
     if m is None:
         return None
-    before, after = text[:m.start()], text[m.end():]
+    before, after = text[: m.start()], text[m.end() :]
     if before and (before[-1].isalpha() or before[-1] == "\\"):
         return None  # x2, \sqrt5
     prev = _strip_markup(before, end=True)
@@ -278,7 +290,7 @@ def extract_answer(completion: str, require_close: bool = False) -> Optional[str
         return None
     turn = _TURN_TOKEN_RE.search(text)
     if turn:
-        text = text[:turn.start()]
+        text = text[: turn.start()]
     phrase = _answer_phrase(text)
     boxed = _final_boxes(text)
     if boxed is not NO_BOX:

@@ -20,6 +20,7 @@ gigabytes (`9^{9^{9^{9}}}`, `\\binom{10^9}{5 \\cdot 10^8}`, `(a+b+\\dots+r)^{12}
 The reward pool's per-item time and memory limits (child processes) are the backstop for what
 passes both.
 """
+
 from __future__ import annotations
 
 import math
@@ -37,13 +38,19 @@ MAX_SYMBOLIC_DEGREE = 16  # sum of numeric exponents on bases with variables (a^
 # to n terms, and products of such quotients multiply out)
 MAX_EXPANDED_TERMS = 50  # estimated monomials once every group is multiplied out
 
-_HEAVY_RE = re.compile(r"\\(?:binom|dbinom|tbinom|choose|sum|prod|int|iint|lim|Gamma)(?![a-zA-Z])"
-                       r"|(?<!\\)!(?!=)")
-_BOUNDS_RE = re.compile(r"\\(?:sum|prod|int|lim)\s*_\s*(?:\{[^{}]*\}|\S)\s*(?:\^\s*(?:\{[^{}]*\}"
-                        r"|\S))?")
+_HEAVY_RE = re.compile(
+    r"\\(?:binom|dbinom|tbinom|choose|sum|prod|int|iint|lim|Gamma)(?![a-zA-Z])"
+    r"|(?<!\\)!(?!=)"
+)
+_BOUNDS_RE = re.compile(
+    r"\\(?:sum|prod|int|lim)\s*_\s*(?:\{[^{}]*\}|\S)\s*(?:\^\s*(?:\{[^{}]*\}"
+    r"|\S))?"
+)
 _STRUCTURE_RE = re.compile(r"\\(?:[dtc]?frac|cdot|times|div|left|right)(?![a-zA-Z])")
-_FUNCTION_RE = re.compile(r"\\(?:arc)?(?:sin|cos|tan|cot|sec|csc)h?(?![a-zA-Z])"
-                          r"|\\(?:log|ln|exp|lfloor|lceil|Gamma)(?![a-zA-Z])")
+_FUNCTION_RE = re.compile(
+    r"\\(?:arc)?(?:sin|cos|tan|cot|sec|csc)h?(?![a-zA-Z])"
+    r"|\\(?:log|ln|exp|lfloor|lceil|Gamma)(?![a-zA-Z])"
+)
 _CALCULUS_RE = re.compile(r"\\(?:int|iint|iiint|oint|sum|prod|lim)(?![a-zA-Z])")
 _INT_RE = re.compile(r"\d+")
 _DOUBLE_POWER_RE = re.compile(r"\^\s*(?:\{[^{}]*\}|\\?\w+)\s*\^")  # a^b^c: a tower without braces
@@ -70,7 +77,7 @@ def exponents(s: str) -> list[tuple[int, str]]:
                 if depth == 0:
                     break
                 k += 1
-            out.append((i, s[j + 1:k]))
+            out.append((i, s[j + 1 : k]))
             i = k + 1
         else:
             m = re.match(r"\\[a-zA-Z]+|\d+|.", s[j:]) if j < len(s) else None
@@ -182,8 +189,9 @@ def _symbolic(s: str) -> bool:
 
 def _largest_exponent(s: str) -> int:
     """The largest numeric exponent in `s` (1 without one), capped past MAX_SYMBOLIC_DEGREE."""
-    return max((_int_product(e, MAX_SYMBOLIC_DEGREE + 1) for _, e in exponents(s) if numeric(e)),
-               default=1)
+    return max(
+        (_int_product(e, MAX_SYMBOLIC_DEGREE + 1) for _, e in exponents(s) if numeric(e)), default=1
+    )
 
 
 def _size(group: str) -> int:
@@ -198,14 +206,14 @@ def _argument(s: str, j: int) -> tuple[str, int]:
     while j < len(s) and s[j] == " ":
         j += 1
     if j >= len(s) or s[j] != "{":
-        return s[j:j + 1], j + 1
+        return s[j : j + 1], j + 1
     depth = 0
     for k in range(j, len(s)):
         depth += s[k] == "{"
         depth -= s[k] == "}"
         if depth == 0:
-            return s[j + 1:k], k + 1
-    return s[j + 1:], len(s)
+            return s[j + 1 : k], k + 1
+    return s[j + 1 :], len(s)
 
 
 def _binomials(s: str) -> list[tuple[str, str]]:
@@ -269,7 +277,7 @@ def symbolic_ok(s: str) -> bool:
         elif ch in ")]}" and stack:
             start = stack.pop()
             if not stack and start not in powered:
-                estimate *= _size(s[start + 1:j])
+                estimate *= _size(s[start + 1 : j])
                 if estimate > max_terms:
                     return False
     return True

@@ -2,20 +2,27 @@
 thousands separators, mixed numbers, repeating decimals and relation macros rewritten so that
 the comparison (`math_compare`) sees one spelling; plus the name pattern and the top-level
 splitter that the comparison shares."""
+
 from __future__ import annotations
 
 import re
 
 from scalerl_jax.rewards.math_extract import NO_BOX, braced, last_boxed
 
-TEXT_CMD_RE = re.compile(r"\\(?:text|textbf|textit|textrm|textnormal|mathrm|mathbf|mathit|mbox"
-                         r"|operatorname)\s*\{([^{}]*)\}")
-_UNIT_WORDS = (r"(?:sq(?:uare)?\.?\s*|cubic\s*)?(?:cm|mm|km|meters?|metres?|inch(?:es)?|feet|foot"
-               r"|ft|yards?|miles?|units?|degrees?|dollars?|cents?|hours?|hrs?|minutes?|mins?"
-               r"|seconds?|secs?|days?|weeks?|months?|years?|grams?|kg|mg|pounds?|lbs?|mph|kmh"
-               r"|liters?|litres?|ml|people|students|ways|points?|times|m/s|km/h|yuan|euros?)")
-_UNIT_RE = re.compile(r"(?<=[\d}).])\s*(?:" + _UNIT_WORDS + r"|\s(?:m|g|s|in|l)|m²|€|£)"
-                      r"(?:\^\{?[23]\}?|[23])?\s*$")
+TEXT_CMD_RE = re.compile(
+    r"\\(?:text|textbf|textit|textrm|textnormal|mathrm|mathbf|mathit|mbox"
+    r"|operatorname)\s*\{([^{}]*)\}"
+)
+_UNIT_WORDS = (
+    r"(?:sq(?:uare)?\.?\s*|cubic\s*)?(?:cm|mm|km|meters?|metres?|inch(?:es)?|feet|foot"
+    r"|ft|yards?|miles?|units?|degrees?|dollars?|cents?|hours?|hrs?|minutes?|mins?"
+    r"|seconds?|secs?|days?|weeks?|months?|years?|grams?|kg|mg|pounds?|lbs?|mph|kmh"
+    r"|liters?|litres?|ml|people|students|ways|points?|times|m/s|km/h|yuan|euros?)"
+)
+_UNIT_RE = re.compile(
+    r"(?<=[\d}).])\s*(?:" + _UNIT_WORDS + r"|\s(?:m|g|s|in|l)|m²|€|£)"
+    r"(?:\^\{?[23]\}?|[23])?\s*$"
+)
 NAME = r"[a-zA-Z](?:_\{?\w+\}?)?"
 NAME_EQ_RE = re.compile(r"^\s*(" + NAME + r")\s*=(?!=)\s*")
 _TUPLE_NAMES_RE = re.compile(r"^\s*\(\s*" + NAME + r"(?:\s*,\s*" + NAME + r")+\s*\)\s*=(?!=)\s*")
@@ -25,12 +32,30 @@ _SPACE_THOUSANDS_RE = re.compile(r"(?<![\d.,])([1-9]\d{0,2})((?: \d{3})+)(?![\d.
 _MIXED_RE = re.compile(r"(-?)(\d{1,6})\s*\\frac\{(\d{1,6})\}\{(\d{1,6})\}")
 _REPEATING_RE = re.compile(r"(-?\d{0,12})\.(\d{0,12})\\overline\{(\d{1,12})\}")
 _WIDE_SPACE = "\u2003"  # \quad, \;, ~: spacing that never groups digits (collapsed at the end)
-_WRAPPED_MATRIX_RE = re.compile(r"^[(\[]\s*(\\begin\{([pbBvV]?matrix|array)\}.*\\end\{\2\})"
-                                r"\s*[)\]]$", re.DOTALL)
-_RELATIONS = (("\\leqslant", "\\le"), ("\\geqslant", "\\ge"), ("\\leq", "\\le"), ("\\geq", "\\ge"),
-              ("\\neq", "\\ne"), ("<=", "\\le"), (">=", "\\ge"), ("!=", "\\ne"), ("≤", "\\le"),
-              ("≥", "\\ge"), ("≠", "\\ne"), ("\\lt", "<"), ("\\gt", ">"), ("==", "="),
-              ("\\approx", "≈"), ("\\simeq", "≈"), ("\\doteq", "≈"))
+_WRAPPED_MATRIX_RE = re.compile(
+    r"^[(\[]\s*(\\begin\{([pbBvV]?matrix|array)\}.*\\end\{\2\})"
+    r"\s*[)\]]$",
+    re.DOTALL,
+)
+_RELATIONS = (
+    ("\\leqslant", "\\le"),
+    ("\\geqslant", "\\ge"),
+    ("\\leq", "\\le"),
+    ("\\geq", "\\ge"),
+    ("\\neq", "\\ne"),
+    ("<=", "\\le"),
+    (">=", "\\ge"),
+    ("!=", "\\ne"),
+    ("≤", "\\le"),
+    ("≥", "\\ge"),
+    ("≠", "\\ne"),
+    ("\\lt", "<"),
+    ("\\gt", ">"),
+    ("==", "="),
+    ("\\approx", "≈"),
+    ("\\simeq", "≈"),
+    ("\\doteq", "≈"),
+)
 
 
 def split_top_level(s: str, sep: str = ",") -> list[str]:
@@ -40,7 +65,7 @@ def split_top_level(s: str, sep: str = ",") -> list[str]:
             depth += 1
         elif ch in ")]}":
             depth -= 1
-        elif depth == 0 and s.startswith(sep, j) and not (sep == "," and s[j - 1:j] == "\\"):
+        elif depth == 0 and s.startswith(sep, j) and not (sep == "," and s[j - 1 : j] == "\\"):
             parts.append(s[start:j])
             start = j + len(sep)
     parts.append(s[start:])
@@ -74,7 +99,7 @@ def normalize_answer(s: str) -> str:
         s = boxed
     for left, right in (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]")):
         if s.startswith(left) and s.endswith(right) and len(s) > len(left) + len(right):
-            s = s[len(left):-len(right)].strip()
+            s = s[len(left) : -len(right)].strip()
     if "\\begin" not in s:  # "\\le": a line break glued to a command is that command
         s = re.sub(r"\\\\(?=[a-zA-Z])", r"\\", s)
     for _ in range(3):

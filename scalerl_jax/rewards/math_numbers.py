@@ -12,6 +12,7 @@ fraction (`12\\%` = 12 = 0.12, as in the MATH data where both forms occur); degr
 dropped (`90^\\circ` = 90); a decimal comma matches the decimal point when it is no thousands
 group (`1,22` = 1.22).
 """
+
 from __future__ import annotations
 
 import cmath
@@ -80,8 +81,8 @@ def _numbers_equal(p, g, p_text: str, g_text: str) -> bool:
         # Rounded to k >= 2 decimals: an exact form or a longer decimal that rounds to it.
         k = _decimals(g_text)
         longer = not p_decimal or _decimals(p_text) > k
-        return k >= 2 and longer and abs(pv - gv) <= 0.5 * 10.0 ** -k
-    if p_decimal and not g.is_Rational and gv.imag == 0 and abs(gv.real) < 2 ** 53:
+        return k >= 2 and longer and abs(pv - gv) <= 0.5 * 10.0**-k
+    if p_decimal and not g.is_Rational and gv.imag == 0 and abs(gv.real) < 2**53:
         # An exact form of an integer (\sqrt{4}, \log{8}/\log{2}) is that integer: no tolerance.
         whole = sympy.Integer(round(gv.real))
         if _exact_forms_equal(whole, g, complex(int(whole)), gv):

@@ -30,6 +30,7 @@ processes for math and every verifier but the exact match of synthetic tasks.
   (MemoryError, or the child's death when a C library aborts) and the child is replaced. Thread
   workers share the trainer's process and have no memory cap.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -72,8 +73,20 @@ class _Batch:
 
 
 class _Task:
-    __slots__ = ("verifier", "completion", "reference", "batch", "started", "done", "correct",
-                 "error", "timed_out", "abandoned", "replaced", "thread")
+    __slots__ = (
+        "verifier",
+        "completion",
+        "reference",
+        "batch",
+        "started",
+        "done",
+        "correct",
+        "error",
+        "timed_out",
+        "abandoned",
+        "replaced",
+        "thread",
+    )
 
     def __init__(self, verifier, completion, reference, batch):
         self.verifier, self.completion, self.reference = verifier, completion, reference
@@ -87,20 +100,32 @@ class _Task:
 class RewardPool:
     """Worker pool for verifiers. Use as a context manager or call `close()`."""
 
-    def __init__(self, num_workers: int = 8, timeout_s: float = 10.0, *,
-                 reward_correct: float = 1.0, reward_incorrect: float = -1.0,
-                 processes: bool = False, max_stuck_threads: Optional[int] = None,
-                 child_start_timeout_s: float = 120.0,
-                 memory_mb: Optional[int] = DEFAULT_MEMORY_MB):
+    def __init__(
+        self,
+        num_workers: int = 8,
+        timeout_s: float = 10.0,
+        *,
+        reward_correct: float = 1.0,
+        reward_incorrect: float = -1.0,
+        processes: bool = False,
+        max_stuck_threads: Optional[int] = None,
+        child_start_timeout_s: float = 120.0,
+        memory_mb: Optional[int] = DEFAULT_MEMORY_MB,
+    ):
         if num_workers <= 0:
             raise ValueError(f"RewardPool: num_workers={num_workers} must be > 0")
         if not timeout_s > 0:
             raise ValueError(f"RewardPool: timeout_s={timeout_s} must be > 0")
-        if memory_mb is not None and (isinstance(memory_mb, bool) or not isinstance(memory_mb, int)
-                                      or memory_mb < MIN_MEMORY_MB):
-            raise ValueError(f"RewardPool: memory_mb={memory_mb!r} must be None (no limit) or an "
-                             f"integer number of MiB >= {MIN_MEMORY_MB} (a verifier child needs "
-                             f"about 200 MiB to import SymPy)")
+        if memory_mb is not None and (
+            isinstance(memory_mb, bool)
+            or not isinstance(memory_mb, int)
+            or memory_mb < MIN_MEMORY_MB
+        ):
+            raise ValueError(
+                f"RewardPool: memory_mb={memory_mb!r} must be None (no limit) or an "
+                f"integer number of MiB >= {MIN_MEMORY_MB} (a verifier child needs "
+                f"about 200 MiB to import SymPy)"
+            )
         self.num_workers, self.timeout_s = num_workers, float(timeout_s)
         self.reward_correct, self.reward_incorrect = float(reward_correct), float(reward_incorrect)
         self.processes = processes
@@ -134,8 +159,9 @@ class RewardPool:
             try:
                 pickle.dumps(verifier)
             except Exception as e:
-                raise TypeError(f"RewardPool(processes=True) needs a picklable verifier, got "
-                                f"{verifier!r}: {e}") from e
+                raise TypeError(
+                    f"RewardPool(processes=True) needs a picklable verifier, got {verifier!r}: {e}"
+                ) from e
         t0 = time.monotonic()
         batch = _Batch(len(items))
         tasks = [_Task(verifier, c, r, batch) for c, r in items]
@@ -156,8 +182,14 @@ class RewardPool:
             self.total_timeouts += timeouts
             self.total_errors += len(errors)
         rewards = np.where(correct, self.reward_correct, self.reward_incorrect).astype(np.float32)
-        return ScoreResult(rewards, correct, timeouts, len(errors), time.monotonic() - t0,
-                           errors[0] if errors else None)
+        return ScoreResult(
+            rewards,
+            correct,
+            timeouts,
+            len(errors),
+            time.monotonic() - t0,
+            errors[0] if errors else None,
+        )
 
     def close(self) -> None:
         """Stop idle workers and their child processes; stuck threads are daemons and are left."""
@@ -181,11 +213,11 @@ class RewardPool:
     def _start_thread(self) -> threading.Event:
         ready = threading.Event()
         if self.processes:
-            thread = threading.Thread(target=self._process_worker, args=(ready,), daemon=True,
-                                      name="reward-worker")
+            thread = threading.Thread(
+                target=self._process_worker, args=(ready,), daemon=True, name="reward-worker"
+            )
         else:
-            thread = threading.Thread(target=self._thread_worker, daemon=True,
-                                      name="reward-worker")
+            thread = threading.Thread(target=self._thread_worker, daemon=True, name="reward-worker")
             ready.set()
         self._threads.append(thread)
         thread.start()
@@ -212,8 +244,12 @@ class RewardPool:
                 task.replaced = True
                 self._start_thread()
             else:
-                _log.warning("reward pool: %d stuck verifier threads (max_stuck_threads=%d); "
-                             "running with fewer workers", self._stuck, self.max_stuck_threads)
+                _log.warning(
+                    "reward pool: %d stuck verifier threads (max_stuck_threads=%d); "
+                    "running with fewer workers",
+                    self._stuck,
+                    self.max_stuck_threads,
+                )
 
     def _claim(self, task: _Task) -> bool:
         with self._cond:
@@ -272,8 +308,9 @@ class RewardPool:
                 if child is None:
                     self._finish(task, False, "verifier process failed to start")
                     continue
-                correct, error, timed_out, broken = child.run(task, self.timeout_s,
-                                                              self.child_start_timeout_s)
+                correct, error, timed_out, broken = child.run(
+                    task, self.timeout_s, self.child_start_timeout_s
+                )
                 if broken:
                     child.kill()
                 self._finish(task, correct, error, timed_out)
@@ -296,8 +333,9 @@ class _Child:
 
     def __init__(self, ctx, start_timeout_s: float, memory_mb: Optional[int]):
         self.conn, child_conn = ctx.Pipe()
-        self.proc = ctx.Process(target=_child_main, args=(child_conn, memory_mb), daemon=True,
-                                name="reward-verifier")
+        self.proc = ctx.Process(
+            target=_child_main, args=(child_conn, memory_mb), daemon=True, name="reward-verifier"
+        )
         self.proc.start()
         child_conn.close()
         try:
@@ -309,8 +347,9 @@ class _Child:
             why = reply[1] if isinstance(reply, tuple) else f"not ready within {start_timeout_s}s"
             raise RuntimeError(f"verifier process: {why}")
 
-    def run(self, task: _Task, timeout_s: float, import_timeout_s: float
-            ) -> tuple[bool, Optional[str], bool, bool]:
+    def run(
+        self, task: _Task, timeout_s: float, import_timeout_s: float
+    ) -> tuple[bool, Optional[str], bool, bool]:
         """(correct, error, timed_out, broken): a broken child must be replaced."""
         try:
             self.conn.send((task.verifier, task.completion, task.reference))

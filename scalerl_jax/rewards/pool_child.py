@@ -12,6 +12,7 @@ MemoryError, which is reported as that item's error; the child then exits so tha
 replaces it with a fresh process instead of reusing one whose heap is near the cap. Time is
 bounded by the parent, which kills a child that runs past the item's limit.
 """
+
 import os
 import pickle
 
@@ -25,6 +26,7 @@ def limit_memory(memory_mb) -> None:
     if memory_mb is None:
         return
     import resource
+
     # Verifiers are single-threaded; a BLAS thread pool sized to a many-core host would reserve
     # a stack per core (gigabytes of address space) when numpy is imported under the cap.
     for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):

@@ -27,6 +27,7 @@ In both modes the verdict is decided outside (rewards/code.py), from plain data.
 Hand-written around bubblewrap because nothing on PyPI drives it; nsjail is an alternative with
 the same layers but needs a config language of its own.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -70,17 +71,34 @@ class SandboxUnavailable(RuntimeError):
 def _read_only_paths() -> list[str]:
     """What the sandbox sees of the host: the Python installation, its packages, these scripts.
     Paths inside another listed path are dropped (bubblewrap binds each once)."""
-    paths = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix,
-                                           sys.base_exec_prefix, os.path.dirname(_PYTHON), HERE,
-                                           *_SITE_PACKAGES)}
+    paths = {
+        os.path.realpath(p)
+        for p in (
+            sys.prefix,
+            sys.base_prefix,
+            sys.exec_prefix,
+            sys.base_exec_prefix,
+            os.path.dirname(_PYTHON),
+            HERE,
+            *_SITE_PACKAGES,
+        )
+    }
     paths = {p for p in paths if os.path.isdir(p) and not p.startswith("/usr/")}
-    return sorted(p for p in paths
-                  if not any(p != q and p.startswith(q + os.sep) for q in paths))
+    return sorted(p for p in paths if not any(p != q and p.startswith(q + os.sep) for q in paths))
 
 
 def _bwrap_args(tmpfs_bytes: int) -> list[str]:
-    args = ["bwrap", "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
-            "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--clearenv"]
+    args = [
+        "bwrap",
+        "--unshare-ipc",
+        "--unshare-pid",
+        "--unshare-net",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+        "--die-with-parent",
+        "--new-session",
+        "--clearenv",
+    ]
     if os.geteuid() == 0:
         args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
     else:
@@ -143,19 +161,27 @@ def resolve_mode(isolation: str) -> str:
     raise SandboxUnavailable(
         f"code rewards need the strong sandbox and this host cannot give it ({why}). Install "
         "bubblewrap, or accept the weaker isolation explicitly with "
-        "SandboxLimits(isolation='best') / rewards.code_isolation=best")
+        "SandboxLimits(isolation='best') / rewards.code_isolation=best"
+    )
 
 
 def describe(isolation: str) -> str:
     """One line for a run's log: which mode code rewards use here and what it holds."""
     mode = resolve_mode(isolation)
     if mode == "bwrap":
-        who = "uid 65534, no capabilities" if os.geteuid() == 0 else (
-            f"uid {os.geteuid()} in a user namespace, no capabilities")
-        return (f"code sandbox: bubblewrap (mount, PID, network, IPC, UTS namespaces; read-only "
-                f"system; tmpfs /tmp; {who})")
-    return ("code sandbox: WEAK mode (rlimits, audit hook, network/PID namespaces where allowed; "
-            "a program aimed at the audit hook can read and write as the trainer's uid)")
+        who = (
+            "uid 65534, no capabilities"
+            if os.geteuid() == 0
+            else (f"uid {os.geteuid()} in a user namespace, no capabilities")
+        )
+        return (
+            f"code sandbox: bubblewrap (mount, PID, network, IPC, UTS namespaces; read-only "
+            f"system; tmpfs /tmp; {who})"
+        )
+    return (
+        "code sandbox: WEAK mode (rlimits, audit hook, network/PID namespaces where allowed; "
+        "a program aimed at the audit hook can read and write as the trainer's uid)"
+    )
 
 
 # ---------------------------------------------------------------------------------- processes
@@ -210,16 +236,27 @@ class Process:
         if mode == "bwrap":
             cmd = _bwrap_args(tmpfs_bytes) + [_PYTHON, "-I", "-S", script, owner_tag()]
             cwd, env = "/", {}
-            job = {**job, "weak": False, "workdir": "/tmp",
-                   "drop_to": NOBODY if os.geteuid() == 0 else None}
+            job = {
+                **job,
+                "weak": False,
+                "workdir": "/tmp",
+                "drop_to": NOBODY if os.geteuid() == 0 else None,
+            }
         else:
             self.workdir = tempfile.mkdtemp(prefix="scalerl-sandbox-")
             cmd = [_PYTHON, "-I", "-S", script, owner_tag()]
             cwd, env = self.workdir, {**_ENV, "HOME": self.workdir, "TMPDIR": self.workdir}
             job = {**job, "weak": True, "workdir": self.workdir, "drop_to": None}
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, cwd=cwd, env=env,
-                                     start_new_session=True, close_fds=True)
+        self.proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            cwd=cwd,
+            env=env,
+            start_new_session=True,
+            close_fds=True,
+        )
         # Both pipes exist: they were asked for above.
         self.stdin = cast(IO[bytes], self.proc.stdin)
         self.stdout = cast(IO[bytes], self.proc.stdout)

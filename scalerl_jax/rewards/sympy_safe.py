@@ -9,6 +9,7 @@ numbers side by side (`2 3`, from `2 \\quad 3`) are refused, not read as 6. Size
 values are computed by `evaluate_complex` (double precision, O(1) per node), so one answer
 cannot make SymPy compute for long; the pool's timeout is the backstop.
 """
+
 from __future__ import annotations
 
 import cmath
@@ -25,12 +26,26 @@ MAX_TOKENS = 120
 MAX_DEPTH = 40
 MAX_POWER_BITS = 100_000  # integer powers whose result would exceed this many bits are refused
 
-_TOKEN_RE = re.compile(r"\s*(?:((?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d{1,3}(?!\d))?)"  # number
-                       r"|(\\[a-zA-Z]+|[a-zA-Z]+)|([-+*/^(){}\[\]]))")  # command or word | op
-_CONSTANTS = {"pi": sympy.pi, "\\pi": sympy.pi, "e": sympy.E, "i": sympy.I,
-              "\\infty": sympy.oo, "infty": sympy.oo}
-_FUNCTIONS = {"ln": sympy.log, "log": sympy.log, "exp": sympy.exp,
-              "sin": sympy.sin, "cos": sympy.cos, "tan": sympy.tan}
+_TOKEN_RE = re.compile(
+    r"\s*(?:((?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d{1,3}(?!\d))?)"  # number
+    r"|(\\[a-zA-Z]+|[a-zA-Z]+)|([-+*/^(){}\[\]]))"
+)  # command or word | op
+_CONSTANTS = {
+    "pi": sympy.pi,
+    "\\pi": sympy.pi,
+    "e": sympy.E,
+    "i": sympy.I,
+    "\\infty": sympy.oo,
+    "infty": sympy.oo,
+}
+_FUNCTIONS = {
+    "ln": sympy.log,
+    "log": sympy.log,
+    "exp": sympy.exp,
+    "sin": sympy.sin,
+    "cos": sympy.cos,
+    "tan": sympy.tan,
+}
 _GREEK = ("alpha", "beta", "gamma", "theta", "phi", "lambda", "mu", "omega")
 
 
@@ -212,15 +227,25 @@ def _pow(base, exponent):
             raise _Reject("exponent has no finite value") from None
         # A base with variables is never raised exactly (values are taken in double precision at
         # points), so only numeric bases count.
-        size = max(abs(base.p).bit_length(), base.q.bit_length(), 1) if base.is_Rational else \
-            0 if base.free_symbols else 64
+        size = (
+            max(abs(base.p).bit_length(), base.q.bit_length(), 1)
+            if base.is_Rational
+            else 0
+            if base.free_symbols
+            else 64
+        )
         if abs(e) * size > MAX_POWER_BITS:
             raise _Reject("power too large")
     return sympy.Pow(base, exponent, evaluate=_exact(base) and exponent.is_Integer)
 
 
-_CMATH = {sympy.exp: cmath.exp, sympy.log: cmath.log, sympy.sin: cmath.sin,
-          sympy.cos: cmath.cos, sympy.tan: cmath.tan}
+_CMATH = {
+    sympy.exp: cmath.exp,
+    sympy.log: cmath.log,
+    sympy.sin: cmath.sin,
+    sympy.cos: cmath.cos,
+    sympy.tan: cmath.tan,
+}
 _CONSTANT_VALUES = {sympy.pi: cmath.pi, sympy.E: cmath.e, sympy.I: 1j}
 
 

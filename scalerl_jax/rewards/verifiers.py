@@ -1,6 +1,7 @@
 """Which verifier scores what: the named verifiers ("math", "code", "exact") and
 "package.module:function" ones, each data domain's verifier, the checks of reference answers
 at load time, and whether the reward pool runs verifiers in child processes."""
+
 import functools
 import importlib
 import logging
@@ -13,9 +14,11 @@ log = logging.getLogger(__name__)
 
 # Verifiers a data domain names (DomainConfig.verifier), as importable paths: `code` is
 # imported only when used (it needs nothing at import, but keeps math-only runs lean).
-NAMED_VERIFIERS = {"math": "scalerl_jax.rewards.math:verify_math",
-                   "exact": "scalerl_jax.rewards.synthetic:verify_exact",
-                   "code": "scalerl_jax.rewards.code:verify_code"}
+NAMED_VERIFIERS = {
+    "math": "scalerl_jax.rewards.math:verify_math",
+    "exact": "scalerl_jax.rewards.synthetic:verify_exact",
+    "code": "scalerl_jax.rewards.code:verify_code",
+}
 # What validates a verifier's reference answers at load time (a malformed row is skipped and
 # counted like any bad row instead of scoring every completion of its prompt as wrong).
 ANSWER_CHECKS = {"code": "scalerl_jax.rewards.code:check_tests"}
@@ -39,19 +42,21 @@ def default_verifier(source: str) -> str:
     """The verifier name for a source: a synthetic task's own (`pycode`: code, the others:
     exact), else math."""
     if source.startswith("synthetic:"):
-        tasks = {part.partition("?")[0] for part in source[len("synthetic:"):].split("|")}
+        tasks = {part.partition("?")[0] for part in source[len("synthetic:") :].split("|")}
         return next((TASK_VERIFIERS[t] for t in sorted(tasks) if t in TASK_VERIFIERS), "exact")
     return "math"
 
 
 def verifier_by_name(name: str, field: str = "RewardConfig.verifier") -> Verifier:
-    """"math" / "code" / "exact", or a "package.module:function" taking (completion text,
+    """ "math" / "code" / "exact", or a "package.module:function" taking (completion text,
     reference answer) and returning a bool. `field` names the setting in errors."""
     if name in NAMED_VERIFIERS:
         return _import(NAMED_VERIFIERS[name], field)
     if ":" not in name:
-        raise ConfigError(f"{field}={name!r}: unknown verifier; use one of "
-                          f"{tuple(NAMED_VERIFIERS)} or 'package.module:function'")
+        raise ConfigError(
+            f"{field}={name!r}: unknown verifier; use one of "
+            f"{tuple(NAMED_VERIFIERS)} or 'package.module:function'"
+        )
     return _import(name, field)
 
 
@@ -68,8 +73,10 @@ def verifier_names(data: DataConfig, custom: Optional[str] = None) -> dict[str, 
     if not data.is_mixture:
         return {"": custom or default_verifier(data.source)}
     if custom is not None:
-        raise ConfigError(f"RewardConfig.verifier={custom!r} applies to a single source; a "
-                          "mixture picks one per domain: set data.domains.NAME.verifier")
+        raise ConfigError(
+            f"RewardConfig.verifier={custom!r} applies to a single source; a "
+            "mixture picks one per domain: set data.domains.NAME.verifier"
+        )
     return {d.name: d.verifier or default_verifier(d.source) for d in data.domains}
 
 
@@ -77,8 +84,9 @@ def _field(domain: str) -> str:
     return f"DomainConfig[{domain!r}].verifier" if domain else "RewardConfig.verifier"
 
 
-def domain_verifiers(data: DataConfig, custom: Optional[str] = None,
-                     code_isolation: str = "strong") -> dict[str, Verifier]:
+def domain_verifiers(
+    data: DataConfig, custom: Optional[str] = None, code_isolation: str = "strong"
+) -> dict[str, Verifier]:
     """{domain: verifier} for `train.evaluate.score_groups` (keys as `verifier_names`). The code
     verifier runs under `code_isolation` (RewardConfig.code_isolation): it is checked here,
     before any program runs, and the mode is logged (SandboxUnavailable when "strong" cannot be
@@ -88,6 +96,7 @@ def domain_verifiers(data: DataConfig, custom: Optional[str] = None,
         verifiers[domain] = verifier_by_name(name, _field(domain))
         if name == "code":
             from scalerl_jax.rewards.sandbox import describe
+
             log.info(describe(code_isolation))
             # The named "code" verifier is rewards.code.verify_code, which takes `isolation`
             # beside the (completion, reference) of every verifier.
@@ -99,8 +108,11 @@ def domain_verifiers(data: DataConfig, custom: Optional[str] = None,
 def answer_checks(data: DataConfig, custom: Optional[str] = None) -> dict[str, Callable]:
     """{domain: check(reference) raising ValueError} for the domains whose verifier validates
     its references (code: `rewards.code.check_tests`); same domain keys as `domain_verifiers`."""
-    return {domain: _import(ANSWER_CHECKS[name], f"{name} verifier's answer check")
-            for domain, name in verifier_names(data, custom).items() if name in ANSWER_CHECKS}
+    return {
+        domain: _import(ANSWER_CHECKS[name], f"{name} verifier's answer check")
+        for domain, name in verifier_names(data, custom).items()
+        if name in ANSWER_CHECKS
+    }
 
 
 def use_processes(reward_cfg, data: DataConfig) -> bool:
@@ -112,5 +124,7 @@ def use_processes(reward_cfg, data: DataConfig) -> bool:
     if reward_cfg.processes is not None:
         return reward_cfg.processes
     exact = NAMED_VERIFIERS["exact"]
-    return not all(NAMED_VERIFIERS.get(name, name) == exact
-                   for name in verifier_names(data, reward_cfg.verifier).values())
+    return not all(
+        NAMED_VERIFIERS.get(name, name) == exact
+        for name in verifier_names(data, reward_cfg.verifier).values()
+    )

@@ -20,6 +20,7 @@ Conventions (compare before comparing numbers with other libraries):
   After filtering, the scale depends only on the rows that train. With
   ``filter_zero_variance=False`` (the LOO ablation) those rows are kept and so enter the std.
 """
+
 from __future__ import annotations
 
 
@@ -70,8 +71,9 @@ def group_mean(values, prompt_index, *, num_prompts: int, valid=None) -> jax.Arr
     return _group_sum(v, onehot) / jnp.maximum(count, 1).astype(jnp.float32)
 
 
-def zero_variance_groups(rewards, prompt_index, *, num_prompts: int, valid=None,
-                         atol: float = 0.0) -> jax.Array:
+def zero_variance_groups(
+    rewards, prompt_index, *, num_prompts: int, valid=None, atol: float = 0.0
+) -> jax.Array:
     """bool [num_prompts]: groups with >= 1 valid row whose rewards all agree (max - min <= atol).
 
     Such a group has all-zero centred advantages, so it carries no signal (all correct or all
@@ -85,10 +87,18 @@ def zero_variance_groups(rewards, prompt_index, *, num_prompts: int, valid=None,
     return present & (jnp.where(present, hi - lo, 0.0) <= atol)
 
 
-def group_advantages(rewards, prompt_index, *, num_prompts: int, valid=None,
-                     norm: str = "batch", filter_zero_variance: bool = True,
-                     eps: float = 1e-6, ddof: int = 1,
-                     atol: float = 0.0) -> tuple[jax.Array, jax.Array, dict]:
+def group_advantages(
+    rewards,
+    prompt_index,
+    *,
+    num_prompts: int,
+    valid=None,
+    norm: str = "batch",
+    filter_zero_variance: bool = True,
+    eps: float = 1e-6,
+    ddof: int = 1,
+    atol: float = 0.0,
+) -> tuple[jax.Array, jax.Array, dict]:
     """Group-mean-centred advantages, normalised by `norm`.
 
     ``A_i = r_i - mean_{group(i)}(r)`` over valid rows, then
@@ -117,22 +127,25 @@ def group_advantages(rewards, prompt_index, *, num_prompts: int, valid=None,
     centred = jnp.where(ok, r - _to_rows(mean, onehot), 0.0)
 
     present = count > 0
-    zero_var = zero_variance_groups(rewards, prompt_index, num_prompts=num_prompts,
-                                    valid=valid, atol=atol)
+    zero_var = zero_variance_groups(
+        rewards, prompt_index, num_prompts=num_prompts, valid=valid, atol=atol
+    )
     kept_group = present & ~zero_var if filter_zero_variance else present
     keep = ok & (_to_rows(kept_group.astype(jnp.float32), onehot) > 0)
 
     n_keep = keep.sum(dtype=jnp.int32)
     kept_mean = jnp.sum(jnp.where(keep, centred, 0.0)) / jnp.maximum(n_keep, 1).astype(jnp.float32)
     kept_var = jnp.sum(jnp.where(keep, (centred - kept_mean) ** 2, 0.0)) / jnp.maximum(
-        n_keep - ddof, 1).astype(jnp.float32)
+        n_keep - ddof, 1
+    ).astype(jnp.float32)
     centred_std = jnp.sqrt(kept_var)
 
     if norm == "batch":
         adv = centred / (centred_std + eps)
     elif norm == "group":
-        group_var = _group_sum(centred ** 2, onehot) / jnp.maximum(count - ddof, 1).astype(
-            jnp.float32)
+        group_var = _group_sum(centred**2, onehot) / jnp.maximum(count - ddof, 1).astype(
+            jnp.float32
+        )
         adv = centred / (_to_rows(jnp.sqrt(group_var), onehot) + eps)
     else:
         adv = centred
@@ -170,8 +183,9 @@ def overlong_penalty(lengths, *, max_length: int, cache_length: int) -> jax.Arra
     return jnp.clip((max_length - y) / cache_length - 1.0, -1.0, 0.0)
 
 
-def length_penalty(lengths, correct, *, max_length: int = 14336,
-                   cache_length: int = 2048) -> jax.Array:
+def length_penalty(
+    lengths, correct, *, max_length: int = 14336, cache_length: int = 2048
+) -> jax.Array:
     """ScaleRL's length penalty (LOO "length penalty instead of interruptions"), fp32 [N].
 
     ``R_len = clip((L_max - |y|) / L_cache - 1, -1, 0)`` on correct traces (``correct`` != 0),

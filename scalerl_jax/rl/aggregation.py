@@ -24,6 +24,7 @@ Modes (n_i = counted tokens of row i, P_p = counted tokens of prompt p over all 
   the two agree whenever every row has a counted token. We count non-empty rows so that padding
   rows cannot rescale the loss.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -35,8 +36,9 @@ import numpy as np
 AGGREGATIONS = ("token", "sequence", "prompt", "constant")
 
 
-def counted_mask(mask: jax.Array, prompt_index: Optional[jax.Array] = None,
-                 num_prompts: Optional[int] = None) -> jax.Array:
+def counted_mask(
+    mask: jax.Array, prompt_index: Optional[jax.Array] = None, num_prompts: Optional[int] = None
+) -> jax.Array:
     """Boolean [N, T]: tokens that take part in the loss (mask != 0 and a valid prompt row)."""
     m = jnp.asarray(mask) != 0
     if prompt_index is not None:
@@ -47,9 +49,14 @@ def counted_mask(mask: jax.Array, prompt_index: Optional[jax.Array] = None,
     return m
 
 
-def check_aggregation_args(mask_shape: tuple, prompt_index_shape: Optional[tuple], *,
-                           aggregation: str, num_prompts: Optional[int],
-                           max_length: Optional[int]) -> None:
+def check_aggregation_args(
+    mask_shape: tuple,
+    prompt_index_shape: Optional[tuple],
+    *,
+    aggregation: str,
+    num_prompts: Optional[int],
+    max_length: Optional[int],
+) -> None:
     """Static argument checks; raise ValueError naming the argument and the numbers."""
     if aggregation not in AGGREGATIONS:
         raise ValueError(f"aggregation={aggregation!r}: must be one of {AGGREGATIONS}")
@@ -69,19 +76,27 @@ def _positive_int(x) -> bool:
     return bool(isinstance(x, (int, np.integer)) and not isinstance(x, bool) and x > 0)
 
 
-def token_weights(mask: jax.Array, prompt_index: Optional[jax.Array] = None, *,
-                  aggregation: str, num_prompts: Optional[int] = None,
-                  max_length: Optional[int] = None) -> tuple[jax.Array, dict]:
+def token_weights(
+    mask: jax.Array,
+    prompt_index: Optional[jax.Array] = None,
+    *,
+    aggregation: str,
+    num_prompts: Optional[int] = None,
+    max_length: Optional[int] = None,
+) -> tuple[jax.Array, dict]:
     """Per-token weights W [N, T] (fp32, data) for `aggregation`, and count metrics.
 
     Returns (W, metrics) with metrics: ``tokens`` (counted tokens), ``sequences`` (non-empty
     rows), ``prompts`` (non-empty prompts; only when prompt_index is given) and ``normaliser``
     (the outer divisor: tokens, sequences, prompts, or sequences x max_length).
     """
-    check_aggregation_args(tuple(jnp.shape(mask)),
-                           None if prompt_index is None else tuple(jnp.shape(prompt_index)),
-                           aggregation=aggregation, num_prompts=num_prompts,
-                           max_length=max_length)
+    check_aggregation_args(
+        tuple(jnp.shape(mask)),
+        None if prompt_index is None else tuple(jnp.shape(prompt_index)),
+        aggregation=aggregation,
+        num_prompts=num_prompts,
+        max_length=max_length,
+    )
     m = counted_mask(mask, prompt_index, num_prompts)
     # Counts in int32: fp32 stops counting exactly past 2^24 tokens (2048 x 32k is 67M).
     row_tokens = m.sum(axis=1, dtype=jnp.int32)
@@ -104,33 +119,45 @@ def token_weights(mask: jax.Array, prompt_index: Optional[jax.Array] = None, *,
         w_row = jnp.full(row_tokens.shape, 1.0, jnp.float32) / jnp.maximum(total, one)
     elif aggregation == "sequence":
         normaliser = n_rows
-        w_row = 1.0 / (jnp.maximum(row_tokens, one).astype(jnp.float32)
-                       * jnp.maximum(n_rows, one).astype(jnp.float32))
+        w_row = 1.0 / (
+            jnp.maximum(row_tokens, one).astype(jnp.float32)
+            * jnp.maximum(n_rows, one).astype(jnp.float32)
+        )
     elif aggregation == "prompt":
         normaliser = metrics["prompts"]
         # Set above: aggregation='prompt' is refused without prompt_index.
-        w_row = 1.0 / (jnp.maximum(prompt_tokens_of_row, one).astype(jnp.float32)  # type: ignore[arg-type]
-                       * jnp.maximum(normaliser, one).astype(jnp.float32))
+        w_row = 1.0 / (
+            jnp.maximum(prompt_tokens_of_row, one).astype(jnp.float32)  # type: ignore[arg-type]
+            * jnp.maximum(normaliser, one).astype(jnp.float32)
+        )
     else:  # constant
         length = jnp.shape(mask)[1] if max_length is None else max_length
         normaliser = n_rows * length
         w_row = jnp.full(row_tokens.shape, 1.0, jnp.float32) / (
-            jnp.maximum(n_rows, one).astype(jnp.float32) * jnp.float32(length))
+            jnp.maximum(n_rows, one).astype(jnp.float32) * jnp.float32(length)
+        )
     weights = jnp.where(m, w_row.astype(jnp.float32)[:, None], 0.0)
     metrics["normaliser"] = normaliser
     metrics = {k: v.astype(jnp.float32) for k, v in metrics.items()}
     return jax.lax.stop_gradient(weights), metrics
 
 
-def aggregate(per_token: jax.Array, mask: jax.Array, prompt_index: Optional[jax.Array] = None,
-              *, aggregation: str, num_prompts: Optional[int] = None,
-              max_length: Optional[int] = None) -> tuple[jax.Array, dict]:
+def aggregate(
+    per_token: jax.Array,
+    mask: jax.Array,
+    prompt_index: Optional[jax.Array] = None,
+    *,
+    aggregation: str,
+    num_prompts: Optional[int] = None,
+    max_length: Optional[int] = None,
+) -> tuple[jax.Array, dict]:
     """Aggregate per-token values [N, T] into one fp32 scalar; returns (value, count metrics).
 
     Values at tokens that do not count are ignored even when they are NaN or inf.
     """
-    weights, metrics = token_weights(mask, prompt_index, aggregation=aggregation,
-                                     num_prompts=num_prompts, max_length=max_length)
+    weights, metrics = token_weights(
+        mask, prompt_index, aggregation=aggregation, num_prompts=num_prompts, max_length=max_length
+    )
     return weighted_sum(per_token, weights), metrics
 
 

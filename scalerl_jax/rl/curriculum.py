@@ -14,6 +14,7 @@ The state is host-side Python (it never enters jit) and serialises to plain JSON
 `to_dict` / `from_dict` for checkpoints. Prompt ids are ints or strings and keep their type
 through a JSON round trip (they are stored in a list, not as object keys).
 """
+
 from __future__ import annotations
 
 import math
@@ -43,8 +44,9 @@ class NoPositiveResampling:
     """
 
     def __init__(self, threshold: float = 0.9):
-        if isinstance(threshold, bool) or not (isinstance(threshold, numbers.Real)
-                                                and 0 < threshold <= 1):
+        if isinstance(threshold, bool) or not (
+            isinstance(threshold, numbers.Real) and 0 < threshold <= 1
+        ):
             raise ValueError(f"threshold={threshold!r}: must be in (0, 1]")
         self.threshold: float = float(threshold)
         # id -> [observations, latest pass rate, sum of pass rates, retired]
@@ -100,9 +102,15 @@ class NoPositiveResampling:
         """Plain-JSON state (columns of equal length)."""
         ids = list(self._stats)
         cols = list(zip(*self._stats.values())) if ids else [(), (), (), ()]
-        return {"format": _FORMAT, "threshold": self.threshold, "ids": ids,
-                "count": list(cols[0]), "latest": list(cols[1]), "sum": list(cols[2]),
-                "retired": list(cols[3])}
+        return {
+            "format": _FORMAT,
+            "threshold": self.threshold,
+            "ids": ids,
+            "count": list(cols[0]),
+            "latest": list(cols[1]),
+            "sum": list(cols[2]),
+            "retired": list(cols[3]),
+        }
 
     @classmethod
     def from_dict(cls, data: dict) -> "NoPositiveResampling":
@@ -124,5 +132,7 @@ class NoPositiveResampling:
         return isinstance(other, NoPositiveResampling) and self.to_dict() == other.to_dict()
 
     def __repr__(self) -> str:
-        return (f"NoPositiveResampling(threshold={self.threshold}, seen={self.num_seen}, "
-                f"retired={self.num_retired})")
+        return (
+            f"NoPositiveResampling(threshold={self.threshold}, seen={self.num_seen}, "
+            f"retired={self.num_retired})"
+        )

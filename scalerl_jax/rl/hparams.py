@@ -4,6 +4,7 @@ Free of JAX on purpose, so that `config/training.py` can validate a LossConfig a
 table the losses dispatch with. A setting that the chosen objective would not read is refused (by
 `policy_loss` and by `LossConfig`) rather than silently ignored.
 """
+
 from __future__ import annotations
 
 OBJECTIVES = ("cispo", "grpo", "dapo", "gspo", "tis")
@@ -22,8 +23,16 @@ OBJECTIVE_HPARAMS = {
 }
 
 # Every objective-specific name, in a fixed order.
-SPECIFIC_HPARAMS = ("ratio_cap", "ratio_floor", "clip_eps_low", "clip_eps_high", "dual_clip",
-                    "gspo_eps_low", "gspo_eps_high", "tis_cap")
+SPECIFIC_HPARAMS = (
+    "ratio_cap",
+    "ratio_floor",
+    "clip_eps_low",
+    "clip_eps_high",
+    "dual_clip",
+    "gspo_eps_low",
+    "gspo_eps_high",
+    "tis_cap",
+)
 
 # Keyword names of `policy_loss` that are also LossConfig fields (e.g. jit's static_argnames).
 HPARAM_NAMES = ("aggregation",) + SPECIFIC_HPARAMS + SHARED_HPARAMS[1:]
@@ -44,5 +53,7 @@ def describe_unused(objective: str, settings: dict) -> str:
     """'clip_eps_low=0.0003 is not used by objective='gspo' (it reads ...)' for an error."""
     given = ", ".join(f"{k}={v!r}" for k, v in settings.items())
     verb = "is" if len(settings) == 1 else "are"
-    return (f"{given} {verb} not used by objective={objective!r} (it reads "
-            f"{', '.join(OBJECTIVE_HPARAMS[objective])})")
+    return (
+        f"{given} {verb} not used by objective={objective!r} (it reads "
+        f"{', '.join(OBJECTIVE_HPARAMS[objective])})"
+    )

@@ -62,6 +62,7 @@ Common metrics: ``tokens``, ``sequences``, ``prompts`` (when prompt_index is giv
 max over counted tokens of the ratio the objective uses), ``kl`` / ``entropy`` when given
 (aggregated like the loss), plus the objective's clip/cap fractions (token fractions).
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, NamedTuple, Optional
@@ -69,14 +70,36 @@ from typing import Any, Callable, NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
-from scalerl_jax.rl.aggregation import (counted_mask, masked_max, masked_mean, token_weights,
-                                        weighted_sum)
-from scalerl_jax.rl.hparams import (HPARAM_NAMES, OBJECTIVE_HPARAMS, OBJECTIVES,
-                                    check_objective, describe_unused, unused_hparams)
+from scalerl_jax.rl.aggregation import (
+    counted_mask,
+    masked_max,
+    masked_mean,
+    token_weights,
+    weighted_sum,
+)
+from scalerl_jax.rl.hparams import (
+    HPARAM_NAMES,
+    OBJECTIVE_HPARAMS,
+    OBJECTIVES,
+    check_objective,
+    describe_unused,
+    unused_hparams,
+)
 
-__all__ = ["HPARAM_NAMES", "KL_ESTIMATORS", "OBJECTIVES", "OBJECTIVE_HPARAMS", "cispo_loss",
-           "dapo_loss", "grpo_loss", "gspo_loss", "kl_penalty", "policy_loss", "ppo_clip_loss",
-           "tis_loss"]
+__all__ = [
+    "HPARAM_NAMES",
+    "KL_ESTIMATORS",
+    "OBJECTIVES",
+    "OBJECTIVE_HPARAMS",
+    "cispo_loss",
+    "dapo_loss",
+    "grpo_loss",
+    "gspo_loss",
+    "kl_penalty",
+    "policy_loss",
+    "ppo_clip_loss",
+    "tis_loss",
+]
 
 KL_ESTIMATORS = ("k1", "k3")
 LOG_RATIO_CLAMP = 20.0
@@ -97,20 +120,35 @@ def _f32(x, counted):
     return jnp.where(counted, jnp.asarray(x).astype(jnp.float32), 0.0)
 
 
-def _prepare(logp, behaviour_logp, advantages, mask, prompt_index, num_prompts, aggregation,
-             max_length, weights, **optional) -> _Batch:
+def _prepare(
+    logp,
+    behaviour_logp,
+    advantages,
+    mask,
+    prompt_index,
+    num_prompts,
+    aggregation,
+    max_length,
+    weights,
+    **optional,
+) -> _Batch:
     shape = tuple(jnp.shape(logp))
     if len(shape) != 2:
         raise ValueError(f"logp must be [N, T], got shape {shape}")
-    for name, x in (("behaviour_logp", behaviour_logp), ("mask", mask), ("weights", weights),
-                    *optional.items()):
+    for name, x in (
+        ("behaviour_logp", behaviour_logp),
+        ("mask", mask),
+        ("weights", weights),
+        *optional.items(),
+    ):
         if x is not None and tuple(jnp.shape(x)) != shape:
             raise ValueError(f"{name} must have logp's shape {shape}, got {tuple(jnp.shape(x))}")
     adv_shape = tuple(jnp.shape(advantages))
     if adv_shape not in (shape, shape[:1]):
         raise ValueError(f"advantages must be [N]=({shape[0]},) or [N, T]={shape}, got {adv_shape}")
-    agg_weights, metrics = token_weights(mask, prompt_index, aggregation=aggregation,
-                                         num_prompts=num_prompts, max_length=max_length)
+    agg_weights, metrics = token_weights(
+        mask, prompt_index, aggregation=aggregation, num_prompts=num_prompts, max_length=max_length
+    )
     counted = counted_mask(mask, prompt_index, num_prompts)
     if weights is None:
         weights = agg_weights
@@ -123,8 +161,14 @@ def _prepare(logp, behaviour_logp, advantages, mask, prompt_index, num_prompts, 
     adv = jnp.broadcast_to(adv[:, None] if adv.ndim == 1 else adv, shape)
     # Sanitising every input at uncounted positions keeps NaN out of the backward pass too
     # (0 * inf in a product rule would otherwise leak through the weights).
-    return _Batch(_f32(logp, counted), _f32(behaviour_logp, counted), _f32(adv, counted),
-                  counted, weights, metrics)
+    return _Batch(
+        _f32(logp, counted),
+        _f32(behaviour_logp, counted),
+        _f32(adv, counted),
+        counted,
+        weights,
+        metrics,
+    )
 
 
 def _log_ratio(numerator, denominator):
@@ -147,8 +191,7 @@ def kl_penalty(logp: jax.Array, ref_logp: jax.Array, estimator: str = "k3") -> j
     return jnp.exp(d) - d - 1.0
 
 
-def _finish(b: _Batch, pg_tok, metrics, *, ref_logp, kl_coef, kl_estimator, entropy,
-            entropy_coef):
+def _finish(b: _Batch, pg_tok, metrics, *, ref_logp, kl_coef, kl_estimator, entropy, entropy_coef):
     if kl_coef < 0 or entropy_coef < 0:
         raise ValueError(f"kl_coef={kl_coef}, entropy_coef={entropy_coef}: must be >= 0")
     if kl_estimator not in KL_ESTIMATORS:
@@ -183,9 +226,11 @@ def _ratio_metrics(ratio, counted):
 def _check_tis(tis_cap, old_logp, who: str):
     if tis_cap is None:
         if old_logp is not None:
-            raise ValueError(f"old_logp is only used with tis_cap: without it {who} takes its "
-                             "ratio against behaviour_logp (pass tis_cap to correct the "
-                             "sampler/trainer mismatch with old_logp)")
+            raise ValueError(
+                f"old_logp is only used with tis_cap: without it {who} takes its "
+                "ratio against behaviour_logp (pass tis_cap to correct the "
+                "sampler/trainer mismatch with old_logp)"
+            )
     elif not tis_cap > 0:
         raise ValueError(f"tis_cap={tis_cap}: must be > 0")
 
@@ -202,9 +247,11 @@ def _tis(b: _Batch, old_logp, tis_cap):
         return b.behaviour_logp, None, {}
     old = sg(b.logp if old_logp is None else _f32(old_logp, b.counted))
     ratio = jnp.exp(_log_ratio(old, b.behaviour_logp))
-    metrics = {"tis_frac": masked_mean(ratio > tis_cap, b.counted),
-               "tis_ratio_mean": masked_mean(ratio, b.counted),
-               "tis_ratio_max": masked_max(ratio, b.counted)}
+    metrics = {
+        "tis_frac": masked_mean(ratio > tis_cap, b.counted),
+        "tis_ratio_mean": masked_mean(ratio, b.counted),
+        "tis_ratio_max": masked_max(ratio, b.counted),
+    }
     return old, sg(jnp.minimum(ratio, tis_cap)), metrics
 
 
@@ -212,12 +259,27 @@ def _weighted(pg_tok, tis_weight):
     return pg_tok if tis_weight is None else tis_weight * pg_tok
 
 
-def cispo_loss(logp, behaviour_logp, advantages, mask, prompt_index=None, *, aggregation: str,
-               num_prompts: Optional[int] = None, max_length: Optional[int] = None, weights=None,
-               ratio_cap: float = 4.0, ratio_floor: Optional[float] = None,
-               tis_cap: Optional[float] = None, old_logp=None, ref_logp=None,
-               kl_coef: float = 0.0, kl_estimator: str = "k3", entropy=None,
-               entropy_coef: float = 0.0):
+def cispo_loss(
+    logp,
+    behaviour_logp,
+    advantages,
+    mask,
+    prompt_index=None,
+    *,
+    aggregation: str,
+    num_prompts: Optional[int] = None,
+    max_length: Optional[int] = None,
+    weights=None,
+    ratio_cap: float = 4.0,
+    ratio_floor: Optional[float] = None,
+    tis_cap: Optional[float] = None,
+    old_logp=None,
+    ref_logp=None,
+    kl_coef: float = 0.0,
+    kl_estimator: str = "k3",
+    entropy=None,
+    entropy_coef: float = 0.0,
+):
     """CISPO (MiniMax-M1; ScaleRL's loss), per token ``-sg(w) * A * logp``.
 
     ``w = min(rho, ratio_cap)``, or ``clip(rho, ratio_floor, ratio_cap)`` with a floor, and
@@ -235,8 +297,20 @@ def cispo_loss(logp, behaviour_logp, advantages, mask, prompt_index=None, *, agg
     if ratio_floor is not None and not 0 <= ratio_floor < ratio_cap:
         raise ValueError(f"ratio_floor={ratio_floor}: must be in [0, ratio_cap={ratio_cap})")
     _check_tis(tis_cap, old_logp, "objective='cispo'")
-    b = _prepare(logp, behaviour_logp, advantages, mask, prompt_index, num_prompts, aggregation,
-                 max_length, weights, old_logp=old_logp, ref_logp=ref_logp, entropy=entropy)
+    b = _prepare(
+        logp,
+        behaviour_logp,
+        advantages,
+        mask,
+        prompt_index,
+        num_prompts,
+        aggregation,
+        max_length,
+        weights,
+        old_logp=old_logp,
+        ref_logp=ref_logp,
+        entropy=entropy,
+    )
     denominator, tis_w, metrics = _tis(b, old_logp, tis_cap)
     rho = jnp.exp(_log_ratio(sg(b.logp), denominator))
     w = jnp.minimum(rho, ratio_cap)
@@ -248,8 +322,16 @@ def cispo_loss(logp, behaviour_logp, advantages, mask, prompt_index=None, *, agg
     else:
         metrics["floor_frac"] = jnp.float32(0.0)
     pg_tok = _weighted(-sg(w) * b.advantages * b.logp, tis_w)
-    return _finish(b, pg_tok, metrics, ref_logp=ref_logp, kl_coef=kl_coef,
-                   kl_estimator=kl_estimator, entropy=entropy, entropy_coef=entropy_coef)
+    return _finish(
+        b,
+        pg_tok,
+        metrics,
+        ref_logp=ref_logp,
+        kl_coef=kl_coef,
+        kl_estimator=kl_estimator,
+        entropy=entropy,
+        entropy_coef=entropy_coef,
+    )
 
 
 def _clipped_surrogate(ratio, adv, counted, eps_low, eps_high, dual_clip):
@@ -259,9 +341,11 @@ def _clipped_surrogate(ratio, adv, counted, eps_low, eps_high, dual_clip):
     loss = jnp.maximum(unclipped, clipped)
     low = (ratio < 1.0 - eps_low) & (adv < 0)
     high = (ratio > 1.0 + eps_high) & (adv > 0)
-    metrics = {"clip_frac_low": masked_mean(low, counted),
-               "clip_frac_high": masked_mean(high, counted),
-               "clip_frac": masked_mean(low | high, counted)}
+    metrics = {
+        "clip_frac_low": masked_mean(low, counted),
+        "clip_frac_high": masked_mean(high, counted),
+        "clip_frac": masked_mean(low | high, counted),
+    }
     if dual_clip is not None:
         # Dual clip (Ye et al. 2020; verl's clip_ratio_c): for A < 0 the loss is also bounded by
         # -c*A, so a huge ratio on a bad token cannot blow up the update.
@@ -283,12 +367,28 @@ def _check_clip(name_low, low, name_high, high, dual_clip):
         raise ValueError(f"dual_clip={dual_clip}: must be > 1")
 
 
-def ppo_clip_loss(logp, behaviour_logp, advantages, mask, prompt_index=None, *, aggregation: str,
-                  num_prompts: Optional[int] = None, max_length: Optional[int] = None, weights=None,
-                  clip_eps_low: float = 0.2, clip_eps_high: float = 0.2,
-                  dual_clip: Optional[float] = None, tis_cap: Optional[float] = None,
-                  old_logp=None, ref_logp=None, kl_coef: float = 0.0, kl_estimator: str = "k3",
-                  entropy=None, entropy_coef: float = 0.0):
+def ppo_clip_loss(
+    logp,
+    behaviour_logp,
+    advantages,
+    mask,
+    prompt_index=None,
+    *,
+    aggregation: str,
+    num_prompts: Optional[int] = None,
+    max_length: Optional[int] = None,
+    weights=None,
+    clip_eps_low: float = 0.2,
+    clip_eps_high: float = 0.2,
+    dual_clip: Optional[float] = None,
+    tis_cap: Optional[float] = None,
+    old_logp=None,
+    ref_logp=None,
+    kl_coef: float = 0.0,
+    kl_estimator: str = "k3",
+    entropy=None,
+    entropy_coef: float = 0.0,
+):
     """PPO-clip per token: ``max(-rho*A, -clip(rho, 1 - clip_eps_low, 1 + clip_eps_high)*A)``.
 
     The eps are offsets from 1 (verl's clip_ratio_low/high, TRL's epsilon/epsilon_high). With
@@ -300,62 +400,162 @@ def ppo_clip_loss(logp, behaviour_logp, advantages, mask, prompt_index=None, *, 
     """
     _check_clip("clip_eps_low", clip_eps_low, "clip_eps_high", clip_eps_high, dual_clip)
     _check_tis(tis_cap, old_logp, "ppo_clip_loss")
-    b = _prepare(logp, behaviour_logp, advantages, mask, prompt_index, num_prompts, aggregation,
-                 max_length, weights, old_logp=old_logp, ref_logp=ref_logp, entropy=entropy)
+    b = _prepare(
+        logp,
+        behaviour_logp,
+        advantages,
+        mask,
+        prompt_index,
+        num_prompts,
+        aggregation,
+        max_length,
+        weights,
+        old_logp=old_logp,
+        ref_logp=ref_logp,
+        entropy=entropy,
+    )
     denominator, tis_w, metrics = _tis(b, old_logp, tis_cap)
     rho = jnp.exp(_log_ratio(b.logp, denominator))
-    pg_tok, clip_metrics = _clipped_surrogate(rho, b.advantages, b.counted, clip_eps_low,
-                                              clip_eps_high, dual_clip)
+    pg_tok, clip_metrics = _clipped_surrogate(
+        rho, b.advantages, b.counted, clip_eps_low, clip_eps_high, dual_clip
+    )
     metrics.update(clip_metrics)
     metrics.update(_ratio_metrics(rho, b.counted))
-    return _finish(b, _weighted(pg_tok, tis_w), metrics, ref_logp=ref_logp, kl_coef=kl_coef,
-                   kl_estimator=kl_estimator, entropy=entropy, entropy_coef=entropy_coef)
+    return _finish(
+        b,
+        _weighted(pg_tok, tis_w),
+        metrics,
+        ref_logp=ref_logp,
+        kl_coef=kl_coef,
+        kl_estimator=kl_estimator,
+        entropy=entropy,
+        entropy_coef=entropy_coef,
+    )
 
 
-def grpo_loss(logp, behaviour_logp, advantages, mask, prompt_index=None, *, aggregation: str,
-              num_prompts: Optional[int] = None, max_length: Optional[int] = None, weights=None,
-              clip_eps_low: float = 0.2, clip_eps_high: Optional[float] = None,
-              dual_clip: Optional[float] = None, tis_cap: Optional[float] = None, old_logp=None,
-              ref_logp=None, kl_coef: float = 0.0, kl_estimator: str = "k3", entropy=None,
-              entropy_coef: float = 0.0):
+def grpo_loss(
+    logp,
+    behaviour_logp,
+    advantages,
+    mask,
+    prompt_index=None,
+    *,
+    aggregation: str,
+    num_prompts: Optional[int] = None,
+    max_length: Optional[int] = None,
+    weights=None,
+    clip_eps_low: float = 0.2,
+    clip_eps_high: Optional[float] = None,
+    dual_clip: Optional[float] = None,
+    tis_cap: Optional[float] = None,
+    old_logp=None,
+    ref_logp=None,
+    kl_coef: float = 0.0,
+    kl_estimator: str = "k3",
+    entropy=None,
+    entropy_coef: float = 0.0,
+):
     """GRPO (DeepSeekMath): symmetric PPO-clip, ``clip(rho, 1 - clip_eps_low, 1 + clip_eps_low)``;
     the paper aggregates by 'sequence' and uses k3 KL. ``clip_eps_high`` is None (symmetric) or
     must equal ``clip_eps_low``; an asymmetric clip is `dapo_loss`. See `ppo_clip_loss`."""
     if clip_eps_high is not None and clip_eps_high != clip_eps_low:
-        raise ValueError(f"objective='grpo' clips symmetrically but clip_eps_low={clip_eps_low} "
-                         f"!= clip_eps_high={clip_eps_high}; use 'dapo'")
+        raise ValueError(
+            f"objective='grpo' clips symmetrically but clip_eps_low={clip_eps_low} "
+            f"!= clip_eps_high={clip_eps_high}; use 'dapo'"
+        )
     _check_tis(tis_cap, old_logp, "objective='grpo'")
-    return ppo_clip_loss(logp, behaviour_logp, advantages, mask, prompt_index,
-                         aggregation=aggregation, num_prompts=num_prompts,
-                         max_length=max_length, weights=weights, clip_eps_low=clip_eps_low,
-                         clip_eps_high=clip_eps_low, dual_clip=dual_clip, tis_cap=tis_cap,
-                         old_logp=old_logp, ref_logp=ref_logp, kl_coef=kl_coef,
-                         kl_estimator=kl_estimator, entropy=entropy, entropy_coef=entropy_coef)
+    return ppo_clip_loss(
+        logp,
+        behaviour_logp,
+        advantages,
+        mask,
+        prompt_index,
+        aggregation=aggregation,
+        num_prompts=num_prompts,
+        max_length=max_length,
+        weights=weights,
+        clip_eps_low=clip_eps_low,
+        clip_eps_high=clip_eps_low,
+        dual_clip=dual_clip,
+        tis_cap=tis_cap,
+        old_logp=old_logp,
+        ref_logp=ref_logp,
+        kl_coef=kl_coef,
+        kl_estimator=kl_estimator,
+        entropy=entropy,
+        entropy_coef=entropy_coef,
+    )
 
 
-def dapo_loss(logp, behaviour_logp, advantages, mask, prompt_index=None, *, aggregation: str,
-              num_prompts: Optional[int] = None, max_length: Optional[int] = None, weights=None,
-              clip_eps_low: float = 0.2, clip_eps_high: float = 0.28,
-              dual_clip: Optional[float] = None, tis_cap: Optional[float] = None, old_logp=None,
-              ref_logp=None, kl_coef: float = 0.0, kl_estimator: str = "k3", entropy=None,
-              entropy_coef: float = 0.0):
+def dapo_loss(
+    logp,
+    behaviour_logp,
+    advantages,
+    mask,
+    prompt_index=None,
+    *,
+    aggregation: str,
+    num_prompts: Optional[int] = None,
+    max_length: Optional[int] = None,
+    weights=None,
+    clip_eps_low: float = 0.2,
+    clip_eps_high: float = 0.28,
+    dual_clip: Optional[float] = None,
+    tis_cap: Optional[float] = None,
+    old_logp=None,
+    ref_logp=None,
+    kl_coef: float = 0.0,
+    kl_estimator: str = "k3",
+    entropy=None,
+    entropy_coef: float = 0.0,
+):
     """DAPO clip-higher: PPO-clip with eps_low 0.2, eps_high 0.28 (ScaleRL's DAPO baseline: 0.26);
     DAPO aggregates by 'token'. See `ppo_clip_loss`."""
     _check_tis(tis_cap, old_logp, "objective='dapo'")
-    return ppo_clip_loss(logp, behaviour_logp, advantages, mask, prompt_index,
-                         aggregation=aggregation, num_prompts=num_prompts,
-                         max_length=max_length, weights=weights, clip_eps_low=clip_eps_low,
-                         clip_eps_high=clip_eps_high, dual_clip=dual_clip, tis_cap=tis_cap,
-                         old_logp=old_logp, ref_logp=ref_logp, kl_coef=kl_coef,
-                         kl_estimator=kl_estimator, entropy=entropy, entropy_coef=entropy_coef)
+    return ppo_clip_loss(
+        logp,
+        behaviour_logp,
+        advantages,
+        mask,
+        prompt_index,
+        aggregation=aggregation,
+        num_prompts=num_prompts,
+        max_length=max_length,
+        weights=weights,
+        clip_eps_low=clip_eps_low,
+        clip_eps_high=clip_eps_high,
+        dual_clip=dual_clip,
+        tis_cap=tis_cap,
+        old_logp=old_logp,
+        ref_logp=ref_logp,
+        kl_coef=kl_coef,
+        kl_estimator=kl_estimator,
+        entropy=entropy,
+        entropy_coef=entropy_coef,
+    )
 
 
-def gspo_loss(logp, behaviour_logp, advantages, mask, prompt_index=None, *, aggregation: str,
-              num_prompts: Optional[int] = None, max_length: Optional[int] = None, weights=None,
-              gspo_eps_low: float = 3e-3, gspo_eps_high: float = 4e-3,
-              tis_cap: Optional[float] = None, old_logp=None, ref_logp=None,
-              kl_coef: float = 0.0, kl_estimator: str = "k3", entropy=None,
-              entropy_coef: float = 0.0):
+def gspo_loss(
+    logp,
+    behaviour_logp,
+    advantages,
+    mask,
+    prompt_index=None,
+    *,
+    aggregation: str,
+    num_prompts: Optional[int] = None,
+    max_length: Optional[int] = None,
+    weights=None,
+    gspo_eps_low: float = 3e-3,
+    gspo_eps_high: float = 4e-3,
+    tis_cap: Optional[float] = None,
+    old_logp=None,
+    ref_logp=None,
+    kl_coef: float = 0.0,
+    kl_estimator: str = "k3",
+    entropy=None,
+    entropy_coef: float = 0.0,
+):
     """GSPO: PPO-clip on the sequence ratio ``s_i = exp(mean_t(logp - behaviour_logp))``.
 
     Implemented in the GSPO paper's token form (GSPO-token): per token
@@ -376,25 +576,61 @@ def gspo_loss(logp, behaviour_logp, advantages, mask, prompt_index=None, *, aggr
     """
     _check_clip("gspo_eps_low", gspo_eps_low, "gspo_eps_high", gspo_eps_high, None)
     _check_tis(tis_cap, old_logp, "objective='gspo'")
-    b = _prepare(logp, behaviour_logp, advantages, mask, prompt_index, num_prompts, aggregation,
-                 max_length, weights, old_logp=old_logp, ref_logp=ref_logp, entropy=entropy)
+    b = _prepare(
+        logp,
+        behaviour_logp,
+        advantages,
+        mask,
+        prompt_index,
+        num_prompts,
+        aggregation,
+        max_length,
+        weights,
+        old_logp=old_logp,
+        ref_logp=ref_logp,
+        entropy=entropy,
+    )
     denominator, tis_w, metrics = _tis(b, old_logp, tis_cap)
     n = jnp.maximum(b.counted.sum(axis=1), 1).astype(jnp.float32)
     seq_log_ratio = _log_ratio(jnp.sum(b.logp - denominator, axis=1) / n, 0.0)
     s = jnp.exp(sg(seq_log_ratio)[:, None] + b.logp - sg(b.logp))
-    pg_tok, clip_metrics = _clipped_surrogate(s, b.advantages, b.counted, gspo_eps_low,
-                                              gspo_eps_high, None)
+    pg_tok, clip_metrics = _clipped_surrogate(
+        s, b.advantages, b.counted, gspo_eps_low, gspo_eps_high, None
+    )
     del clip_metrics["dual_clip_frac"]
     metrics.update(clip_metrics)
     metrics.update(_ratio_metrics(s, b.counted))
-    return _finish(b, _weighted(pg_tok, tis_w), metrics, ref_logp=ref_logp, kl_coef=kl_coef,
-                   kl_estimator=kl_estimator, entropy=entropy, entropy_coef=entropy_coef)
+    return _finish(
+        b,
+        _weighted(pg_tok, tis_w),
+        metrics,
+        ref_logp=ref_logp,
+        kl_coef=kl_coef,
+        kl_estimator=kl_estimator,
+        entropy=entropy,
+        entropy_coef=entropy_coef,
+    )
 
 
-def tis_loss(logp, behaviour_logp, advantages, mask, prompt_index=None, *, aggregation: str,
-             num_prompts: Optional[int] = None, max_length: Optional[int] = None, weights=None,
-             tis_cap: float = 5.0, old_logp=None, ref_logp=None, kl_coef: float = 0.0,
-             kl_estimator: str = "k3", entropy=None, entropy_coef: float = 0.0):
+def tis_loss(
+    logp,
+    behaviour_logp,
+    advantages,
+    mask,
+    prompt_index=None,
+    *,
+    aggregation: str,
+    num_prompts: Optional[int] = None,
+    max_length: Optional[int] = None,
+    weights=None,
+    tis_cap: float = 5.0,
+    old_logp=None,
+    ref_logp=None,
+    kl_coef: float = 0.0,
+    kl_estimator: str = "k3",
+    entropy=None,
+    entropy_coef: float = 0.0,
+):
     """REINFORCE with truncated importance sampling: per token ``-w * A * logp``,
     ``w = sg(min(pi_old / pi_behaviour, tis_cap))`` (Yao et al. 2025; PipelineRL caps at 5).
 
@@ -413,30 +649,75 @@ def tis_loss(logp, behaviour_logp, advantages, mask, prompt_index=None, *, aggre
     if tis_cap is None:
         raise ValueError("tis_cap=None: objective='tis' needs a cap (> 0; PipelineRL uses 5)")
     _check_tis(tis_cap, old_logp, "objective='tis'")
-    b = _prepare(logp, behaviour_logp, advantages, mask, prompt_index, num_prompts, aggregation,
-                 max_length, weights, old_logp=old_logp, ref_logp=ref_logp,
-                 entropy=entropy)
+    b = _prepare(
+        logp,
+        behaviour_logp,
+        advantages,
+        mask,
+        prompt_index,
+        num_prompts,
+        aggregation,
+        max_length,
+        weights,
+        old_logp=old_logp,
+        ref_logp=ref_logp,
+        entropy=entropy,
+    )
     _, w, tis_metrics = _tis(b, old_logp, tis_cap)
-    metrics = {"ratio_mean": tis_metrics["tis_ratio_mean"],
-               "ratio_max": tis_metrics["tis_ratio_max"], "tis_frac": tis_metrics["tis_frac"]}
+    metrics = {
+        "ratio_mean": tis_metrics["tis_ratio_mean"],
+        "ratio_max": tis_metrics["tis_ratio_max"],
+        "tis_frac": tis_metrics["tis_frac"],
+    }
     pg_tok = -w * b.advantages * b.logp
-    return _finish(b, pg_tok, metrics, ref_logp=ref_logp, kl_coef=kl_coef,
-                   kl_estimator=kl_estimator, entropy=entropy, entropy_coef=entropy_coef)
+    return _finish(
+        b,
+        pg_tok,
+        metrics,
+        ref_logp=ref_logp,
+        kl_coef=kl_coef,
+        kl_estimator=kl_estimator,
+        entropy=entropy,
+        entropy_coef=entropy_coef,
+    )
 
 
 _LOSSES: dict[str, Callable[..., Any]] = {
-    "cispo": cispo_loss, "grpo": grpo_loss, "dapo": dapo_loss, "gspo": gspo_loss, "tis": tis_loss}
+    "cispo": cispo_loss,
+    "grpo": grpo_loss,
+    "dapo": dapo_loss,
+    "gspo": gspo_loss,
+    "tis": tis_loss,
+}
 
 
-def policy_loss(objective: str, logp, behaviour_logp, advantages, mask, prompt_index=None, *,
-                aggregation: str, num_prompts: Optional[int] = None,
-                max_length: Optional[int] = None, weights=None,
-                ratio_cap: Optional[float] = None, ratio_floor: Optional[float] = None,
-                clip_eps_low: Optional[float] = None, clip_eps_high: Optional[float] = None,
-                dual_clip: Optional[float] = None, gspo_eps_low: Optional[float] = None,
-                gspo_eps_high: Optional[float] = None, tis_cap: Optional[float] = None,
-                old_logp=None, ref_logp=None, kl_coef: float = 0.0, kl_estimator: str = "k3",
-                entropy=None, entropy_coef: float = 0.0):
+def policy_loss(
+    objective: str,
+    logp,
+    behaviour_logp,
+    advantages,
+    mask,
+    prompt_index=None,
+    *,
+    aggregation: str,
+    num_prompts: Optional[int] = None,
+    max_length: Optional[int] = None,
+    weights=None,
+    ratio_cap: Optional[float] = None,
+    ratio_floor: Optional[float] = None,
+    clip_eps_low: Optional[float] = None,
+    clip_eps_high: Optional[float] = None,
+    dual_clip: Optional[float] = None,
+    gspo_eps_low: Optional[float] = None,
+    gspo_eps_high: Optional[float] = None,
+    tis_cap: Optional[float] = None,
+    old_logp=None,
+    ref_logp=None,
+    kl_coef: float = 0.0,
+    kl_estimator: str = "k3",
+    entropy=None,
+    entropy_coef: float = 0.0,
+):
     """Dispatch to one objective by name; keyword names equal LossConfig's fields and the
     per-objective functions' (`cispo_loss`, ...).
 
@@ -452,16 +733,37 @@ def policy_loss(objective: str, logp, behaviour_logp, advantages, mask, prompt_i
     ``jax.jit(policy_loss, static_argnums=0, static_argnames=HPARAM_NAMES + ("num_prompts",))``.
     """
     check_objective(objective)
-    specific = dict(ratio_cap=ratio_cap, ratio_floor=ratio_floor, clip_eps_low=clip_eps_low,
-                    clip_eps_high=clip_eps_high, dual_clip=dual_clip, gspo_eps_low=gspo_eps_low,
-                    gspo_eps_high=gspo_eps_high, tis_cap=tis_cap)
+    specific = dict(
+        ratio_cap=ratio_cap,
+        ratio_floor=ratio_floor,
+        clip_eps_low=clip_eps_low,
+        clip_eps_high=clip_eps_high,
+        dual_clip=dual_clip,
+        gspo_eps_low=gspo_eps_low,
+        gspo_eps_high=gspo_eps_high,
+        tis_cap=tis_cap,
+    )
     given = {k: v for k, v in specific.items() if v is not None}
     unused = unused_hparams(objective, given)
     if unused:
-        raise ValueError("policy_loss: " + describe_unused(objective,
-                                                           {k: given[k] for k in unused}))
+        raise ValueError(
+            "policy_loss: " + describe_unused(objective, {k: given[k] for k in unused})
+        )
     return _LOSSES[objective](
-        logp, behaviour_logp, advantages, mask, prompt_index, aggregation=aggregation,
-        num_prompts=num_prompts, max_length=max_length, weights=weights, old_logp=old_logp,
-        ref_logp=ref_logp, kl_coef=kl_coef, kl_estimator=kl_estimator, entropy=entropy,
-        entropy_coef=entropy_coef, **given)
+        logp,
+        behaviour_logp,
+        advantages,
+        mask,
+        prompt_index,
+        aggregation=aggregation,
+        num_prompts=num_prompts,
+        max_length=max_length,
+        weights=weights,
+        old_logp=old_logp,
+        ref_logp=ref_logp,
+        kl_coef=kl_coef,
+        kl_estimator=kl_estimator,
+        entropy=entropy,
+        entropy_coef=entropy_coef,
+        **given,
+    )

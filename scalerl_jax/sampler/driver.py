@@ -51,6 +51,7 @@ read with `get` / iteration. An exception in the driver thread (bad prompt, mode
 callback error) stops the loop and is re-raised, as `DriverError` from the original, by the next
 `get`, iteration, `update_params` or `join` in the caller.
 """
+
 from __future__ import annotations
 
 import logging
@@ -65,13 +66,26 @@ import numpy as np
 from scalerl_jax.config import SamplerConfig
 from scalerl_jax.sampler.engine import COMPILED_FIELDS, Engine
 from scalerl_jax.sampler.types import Completion, Group
-from scalerl_jax.sampler.work import (GroupWork, Prompt, Sample, driver_token_ids, prefill_buckets,
-                                      sample_seed)
+from scalerl_jax.sampler.work import (
+    GroupWork,
+    Prompt,
+    Sample,
+    driver_token_ids,
+    prefill_buckets,
+    sample_seed,
+)
 
 # Prompt, driver_token_ids, prefill_buckets and sample_seed live in work.py; callers import them
 # from here too.
-__all__ = ["Driver", "DriverError", "Prompt", "PromptTooLongError", "driver_token_ids",
-           "prefill_buckets", "sample_seed"]
+__all__ = [
+    "Driver",
+    "DriverError",
+    "Prompt",
+    "PromptTooLongError",
+    "driver_token_ids",
+    "prefill_buckets",
+    "sample_seed",
+]
 
 log = logging.getLogger(__name__)
 
@@ -102,39 +116,65 @@ class Driver:
     refused (ValueError naming the fields and both values), never silently overridden.
     """
 
-    def __init__(self, engine: Engine, params, prompts: Iterable, *, group_size: int,
-                 eos_ids: Sequence[int], think_close_ids: Sequence[int] = (),
-                 phrase_ids: Sequence[int] = (), version: int = 0,
-                 on_group: Optional[Callable[[Group], None]] = None, max_queued_groups: int = 64,
-                 seed: int = 0, continuous: bool = True, min_prefill_bucket: int = 16,
-                 cfg: Optional[SamplerConfig] = None,
-                 admit: Optional[Callable[[int], bool]] = None, idle_wait_s: float = 0.002,
-                 dispatch_ahead: Optional[bool] = None):
+    def __init__(
+        self,
+        engine: Engine,
+        params,
+        prompts: Iterable,
+        *,
+        group_size: int,
+        eos_ids: Sequence[int],
+        think_close_ids: Sequence[int] = (),
+        phrase_ids: Sequence[int] = (),
+        version: int = 0,
+        on_group: Optional[Callable[[Group], None]] = None,
+        max_queued_groups: int = 64,
+        seed: int = 0,
+        continuous: bool = True,
+        min_prefill_bucket: int = 16,
+        cfg: Optional[SamplerConfig] = None,
+        admit: Optional[Callable[[int], bool]] = None,
+        idle_wait_s: float = 0.002,
+        dispatch_ahead: Optional[bool] = None,
+    ):
         cfg = engine.cfg if cfg is None else cfg
         if group_size < 1:
             raise ValueError(f"group_size={group_size} must be >= 1")
-        differ = [f"{name}={getattr(cfg, name)!r} (engine: {getattr(engine.cfg, name)!r})"
-                  for name in COMPILED_FIELDS if getattr(cfg, name) != getattr(engine.cfg, name)]
+        differ = [
+            f"{name}={getattr(cfg, name)!r} (engine: {getattr(engine.cfg, name)!r})"
+            for name in COMPILED_FIELDS
+            if getattr(cfg, name) != getattr(engine.cfg, name)
+        ]
         if differ:
             raise ValueError(
                 f"Driver cfg differs from its Engine's SamplerConfig in fields compiled into the "
                 f"engine: {', '.join(differ)}; the engine would sample with its own. Build an "
                 f"Engine with this SamplerConfig, or take these fields from engine.cfg "
-                f"(dataclasses.replace(engine.cfg, <driver-side fields>))")
+                f"(dataclasses.replace(engine.cfg, <driver-side fields>))"
+            )
         self._phrase = [int(t) for t in phrase_ids]
         if not cfg.interruptions:
-            unread = [name for name, ids in (("think_close_ids", think_close_ids),
-                                             ("phrase_ids", phrase_ids)) if len(ids)]
+            unread = [
+                name
+                for name, ids in (("think_close_ids", think_close_ids), ("phrase_ids", phrase_ids))
+                if len(ids)
+            ]
             if unread:
-                raise ValueError(f"{' and '.join(unread)} given but SamplerConfig.interruptions "
-                                 "is False: the driver reads them only to interrupt")
+                raise ValueError(
+                    f"{' and '.join(unread)} given but SamplerConfig.interruptions "
+                    "is False: the driver reads them only to interrupt"
+                )
         if cfg.interruptions:
             if not self._phrase:
-                raise ValueError("SamplerConfig.interruptions is on but phrase_ids is empty: "
-                                 "pass the encoded interruption_phrase")
+                raise ValueError(
+                    "SamplerConfig.interruptions is on but phrase_ids is empty: "
+                    "pass the encoded interruption_phrase"
+                )
             if len(self._phrase) > engine.max_forced_tokens:
-                raise ValueError(f"phrase_ids has {len(self._phrase)} tokens > engine "
-                                 f"max_forced_tokens={engine.max_forced_tokens}")
+                raise ValueError(
+                    f"phrase_ids has {len(self._phrase)} tokens > engine "
+                    f"max_forced_tokens={engine.max_forced_tokens}"
+                )
         self.engine, self.cfg, self.group_size = engine, cfg, group_size
         self._eos = frozenset(int(t) for t in eos_ids)
         self._close = [int(t) for t in think_close_ids]
@@ -155,8 +195,9 @@ class Driver:
         self._slots: list[Optional[Sample]] = [None] * engine.max_concurrent_decodes
         self._partial: Optional[GroupWork] = None
         self._exhausted = False
-        self._dispatch_ahead = (engine.decode_steps_per_call == 1 if dispatch_ahead is None
-                                else bool(dispatch_ahead))
+        self._dispatch_ahead = (
+            engine.decode_steps_per_call == 1 if dispatch_ahead is None else bool(dispatch_ahead)
+        )
         self._calls = 0  # generate calls dispatched
         # (ResultTokens on device, params version, call number)
         self._in_flight: Optional[tuple[Any, int, int]] = None
@@ -166,19 +207,47 @@ class Driver:
         self._finished = threading.Event()
         self._error: Optional[BaseException] = None
         self.stats: dict[str, float] = dict.fromkeys(
-            ("prompts", "groups", "completions", "finish_eos", "finish_interrupted",
-             "finish_truncated", "interrupted", "truncated_prompts", "prefills", "prefill_calls",
-             "generate_calls", "decode_steps", "slot_steps", "tokens", "forced_tokens",
-             "weight_updates"), 0)
+            (
+                "prompts",
+                "groups",
+                "completions",
+                "finish_eos",
+                "finish_interrupted",
+                "finish_truncated",
+                "interrupted",
+                "truncated_prompts",
+                "prefills",
+                "prefill_calls",
+                "generate_calls",
+                "decode_steps",
+                "slot_steps",
+                "tokens",
+                "forced_tokens",
+                "weight_updates",
+            ),
+            0,
+        )
         self.stats.update(time_generate=0.0, time_prefill=0.0, time_host=0.0, time_idle=0.0)
 
     @classmethod
-    def for_tokenizer(cls, engine: Engine, params, prompts: Iterable, tokenizer, *,
-                      group_size: int, cfg: Optional[SamplerConfig] = None, **kwargs) -> "Driver":
+    def for_tokenizer(
+        cls,
+        engine: Engine,
+        params,
+        prompts: Iterable,
+        tokenizer,
+        *,
+        group_size: int,
+        cfg: Optional[SamplerConfig] = None,
+        **kwargs,
+    ) -> "Driver":
         """A Driver whose eos / think-close / phrase ids are `driver_token_ids` of `cfg`
         (default `engine.cfg`) with `tokenizer`; other keywords go to `Driver`."""
-        ids = driver_token_ids(engine.cfg if cfg is None else cfg, tokenizer,
-                               max_forced_tokens=engine.max_forced_tokens)
+        ids = driver_token_ids(
+            engine.cfg if cfg is None else cfg,
+            tokenizer,
+            max_forced_tokens=engine.max_forced_tokens,
+        )
         return cls(engine, params, prompts, group_size=group_size, cfg=cfg, **ids, **kwargs)
 
     # -- caller side ----------------------------------------------------------------------------
@@ -202,8 +271,9 @@ class Driver:
     def start(self) -> "Driver":
         if self._thread is not None:
             raise RuntimeError("Driver.start() called twice")
-        self._thread = threading.Thread(target=self._thread_main, name="sampler-driver",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._thread_main, name="sampler-driver", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -223,8 +293,9 @@ class Driver:
                 self._raise_if_failed()
                 return None
             if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"no group from the sampler driver within {timeout} s "
-                                   f"(stats: {self.stats})")
+                raise TimeoutError(
+                    f"no group from the sampler driver within {timeout} s (stats: {self.stats})"
+                )
 
     def __iter__(self):
         while (group := self.get()) is not None:
@@ -336,7 +407,7 @@ class Driver:
                 if self._partial is None:
                     break
             g = self._partial
-            take, free = free[:self.group_size - g.inserted], free[self.group_size - g.inserted:]
+            take, free = free[: self.group_size - g.inserted], free[self.group_size - g.inserted :]
             plan.append((g, take))
             if g.inserted + len(take) < self.group_size:
                 break  # no free slot left; the group stays partial
@@ -353,15 +424,17 @@ class Driver:
             for slot, words in zip(take, seeds):
                 budget = None
                 if self.cfg.interruptions:
-                    budget = int(np.random.default_rng(words).integers(
-                        self.cfg.think_min, self.cfg.think_max + 1))
+                    budget = int(
+                        np.random.default_rng(words).integers(
+                            self.cfg.think_min, self.cfg.think_max + 1
+                        )
+                    )
                 self._slots[slot] = Sample(g, g.inserted, cap, budget, first_call=self._calls)
                 g.inserted += 1
             if g.inserted == self.group_size:
                 g.prefix = None
         for prefix, slots, rows, keys in inserts.values():
-            self._state = self.engine.bulk_insert(prefix, self._state, slots, keys=keys,
-                                                  rows=rows)
+            self._state = self.engine.bulk_insert(prefix, self._state, slots, keys=keys, rows=rows)
 
     def _next_group(self) -> Optional[GroupWork]:
         if self._exhausted or (self._admit is not None and not self._admit(self.version)):
@@ -385,13 +458,21 @@ class Driver:
             if not self.cfg.truncate_long_prompts:
                 raise PromptTooLongError(
                     f"prompt {prompt_id!r} has {len(tokens)} tokens > max_prefill_length={limit}"
-                    f" (set SamplerConfig.truncate_long_prompts=True to keep its last {limit})")
+                    f" (set SamplerConfig.truncate_long_prompts=True to keep its last {limit})"
+                )
             # Keep the end: it holds the question and the chat template's generation prompt.
             tokens = tokens[-limit:]
             self.stats["truncated_prompts"] += 1
         self.stats["prompts"] += 1
-        return GroupWork(str(prompt_id), tokens, dict(metadata or {}), truncated,
-                          [None] * self.group_size, ticket, self.version)
+        return GroupWork(
+            str(prompt_id),
+            tokens,
+            dict(metadata or {}),
+            truncated,
+            [None] * self.group_size,
+            ticket,
+            self.version,
+        )
 
     def _batch_rows(self, t: int) -> int:
         """Rows of a batched prefill at bucket t: enough for every slot's group, within
@@ -408,13 +489,12 @@ class Driver:
         precompiled."""
         by_bucket: dict[int, list[GroupWork]] = {}
         for g in groups:
-            by_bucket.setdefault(next(b for b in self._buckets if b >= len(g.tokens)),
-                                 []).append(g)
+            by_bucket.setdefault(next(b for b in self._buckets if b >= len(g.tokens)), []).append(g)
         t0 = time.perf_counter()
         for t, gs in by_bucket.items():
             n = self._batch_rows(t)
             for i in range(0, len(gs), n):
-                part = gs[i:i + n]
+                part = gs[i : i + n]
                 if len(part) > 1 and 2 * len(part) >= n:
                     self._prefill_part(part, n, t)
                 else:
@@ -427,7 +507,7 @@ class Driver:
         padded = np.zeros((rows, t), np.int32)
         lengths = np.ones((rows,), np.int32)  # padding rows: one token, never inserted
         for i, g in enumerate(part):
-            padded[i, :len(g.tokens)] = g.tokens
+            padded[i, : len(g.tokens)] = g.tokens
             lengths[i] = len(g.tokens)
         prefix = self.engine.prefill_batch(self._params, padded, lengths)
         for i, g in enumerate(part):
@@ -451,7 +531,11 @@ class Driver:
                 self.stats["tokens"] += 1
                 self.stats["forced_tokens"] += forced
                 n = len(smp.tokens)
-                if self._close and smp.think_open and smp.tokens[-len(self._close):] == self._close:
+                if (
+                    self._close
+                    and smp.think_open
+                    and smp.tokens[-len(self._close) :] == self._close
+                ):
                     smp.think_open = False
                 if not forced and tok in self._eos:
                     self._finish(slot, smp, "interrupted" if smp.interrupted else "eos")
@@ -479,8 +563,11 @@ class Driver:
         g.completions[smp.index] = Completion(
             tokens=np.asarray(smp.tokens, np.int32),
             logprobs=np.asarray(smp.logprobs, np.float32),
-            forced=np.asarray(smp.forced, bool), versions=np.asarray(smp.versions, np.int32),
-            finish_reason=reason, interrupted=smp.interrupted)
+            forced=np.asarray(smp.forced, bool),
+            versions=np.asarray(smp.versions, np.int32),
+            finish_reason=reason,
+            interrupted=smp.interrupted,
+        )
         self._slots[slot] = None
         self._state = self.engine.free_resource(self._state, slot)
         self.stats["completions"] += 1
@@ -488,8 +575,17 @@ class Driver:
         g.done += 1
         if g.done == self.group_size:
             self.stats["groups"] += 1
-            self._emit(Group(g.prompt_id, g.tokens, g.completions, g.metadata, g.truncated,
-                             ticket=g.ticket, prefill_version=g.version))
+            self._emit(
+                Group(
+                    g.prompt_id,
+                    g.tokens,
+                    g.completions,
+                    g.metadata,
+                    g.truncated,
+                    ticket=g.ticket,
+                    prefill_version=g.version,
+                )
+            )
 
     def _emit(self, group: Group):
         if self._on_group is not None:
@@ -502,7 +598,8 @@ class Driver:
                 raise RuntimeError(
                     f"Driver output queue full ({self._out.maxsize} groups) while stepping in "
                     "the caller's thread: read groups with get() between steps, pass on_group, "
-                    "or raise max_queued_groups") from None
+                    "or raise max_queued_groups"
+                ) from None
             return
         while not self._stop.is_set():  # back-pressure: wait for the consumer, but stay stoppable
             try:

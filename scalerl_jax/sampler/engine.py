@@ -29,6 +29,7 @@ Differences from JetStream, on purpose:
   when a multi-step `generate` call ran past an interruption point; entries past the length are
   never read, so this is exact).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -43,8 +44,16 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from scalerl_jax import mesh as mesh_lib
 from scalerl_jax.config import ModelConfig, SamplerConfig
-from scalerl_jax.models.transformer import (KEY_AXES, KEY_SEQ_AXIS, VALUE_AXES, VALUE_SEQ_AXIS,
-                                            KVCache, Transformer, cache_shapes, init_cache)
+from scalerl_jax.models.transformer import (
+    KEY_AXES,
+    KEY_SEQ_AXIS,
+    VALUE_AXES,
+    VALUE_SEQ_AXIS,
+    KVCache,
+    Transformer,
+    cache_shapes,
+    init_cache,
+)
 from scalerl_jax.sampler import sampling
 from scalerl_jax.sampler.weight_sync import sampler_dtypes, with_dtypes
 
@@ -81,8 +90,15 @@ class ResultTokens(NamedTuple):
 
 # SamplerConfig fields compiled into the engine's programs and state shapes: every driver on an
 # engine samples and sizes with the engine's values, so a driver's own cfg must agree on them.
-COMPILED_FIELDS = ("max_concurrent_decodes", "max_prefill_length", "max_target_length",
-                   "decode_steps_per_call", "temperature", "top_p", "top_k")
+COMPILED_FIELDS = (
+    "max_concurrent_decodes",
+    "max_prefill_length",
+    "max_target_length",
+    "decode_steps_per_call",
+    "temperature",
+    "top_p",
+    "top_k",
+)
 
 
 class EngineError(ValueError):
@@ -112,8 +128,16 @@ def count_compilations():
 class Engine:
     """Decode slots over one host-local sampler mesh for a `Transformer` of `model_cfg`."""
 
-    def __init__(self, model_cfg: ModelConfig, mesh: Mesh, cfg: SamplerConfig = SamplerConfig(),
-                 *, max_forced_tokens: int = 64, seed: int = 0, cache_dtype=None):
+    def __init__(
+        self,
+        model_cfg: ModelConfig,
+        mesh: Mesh,
+        cfg: SamplerConfig = SamplerConfig(),
+        *,
+        max_forced_tokens: int = 64,
+        seed: int = 0,
+        cache_dtype=None,
+    ):
         if max_forced_tokens <= 0:
             raise EngineError(f"max_forced_tokens={max_forced_tokens} must be > 0")
         self.model_cfg, self.cfg, self._mesh = model_cfg, cfg, mesh
@@ -137,28 +161,40 @@ class Engine:
         layers = model_cfg.num_layers
         # DecodeState and Prefix double as pytrees of the matching shardings.
         self.state_shardings = DecodeState(
-            cache=KVCache((mesh_lib.named(mesh, *KEY_AXES, shape=kshape),) * layers,
-                          (mesh_lib.named(mesh, *VALUE_AXES, shape=vshape),) * layers),
+            cache=KVCache(
+                (mesh_lib.named(mesh, *KEY_AXES, shape=kshape),) * layers,
+                (mesh_lib.named(mesh, *VALUE_AXES, shape=vshape),) * layers,
+            ),
             lengths=slot,  # type: ignore[arg-type]
-            next_token=slot, active=slot, rng=slot2,  # type: ignore[arg-type]
+            next_token=slot,
+            active=slot,
+            rng=slot2,  # type: ignore[arg-type]
             queue=mesh_lib.named(mesh, "cache_batch", None, shape=(b, q)),  # type: ignore[arg-type]
-            queue_len=slot)  # type: ignore[arg-type]
+            queue_len=slot,
+        )  # type: ignore[arg-type]
         self._replicated = NamedSharding(mesh, PartitionSpec())
 
         st, rep = self.state_shardings, self._replicated
         self._init = jax.jit(self._traced("init_decode_state", self._init_impl), out_shardings=st)
         self._flat_params: tuple[Any, list] = (None, [])  # (params object, its leaves): _leaves
-        self._generate = jax.jit(self._traced("generate", self._generate_flat),
-                                 in_shardings=(jax.tree.leaves(self.param_shardings), st),
-                                 out_shardings=(st, rep), donate_argnums=(1,),
-                                 static_argnums=(2,))
-        self._prefill = jax.jit(self._traced("prefill", self._prefill_impl),
-                                in_shardings=(self.param_shardings, rep, rep),
-                                out_shardings=self.get_prefix_destination_sharding())
-        self._insert = jax.jit(self._traced("bulk_insert", self._insert_impl),
-                               out_shardings=st, donate_argnums=(1,))
-        self._set_slot = jax.jit(self._traced("slot_update", self._set_slot_impl),
-                                 out_shardings=st, donate_argnums=(0,))
+        self._generate = jax.jit(
+            self._traced("generate", self._generate_flat),
+            in_shardings=(jax.tree.leaves(self.param_shardings), st),
+            out_shardings=(st, rep),
+            donate_argnums=(1,),
+            static_argnums=(2,),
+        )
+        self._prefill = jax.jit(
+            self._traced("prefill", self._prefill_impl),
+            in_shardings=(self.param_shardings, rep, rep),
+            out_shardings=self.get_prefix_destination_sharding(),
+        )
+        self._insert = jax.jit(
+            self._traced("bulk_insert", self._insert_impl), out_shardings=st, donate_argnums=(1,)
+        )
+        self._set_slot = jax.jit(
+            self._traced("slot_update", self._set_slot_impl), out_shardings=st, donate_argnums=(0,)
+        )
 
     # -- JetStream properties -------------------------------------------------------------------
     @property
@@ -192,21 +228,28 @@ class Engine:
         `generate` never recompiles for them. Params in the model's `param_dtype` (the
         trainer's) are cast to the engine's `param_dtypes` one array at a time."""
         if jax.tree.structure(params) != self._param_struct:
-            raise EngineError("params tree does not match the engine's model "
-                              f"({self.model_cfg.name}): got {jax.tree.structure(params)}")
+            raise EngineError(
+                "params tree does not match the engine's model "
+                f"({self.model_cfg.name}): got {jax.tree.structure(params)}"
+            )
         trainer_dtype = jnp.dtype(self.model_cfg.param_dtype)
         out = []
-        for (path, want), got, sh in zip(jax.tree.leaves_with_path(self.abstract_params),
-                                         jax.tree.leaves(params),
-                                         jax.tree.leaves(self.param_shardings)):
-            if tuple(got.shape) != tuple(want.shape) or \
-                    got.dtype not in (want.dtype, trainer_dtype):
-                raise EngineError(f"param {jax.tree_util.keystr(path)} is {got.dtype}"
-                                  f"{list(got.shape)}, the engine expects {want.dtype}"
-                                  f"{list(want.shape)} (or {trainer_dtype}, cast on load)")
+        for (path, want), got, sh in zip(
+            jax.tree.leaves_with_path(self.abstract_params),
+            jax.tree.leaves(params),
+            jax.tree.leaves(self.param_shardings),
+        ):
+            if tuple(got.shape) != tuple(want.shape) or got.dtype not in (
+                want.dtype,
+                trainer_dtype,
+            ):
+                raise EngineError(
+                    f"param {jax.tree_util.keystr(path)} is {got.dtype}"
+                    f"{list(got.shape)}, the engine expects {want.dtype}"
+                    f"{list(want.shape)} (or {trainer_dtype}, cast on load)"
+                )
             x = jax.device_put(got, sh)
-            out.append(x if x.dtype == want.dtype else
-                       jax.device_put(x.astype(want.dtype), sh))
+            out.append(x if x.dtype == want.dtype else jax.device_put(x.astype(want.dtype), sh))
         return jax.tree.unflatten(jax.tree.structure(params), out)
 
     def init_decode_state(self) -> DecodeState:
@@ -217,44 +260,53 @@ class Engine:
         k = mesh_lib.named(self._mesh, None, *KEY_AXES[1:], shape=kshape)
         v = mesh_lib.named(self._mesh, None, *VALUE_AXES[1:], shape=vshape)
         layers = self.model_cfg.num_layers
-        return Prefix(KVCache((k,) * layers, (v,) * layers),
-                      self._replicated, self._replicated)  # type: ignore[arg-type]
+        return Prefix(KVCache((k,) * layers, (v,) * layers), self._replicated, self._replicated)  # type: ignore[arg-type]
 
     def prefill(self, params, padded_tokens, true_length: int) -> Prefix:
         """padded_tokens: [T] int (T <= max_prefill_length, one compile per T: pad to buckets);
         true_length: the number of real tokens, in [1, T]."""
         if np.ndim(padded_tokens) != 1:
-            raise EngineError(f"prefill: padded_tokens must be 1-D, got shape "
-                              f"{np.shape(padded_tokens)}")
+            raise EngineError(
+                f"prefill: padded_tokens must be 1-D, got shape {np.shape(padded_tokens)}"
+            )
         return self.prefill_batch(params, np.asarray(padded_tokens)[None], [true_length])
 
-    def prefill_batch(self, params, padded_tokens,
-                      true_lengths: Sequence[int] | np.ndarray) -> Prefix:
+    def prefill_batch(
+        self, params, padded_tokens, true_lengths: Sequence[int] | np.ndarray
+    ) -> Prefix:
         """N prompts padded to one length in one forward pass -> a Prefix whose row n is
         prompt n. padded_tokens: [N, T] int (one compile per (N, T): pad N and T to buckets);
         true_lengths: [N] numbers of real tokens, each in [1, T]."""
         if np.ndim(padded_tokens) != 2:
-            raise EngineError(f"prefill_batch: padded_tokens must be [N, T], got shape "
-                              f"{np.shape(padded_tokens)}")
+            raise EngineError(
+                f"prefill_batch: padded_tokens must be [N, T], got shape {np.shape(padded_tokens)}"
+            )
         n, t = (int(x) for x in np.shape(padded_tokens))
         if t > self.max_prefill_length:
-            raise EngineError(f"prefill: padded length {t} > max_prefill_length="
-                              f"{self.max_prefill_length}")
+            raise EngineError(
+                f"prefill: padded length {t} > max_prefill_length={self.max_prefill_length}"
+            )
         lengths = np.asarray(true_lengths, np.int64).reshape(-1)
         if len(lengths) != n:
             raise EngineError(f"prefill_batch: {len(lengths)} true_lengths for {n} rows")
         bad = [int(x) for x in lengths if not 1 <= x <= t]
         if bad:
             raise EngineError(f"prefill: true_length={bad[0]} must be in [1, {t}]")
-        return self._prefill(params, jnp.asarray(padded_tokens, jnp.int32),
-                             jnp.asarray(lengths, jnp.int32))
+        return self._prefill(
+            params, jnp.asarray(padded_tokens, jnp.int32), jnp.asarray(lengths, jnp.int32)
+        )
 
     def insert(self, prefix: Prefix, decode_state: DecodeState, slot: int) -> DecodeState:
         return self.bulk_insert(prefix, decode_state, [slot])
 
-    def bulk_insert(self, prefix: Prefix, decode_state: DecodeState,
-                    slots: Sequence[int], keys=None, rows: Optional[Sequence[int]] = None
-                    ) -> DecodeState:
+    def bulk_insert(
+        self,
+        prefix: Prefix,
+        decode_state: DecodeState,
+        slots: Sequence[int],
+        keys=None,
+        rows: Optional[Sequence[int]] = None,
+    ) -> DecodeState:
         """Copy prefixes into slots (the G samples of a group share one prefill): slots[i] gets
         prefix row rows[i] (default: row 0 for every slot). The slots are written one after
         another in place; one compile per prefix shape.
@@ -266,24 +318,34 @@ class Engine:
         b = self.max_concurrent_decodes
         slots = [int(s) for s in slots]
         if not slots or len(set(slots)) != len(slots) or not all(0 <= s < b for s in slots):
-            raise EngineError(f"bulk_insert: slots={slots} must be distinct, non-empty and in "
-                              f"[0, {b})")
+            raise EngineError(
+                f"bulk_insert: slots={slots} must be distinct, non-empty and in [0, {b})"
+            )
         n = int(prefix.length.shape[0])
         rows = [0] * len(slots) if rows is None else [int(r) for r in rows]
         if len(rows) != len(slots) or not all(0 <= r < n for r in rows):
-            raise EngineError(f"bulk_insert: rows={rows} must give one row in [0, {n}) per slot "
-                              f"({len(slots)} slots)")
+            raise EngineError(
+                f"bulk_insert: rows={rows} must give one row in [0, {n}) per slot "
+                f"({len(slots)} slots)"
+            )
         padded = np.zeros((2, b), np.int32)  # fixed size: one compile per prefix shape
-        padded[:, :len(slots)] = slots, rows
+        padded[:, : len(slots)] = slots, rows
         new_keys = np.zeros((b, 2), np.uint32)
         if keys is not None:
             keys = np.asarray(keys, np.uint32)
             if keys.shape != (len(slots), 2):
-                raise EngineError(f"bulk_insert: keys have shape {keys.shape}, expected "
-                                  f"({len(slots)}, 2)")
-            new_keys[:len(slots)] = keys
-        return self._insert(prefix, decode_state, jnp.asarray(padded), jnp.int32(len(slots)),
-                            jnp.asarray(new_keys), jnp.asarray(keys is not None))
+                raise EngineError(
+                    f"bulk_insert: keys have shape {keys.shape}, expected ({len(slots)}, 2)"
+                )
+            new_keys[: len(slots)] = keys
+        return self._insert(
+            prefix,
+            decode_state,
+            jnp.asarray(padded),
+            jnp.int32(len(slots)),
+            jnp.asarray(new_keys),
+            jnp.asarray(keys is not None),
+        )
 
     @property
     def cache_windows(self) -> list[int]:
@@ -306,8 +368,9 @@ class Engine:
             window = next((w for w in self.cache_windows if w >= need), window)
         return self._generate(self._leaves(params), decode_state, window)
 
-    def precompile(self, params, prefill_lengths: Sequence[int],
-                   batched: Sequence[tuple[int, int]] = ()) -> list[str]:
+    def precompile(
+        self, params, prefill_lengths: Sequence[int], batched: Sequence[tuple[int, int]] = ()
+    ) -> list[str]:
         """Compile every program a driver calls, by running each once on a scratch decode
         state: `generate` for every cache window, `prefill` and `bulk_insert` for every padded
         prompt length in `prefill_lengths` (the driver's buckets), `prefill_batch` and
@@ -349,34 +412,44 @@ class Engine:
         (flagged forced) and feed them back, so the KV cache is exactly that of the sequence."""
         tokens = np.asarray(tokens, np.int32).reshape(-1)
         if not 0 < len(tokens) <= self.max_forced_tokens:
-            raise EngineError(f"force_tokens: {len(tokens)} tokens; must be in "
-                              f"[1, max_forced_tokens={self.max_forced_tokens}]")
+            raise EngineError(
+                f"force_tokens: {len(tokens)} tokens; must be in "
+                f"[1, max_forced_tokens={self.max_forced_tokens}]"
+            )
         queue = np.zeros((self.max_forced_tokens,), np.int32)
-        queue[:len(tokens)] = tokens
+        queue[: len(tokens)] = tokens
         return self._slot_update(decode_state, slot, queue=queue, queue_len=len(tokens))
 
-    def rewind(self, decode_state: DecodeState, slot: int, length: int,
-               next_token: int) -> DecodeState:
+    def rewind(
+        self, decode_state: DecodeState, slot: int, length: int, next_token: int
+    ) -> DecodeState:
         """Put a live slot back at `length` cached tokens with `next_token` as the next input."""
         if not 0 <= length < self.max_target_length:
-            raise EngineError(f"rewind: length={length} must be in [0, max_target_length="
-                              f"{self.max_target_length})")
-        return self._slot_update(decode_state, slot, active=True, length=length,
-                                 next_token=next_token)
+            raise EngineError(
+                f"rewind: length={length} must be in [0, max_target_length="
+                f"{self.max_target_length})"
+            )
+        return self._slot_update(
+            decode_state, slot, active=True, length=length, next_token=next_token
+        )
 
-    def _slot_update(self, state, slot, *, active=None, length=None, next_token=None,
-                     queue=None, queue_len=None):
+    def _slot_update(
+        self, state, slot, *, active=None, length=None, next_token=None, queue=None, queue_len=None
+    ):
         if not 0 <= int(slot) < self.max_concurrent_decodes:
             raise EngineError(f"slot={slot} not in [0, {self.max_concurrent_decodes})")
         # One compiled program for every kind of slot update: absent fields keep their value.
         q = self.max_forced_tokens
         args = dict(
-            set_active=active is not None, active=bool(active),
-            set_length=length is not None, length=int(length or 0),
+            set_active=active is not None,
+            active=bool(active),
+            set_length=length is not None,
+            length=int(length or 0),
             next_token=int(next_token or 0),
             set_queue=queue is not None,
             queue=np.zeros((q,), np.int32) if queue is None else queue,
-            queue_len=int(queue_len or 0))
+            queue_len=int(queue_len or 0),
+        )
         return self._set_slot(state, jnp.int32(slot), {k: jnp.asarray(v) for k, v in args.items()})
 
     # -- jitted implementations -----------------------------------------------------------------
@@ -385,6 +458,7 @@ class Engine:
         def wrapper(*args):
             self.traces[name] = self.traces.get(name, 0) + 1  # runs only when jax traces
             return fn(*args)
+
         return wrapper
 
     def _init_impl(self):
@@ -392,9 +466,13 @@ class Engine:
         zeros = jnp.zeros((b,), jnp.int32)
         return DecodeState(
             cache=init_cache(self.model_cfg, b, self.max_target_length, self.cache_dtype),
-            lengths=zeros, next_token=zeros, active=jnp.zeros((b,), bool),
+            lengths=zeros,
+            next_token=zeros,
+            active=jnp.zeros((b,), bool),
             rng=jax.random.split(jax.random.PRNGKey(self.seed), b),
-            queue=jnp.zeros((b, q), jnp.int32), queue_len=zeros)
+            queue=jnp.zeros((b, q), jnp.int32),
+            queue_len=zeros,
+        )
 
     def _prefill_impl(self, params, tokens, true_lengths):
         model = nnx.merge(self.graphdef, params)
@@ -418,26 +496,34 @@ class Engine:
                 return jax.lax.dynamic_update_index_in_dim(dst, src.astype(dst.dtype), slot, 0)
 
             return st._replace(
-                cache=KVCache(tuple(map(rows, st.cache.k, prefix.cache.k)),
-                              tuple(map(rows, st.cache.v, prefix.cache.v))),
+                cache=KVCache(
+                    tuple(map(rows, st.cache.k, prefix.cache.k)),
+                    tuple(map(rows, st.cache.v, prefix.cache.v)),
+                ),
                 lengths=st.lengths.at[slot].set(prefix.length[row]),
                 next_token=st.next_token.at[slot].set(prefix.last_token[row]),
-                active=st.active.at[slot].set(True), queue_len=st.queue_len.at[slot].set(0),
+                active=st.active.at[slot].set(True),
+                queue_len=st.queue_len.at[slot].set(0),
                 # Without keys, a slot's next sample gets a fresh key from the slot's last
                 # (keys are per position, so keeping it would repeat its draws).
-                rng=st.rng.at[slot].set(jnp.where(set_keys, keys[i],
-                                                  jax.random.split(st.rng[slot])[0])))
+                rng=st.rng.at[slot].set(
+                    jnp.where(set_keys, keys[i], jax.random.split(st.rng[slot])[0])
+                ),
+            )
+
         return jax.lax.fori_loop(0, count, put, state)
 
     def _set_slot_impl(self, state, slot, a):
         def upd(arr, flag, value):
             return arr.at[slot].set(jnp.where(flag, value, arr[slot]))
+
         return state._replace(
             active=upd(state.active, a["set_active"], a["active"]),
             lengths=upd(state.lengths, a["set_length"], a["length"]),
             next_token=upd(state.next_token, a["set_length"], a["next_token"]),
             queue=upd(state.queue, a["set_queue"], a["queue"]),
-            queue_len=upd(state.queue_len, a["set_queue"], a["queue_len"]))
+            queue_len=upd(state.queue_len, a["set_queue"], a["queue_len"]),
+        )
 
     def _generate_flat(self, leaves, state, window):
         return self._generate_impl(jax.tree.unflatten(self._param_struct, leaves), state, window)
@@ -452,35 +538,58 @@ class Engine:
 
             def cut(axis):
                 return lambda c: jax.lax.slice_in_dim(c, 0, window, axis=axis)
-            state, res = self._generate_impl(params, state._replace(cache=KVCache(
-                tuple(map(cut(KEY_SEQ_AXIS), full.k)), tuple(map(cut(VALUE_SEQ_AXIS), full.v)))),
-                self.max_target_length)
+
+            state, res = self._generate_impl(
+                params,
+                state._replace(
+                    cache=KVCache(
+                        tuple(map(cut(KEY_SEQ_AXIS), full.k)),
+                        tuple(map(cut(VALUE_SEQ_AXIS), full.v)),
+                    )
+                ),
+                self.max_target_length,
+            )
 
             def back(axis):
                 return lambda dst, src: jax.lax.dynamic_update_slice_in_dim(dst, src, 0, axis)
-            return state._replace(cache=KVCache(
-                tuple(map(back(KEY_SEQ_AXIS), full.k, state.cache.k)),
-                tuple(map(back(VALUE_SEQ_AXIS), full.v, state.cache.v)))), res
+
+            return state._replace(
+                cache=KVCache(
+                    tuple(map(back(KEY_SEQ_AXIS), full.k, state.cache.k)),
+                    tuple(map(back(VALUE_SEQ_AXIS), full.v, state.cache.v)),
+                )
+            ), res
         model = nnx.merge(self.graphdef, params)
         cfg, s = self.cfg, self.max_target_length
 
         def step(st: DecodeState, _):
-            hidden, cache = model.decode(st.next_token[:, None], st.lengths[:, None], st.cache,
-                                         window=window)
+            hidden, cache = model.decode(
+                st.next_token[:, None], st.lengths[:, None], st.cache, window=window
+            )
             logits = model.logits(hidden[:, 0])
             keys = jax.vmap(jax.random.fold_in)(st.rng, st.lengths)  # per slot and position
             valid = st.active
             forced = valid & (st.queue_len > 0)
-            out, lp = sampling.sample_or_force(logits, keys, st.queue[:, 0], forced,
-                                               temperature=cfg.temperature, top_p=cfg.top_p,
-                                               top_k=cfg.top_k)
+            out, lp = sampling.sample_or_force(
+                logits,
+                keys,
+                st.queue[:, 0],
+                forced,
+                temperature=cfg.temperature,
+                top_p=cfg.top_p,
+                top_k=cfg.top_k,
+            )
             lengths = st.lengths + valid.astype(jnp.int32)
             shifted = jnp.concatenate([st.queue[:, 1:], jnp.zeros_like(st.queue[:, :1])], axis=1)
             new = DecodeState(
-                cache=cache, lengths=lengths, next_token=jnp.where(valid, out, st.next_token),
-                active=valid & (lengths < s), rng=st.rng,
+                cache=cache,
+                lengths=lengths,
+                next_token=jnp.where(valid, out, st.next_token),
+                active=valid & (lengths < s),
+                rng=st.rng,
                 queue=jnp.where(forced[:, None], shifted, st.queue),
-                queue_len=st.queue_len - forced.astype(jnp.int32))
+                queue_len=st.queue_len - forced.astype(jnp.int32),
+            )
             return new, ResultTokens(out, lp, forced, valid)
 
         return jax.lax.scan(step, state, None, length=cfg.decode_steps_per_call)

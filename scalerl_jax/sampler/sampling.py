@@ -32,6 +32,7 @@ reproducible per (seed, ticket, sample) under continuous batching.
 Pure functions of arrays; the static hyper-parameters are Python scalars, so each setting is one
 compiled program.
 """
+
 from __future__ import annotations
 
 import math
@@ -125,8 +126,16 @@ def _draw(logits, keys, temperature, top_p, top_k):
     return tokens, _pick(masked, tokens) - log_norm, (scaled, log_norm)
 
 
-def sample_or_force(logits, keys, forced_tokens, is_forced, *, temperature: float,
-                    top_p: float = 1.0, top_k: int = 0):
+def sample_or_force(
+    logits,
+    keys,
+    forced_tokens,
+    is_forced,
+    *,
+    temperature: float,
+    top_p: float = 1.0,
+    top_k: int = 0,
+):
     """One decode step's tokens: `forced_tokens` where `is_forced` ([B] bool), samples elsewhere.
     Log-probs as `sample` gives for sampled rows and as `token_logprob` for forced ones. When
     nothing truncates the distribution the two share one softmax instead of computing two."""
@@ -139,8 +148,10 @@ def sample_or_force(logits, keys, forced_tokens, is_forced, *, temperature: floa
     else:
         tokens, lp = sample(logits, keys, temperature=temperature, top_p=top_p, top_k=top_k)
         forced_lp = token_logprob(logits, forced_tokens, temperature=temperature)
-    return (jnp.where(is_forced, forced_tokens, tokens).astype(jnp.int32),
-            jnp.where(is_forced, forced_lp, lp))
+    return (
+        jnp.where(is_forced, forced_tokens, tokens).astype(jnp.int32),
+        jnp.where(is_forced, forced_lp, lp),
+    )
 
 
 def token_logprob(logits, tokens, *, temperature: float):

@@ -2,6 +2,7 @@
 
 Host-side numpy, so groups can cross threads and queues without touching devices.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -28,11 +29,13 @@ class Completion:
         n = len(self.tokens)
         for name in ("logprobs", "forced", "versions"):
             if len(getattr(self, name)) != n:
-                raise ValueError(f"Completion.{name} has length {len(getattr(self, name))}, "
-                                 f"tokens has {n}")
+                raise ValueError(
+                    f"Completion.{name} has length {len(getattr(self, name))}, tokens has {n}"
+                )
         if self.finish_reason not in FINISH_REASONS:
-            raise ValueError(f"Completion.finish_reason={self.finish_reason!r} not in "
-                             f"{FINISH_REASONS}")
+            raise ValueError(
+                f"Completion.finish_reason={self.finish_reason!r} not in {FINISH_REASONS}"
+            )
 
     @property
     def min_version(self) -> int:

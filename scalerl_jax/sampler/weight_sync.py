@@ -23,6 +23,7 @@ gather moves half the bytes of fp32 masters.
 If the trainer mesh's device order interleaves hosts in a way no `(hosts, local)` reshape
 captures, step 1 falls back to full replication on every trainer device (correct, more memory).
 """
+
 from __future__ import annotations
 
 import logging
@@ -49,20 +50,26 @@ def host_view(trainer_mesh: Mesh) -> tuple[Mesh, Optional[Mesh]]:
         raise ValueError(f"trainer mesh: {len(devices)} devices over {hosts} hosts is uneven")
     local = len(devices) // hosts
     me = jax.process_index()
-    for shape, names, host_axis in (((hosts, local), ("hosts", "local"), 0),
-                                    ((local, hosts), ("local", "hosts"), 1)):
+    for shape, names, host_axis in (
+        ((hosts, local), ("hosts", "local"), 0),
+        ((local, hosts), ("local", "hosts"), 1),
+    ):
         grid = procs.reshape(shape)
         lines = grid if host_axis == 0 else grid.T  # one line per host
-        if all(len(set(line.tolist())) == 1 for line in lines) and \
-                len({int(line[0]) for line in lines}) == hosts:
+        if (
+            all(len(set(line.tolist())) == 1 for line in lines)
+            and len({int(line[0]) for line in lines}) == hosts
+        ):
             dev_grid = devices.reshape(shape)
             mine = [i for i, line in enumerate(lines) if line[0] == me]
             if not mine:  # this process has no trainer devices
                 return Mesh(dev_grid, names), None
             row = dev_grid[mine[0]] if host_axis == 0 else dev_grid[:, mine[0]]
             return Mesh(dev_grid, names), Mesh(np.asarray(row), ("local",))
-    log.warning("trainer mesh device order interleaves hosts; weight sync will replicate the "
-                "params on every trainer device")
+    log.warning(
+        "trainer mesh device order interleaves hosts; weight sync will replicate the "
+        "params on every trainer device"
+    )
     return Mesh(devices.reshape(1, -1), ("hosts", "local")), None
 
 
@@ -74,8 +81,9 @@ def use_dtype(path_names: tuple, model_cfg) -> np.dtype:
     f32 = np.dtype(np.float32)
     if "scale" in path_names or "router" in path_names:
         return f32
-    if model_cfg.fp32_head and ("lm_head" in path_names or
-                                (model_cfg.tie_embeddings and "embed" in path_names)):
+    if model_cfg.fp32_head and (
+        "lm_head" in path_names or (model_cfg.tie_embeddings and "embed" in path_names)
+    ):
         return f32
     return np.dtype(jnp.dtype(model_cfg.compute_dtype))
 
@@ -97,6 +105,7 @@ def sampler_dtypes(model_cfg, abstract_params, weight_dtype: str = "compute"):
         names = tuple(getattr(k, "key", getattr(k, "name", None)) for k in path)
         use = use_dtype(names, model_cfg)
         return use if use.itemsize < param.itemsize else param
+
     return jax.tree.map_with_path(pick, abstract_params)
 
 
@@ -145,16 +154,19 @@ class WeightSync:
     gathered group (measured from the gathered arrays' shards) and `groups` the index groups.
     """
 
-    def __init__(self, trainer_mesh: Mesh, sampler_shardings, dtypes=None,
-                 group_bytes: Optional[int] = None):
+    def __init__(
+        self, trainer_mesh: Mesh, sampler_shardings, dtypes=None, group_bytes: Optional[int] = None
+    ):
         if group_bytes is not None and group_bytes <= 0:
             raise ValueError(f"group_bytes={group_bytes}: must be > 0 (or None: one group)")
         self.host_mesh, self.local_mesh = host_view(trainer_mesh)
         self._sampler_leaves = jax.tree.leaves(sampler_shardings)
         self._dtypes = None if dtypes is None else jax.tree.leaves(dtypes)
         if self._dtypes is not None and len(self._dtypes) != len(self._sampler_leaves):
-            raise ValueError(f"dtypes has {len(self._dtypes)} leaves, sampler_shardings "
-                             f"{len(self._sampler_leaves)}")
+            raise ValueError(
+                f"dtypes has {len(self._dtypes)} leaves, sampler_shardings "
+                f"{len(self._sampler_leaves)}"
+            )
         self.group_bytes = group_bytes
         self.groups: list[list[int]] = []
         self.largest_group_bytes = 0
@@ -166,14 +178,21 @@ class WeightSync:
     def for_engine(cls, trainer_mesh: Mesh, engine) -> "WeightSync":
         """The sync into `engine`'s shardings and dtypes, in groups of
         `engine.cfg.weight_sync_group_mib`."""
-        return cls(trainer_mesh, engine.param_shardings, engine.param_dtypes,
-                   engine.cfg.weight_sync_group_mib << 20)
+        return cls(
+            trainer_mesh,
+            engine.param_shardings,
+            engine.param_dtypes,
+            engine.cfg.weight_sync_group_mib << 20,
+        )
 
     def _build(self, leaves):
         local = self.local_mesh.size if self.local_mesh is not None else 1
         self._specs = [_local_spec(x, local) for x in leaves]
-        targets = [np.dtype(x.dtype) for x in leaves] if self._dtypes is None else \
-            [np.dtype(d) for d in self._dtypes]
+        targets = (
+            [np.dtype(x.dtype) for x in leaves]
+            if self._dtypes is None
+            else [np.dtype(d) for d in self._dtypes]
+        )
         self._targets = targets
         sizes = [int(np.prod(x.shape)) * dt.itemsize for x, dt in zip(leaves, targets)]
         self.groups = make_groups(sizes, self.group_bytes)
@@ -191,14 +210,17 @@ class WeightSync:
     def __call__(self, params):
         leaves, treedef = jax.tree.flatten(params)
         if len(leaves) != len(self._sampler_leaves):
-            raise ValueError(f"params have {len(leaves)} arrays, sampler_shardings "
-                             f"{len(self._sampler_leaves)}")
+            raise ValueError(
+                f"params have {len(leaves)} arrays, sampler_shardings {len(self._sampler_leaves)}"
+            )
         if self._specs is None:
             self._build(leaves)
             self._shapes = [(x.shape, x.dtype) for x in leaves]
         elif [(x.shape, x.dtype) for x in leaves] != self._shapes:
-            raise ValueError("params changed shape or dtype since the first sync: the sampler "
-                             "would recompile; build a new WeightSync for a new model")
+            raise ValueError(
+                "params changed shape or dtype since the first sync: the sampler "
+                "would recompile; build a new WeightSync for a new model"
+            )
         out = [None] * len(leaves)
         largest = 0
         for idx in self.groups:
@@ -212,8 +234,10 @@ class WeightSync:
                 shards = x.addressable_shards
                 if self.local_mesh is not None:
                     host_copy = jax.make_array_from_single_device_arrays(
-                        x.shape, NamedSharding(self.local_mesh, self._specs[i]),
-                        [s.data for s in shards])
+                        x.shape,
+                        NamedSharding(self.local_mesh, self._specs[i]),
+                        [s.data for s in shards],
+                    )
                 else:  # fully replicated fallback: any one local copy is complete
                     host_copy = shards[0].data
                 out[i] = jax.device_put(host_copy, self._sampler_leaves[i])

@@ -2,6 +2,7 @@
 (`Prompt`, and the token ids `driver_token_ids` reads from a tokenizer), the records it keeps
 per prompt (`GroupWork`) and per sample (`Sample`), and the pure functions that bucket a prompt
 (`prefill_buckets`) and seed a sample (`sample_seed`)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -30,20 +31,30 @@ def driver_token_ids(cfg: SamplerConfig, tokenizer, *, max_forced_tokens: int) -
     eos_ids = tuple(int(t) for t in tokenizer.eos_ids)
     if not cfg.interruptions:
         return dict(eos_ids=eos_ids, think_close_ids=(), phrase_ids=())
-    close = tuple(int(t) for t in tokenizer.encode(cfg.think_close, add_special_tokens=False)) \
-        if cfg.think_close else ()
+    close = (
+        tuple(int(t) for t in tokenizer.encode(cfg.think_close, add_special_tokens=False))
+        if cfg.think_close
+        else ()
+    )
     if cfg.think_close and not close:
-        raise ValueError(f"SamplerConfig.think_close={cfg.think_close!r} encodes to no token: "
-                         "the driver could never see thinking end")
-    phrase = tuple(int(t) for t in tokenizer.encode(cfg.interruption_phrase,
-                                                    add_special_tokens=False))
+        raise ValueError(
+            f"SamplerConfig.think_close={cfg.think_close!r} encodes to no token: "
+            "the driver could never see thinking end"
+        )
+    phrase = tuple(
+        int(t) for t in tokenizer.encode(cfg.interruption_phrase, add_special_tokens=False)
+    )
     if not phrase:
-        raise ValueError(f"SamplerConfig.interruption_phrase={cfg.interruption_phrase!r} "
-                         "encodes to no token, with interruptions on")
+        raise ValueError(
+            f"SamplerConfig.interruption_phrase={cfg.interruption_phrase!r} "
+            "encodes to no token, with interruptions on"
+        )
     if len(phrase) > max_forced_tokens:
-        raise ValueError(f"SamplerConfig.interruption_phrase={cfg.interruption_phrase!r} "
-                         f"encodes to {len(phrase)} tokens > the engine's max_forced_tokens="
-                         f"{max_forced_tokens} (Engine(..., max_forced_tokens=...))")
+        raise ValueError(
+            f"SamplerConfig.interruption_phrase={cfg.interruption_phrase!r} "
+            f"encodes to {len(phrase)} tokens > the engine's max_forced_tokens="
+            f"{max_forced_tokens} (Engine(..., max_forced_tokens=...))"
+        )
     return dict(eos_ids=eos_ids, think_close_ids=close, phrase_ids=phrase)
 
 

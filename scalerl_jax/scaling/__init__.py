@@ -13,14 +13,23 @@ The names below load their module on first use (PEP 562): the forecast's child p
 this package on its way to forecast_child.py, and must choose its JAX platform before anything
 imports JAX.
 """
+
 import importlib
 
 _EXPORTS = {
     "alternatives": ("LogLinearFit", "PowerLawFit", "fit_log_linear", "fit_power_law"),
     "bootstrap": ("Bootstrap", "bootstrap_fit", "fit_seeds", "seed_spread"),
     "compare": ("A_MARGIN", "Comparison", "Extrapolation", "compare_fits", "extrapolate"),
-    "fit": ("Curve", "FitFailure", "FitResult", "FitSpec", "SigmoidFit", "fit_curve",
-            "record_breaking", "window_mask"),
+    "fit": (
+        "Curve",
+        "FitFailure",
+        "FitResult",
+        "FitSpec",
+        "SigmoidFit",
+        "fit_curve",
+        "record_breaking",
+        "window_mask",
+    ),
     "grid": ("PAPER_A_GRID", "PAPER_CMID_GRID", "fit_grid"),
     "sigmoid": ("fit_sigmoid_batch", "sigmoid_law"),
 }

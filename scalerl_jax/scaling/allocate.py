@@ -10,6 +10,7 @@ choice is within the uncertainty and the note says so. The paper's observation b
 curves of different allocations cross (a larger batch starts slower and ends higher), so the
 best choice at the budget is often not the best one seen in the short runs.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -63,8 +64,15 @@ class Recommendation:
         return best is not None and (second is None or best.lo > second.predicted)  # type: ignore[operator]
 
 
-def recommend(candidates: Sequence[Candidate], budget: float, spec: FitSpec = FitSpec(), *,
-              n_boot: int = 200, level: float = 0.95, seed: int = 0) -> Recommendation:
+def recommend(
+    candidates: Sequence[Candidate],
+    budget: float,
+    spec: FitSpec = FitSpec(),
+    *,
+    n_boot: int = 200,
+    level: float = 0.95,
+    seed: int = 0,
+) -> Recommendation:
     """Fit each candidate, predict its pass rate at `budget` (same units as the curves' x)."""
     if not budget > 0:
         raise ValueError(f"recommend: budget={budget} must be > 0")
@@ -85,8 +93,9 @@ def recommend(candidates: Sequence[Candidate], budget: float, spec: FitSpec = Fi
         lo = hi = float("nan")
         if n_boot:
             band_x = np.array([budget])
-            boot = bootstrap_fit(cand.curve, spec, fit, n_boot=n_boot, level=level, seed=seed,
-                                 band_x=band_x)
+            boot = bootstrap_fit(
+                cand.curve, spec, fit, n_boot=n_boot, level=level, seed=seed, band_x=band_x
+            )
             lo, hi = float(boot.band_lo[0]), float(boot.band_hi[0])
         options.append(Option(cand, fit, predicted, lo, hi, reach))
     options.sort(key=lambda o: (o.predicted is None, -(o.predicted or 0.0)))
@@ -99,15 +108,21 @@ def summary(rec: Recommendation, x_label: str) -> str:
     if best is None:
         return "no recommendation: no candidate could be fitted"
     pct = f"{100 * rec.level:.0f}%"
-    text = (f"at a budget of {rec.budget:.4g} {x_label}, {best.candidate.label} is predicted "
-            f"to reach {best.predicted:.3f} [{best.lo:.3f}, {best.hi:.3f}] ({pct})")
+    text = (
+        f"at a budget of {rec.budget:.4g} {x_label}, {best.candidate.label} is predicted "
+        f"to reach {best.predicted:.3f} [{best.lo:.3f}, {best.hi:.3f}] ({pct})"
+    )
     if second is not None:
         gap = best.predicted - second.predicted  # type: ignore[operator]  # both ranked
-        text += (f", {gap:+.3f} above {second.candidate.label} ({second.predicted:.3f}); "
-                 + ("a clear choice" if rec.clear else
-                    "within the uncertainty: run both longer or add seeds before committing"))
+        text += f", {gap:+.3f} above {second.candidate.label} ({second.predicted:.3f}); " + (
+            "a clear choice"
+            if rec.clear
+            else "within the uncertainty: run both longer or add seeds before committing"
+        )
     far = max(best.extrapolation, second.extrapolation if second else 0.0)
     if far > 10:
-        text += (f". The budget is {far:.0f}x the compute of the short runs: an extrapolation "
-                 "that far rests on the sigmoid's form, not on data")
+        text += (
+            f". The budget is {far:.0f}x the compute of the short runs: an extrapolation "
+            "that far rests on the sigmoid's form, not on data"
+        )
     return text

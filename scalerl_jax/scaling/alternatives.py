@@ -8,6 +8,7 @@
 
 The record-breaking pre-filter (IsoCompute) is `fit.record_breaking`, applied via FitSpec.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -62,7 +63,8 @@ def _power_starts(u, y, w, k):
     sw = jnp.maximum(jnp.sum(w), 1e-12)
     ub, zb = jnp.sum(w * u) / sw, jnp.sum(w * z, axis=1) / sw
     slope = jnp.sum(w * (u - ub) * (z - zb[:, None]), axis=1) / jnp.maximum(
-        jnp.sum(w * (u - ub) ** 2), 1e-12)
+        jnp.sum(w * (u - ub) ** 2), 1e-12
+    )
     Bn = jnp.maximum(-slope, 0.05)
     e = zb + Bn * ub
     cand = jnp.stack([jnp.log(1.0 - A), jnp.log(Bn), e], axis=1)
@@ -74,13 +76,25 @@ def _power_starts(u, y, w, k):
 def _power_core(x, y, w, *, steps, explore_steps, polish_steps, lr):
     u, mu, sd = engine.standardise_log_x(x, w)
     theta0 = _power_starts(u, y, w, 4)
-    theta, mse, mse_before = engine.optimise(_power_predict, theta0, u, y, w, None, steps=steps,
-                                             explore_steps=explore_steps, lr=lr,
-                                             polish_steps=polish_steps)
+    theta, mse, mse_before = engine.optimise(
+        _power_predict,
+        theta0,
+        u,
+        y,
+        w,
+        None,
+        steps=steps,
+        explore_steps=explore_steps,
+        lr=lr,
+        polish_steps=polish_steps,
+    )
     B = jnp.exp(theta[1]) / sd
     # exp(e - Bn u) = exp(e + B mu - B log C): log D = e + B mu
-    return jnp.stack([1.0 - jnp.exp(theta[0]), B, theta[2] + B * mu]), jnp.sqrt(mse), \
-        jnp.sqrt(mse_before)
+    return (
+        jnp.stack([1.0 - jnp.exp(theta[0]), B, theta[2] + B * mu]),
+        jnp.sqrt(mse),
+        jnp.sqrt(mse_before),
+    )
 
 
 def fit_power_law(curve: Curve, spec: FitSpec = FitSpec()) -> Union[PowerLawFit, FitFailure]:
@@ -91,10 +105,12 @@ def fit_power_law(curve: Curve, spec: FitSpec = FitSpec()) -> Union[PowerLawFit,
     reason = checks.data_reasons(x, y, w, np.array([3]))[0]
     if reason is not None:
         return FitFailure(reason=reason, n_points=n)
-    p, rmse, rmse_before = _power_core(jnp.asarray(x[0], jnp.float32),
-                                       jnp.asarray(y[0], jnp.float32),
-                                       jnp.asarray(w[0], jnp.float32),
-                                       **spec.optim())
+    p, rmse, rmse_before = _power_core(
+        jnp.asarray(x[0], jnp.float32),
+        jnp.asarray(y[0], jnp.float32),
+        jnp.asarray(w[0], jnp.float32),
+        **spec.optim(),
+    )
     A, B, log_D = (float(v) for v in np.asarray(p, np.float64))
     rmse, rmse_before = float(rmse), float(rmse_before)
     if not np.all(np.isfinite([A, B, log_D, rmse])):
@@ -118,8 +134,9 @@ def fit_log_linear(curve: Curve, spec: FitSpec = FitSpec()) -> Union[LogLinearFi
     lx, ly = np.log(curve.x[mask]), np.log(1.0 - curve.y[mask])
     slope, intercept = np.polyfit(lx, ly, 1)
     if slope >= 0:
-        return FitFailure(reason=f"log(1 - R) does not fall with log C (slope {slope:+.3f})",
-                          n_points=n)
+        return FitFailure(
+            reason=f"log(1 - R) does not fall with log C (slope {slope:+.3f})", n_points=n
+        )
     fit = LogLinearFit(k=float(-slope), E=float(intercept), rmse=0.0, n_points=n)
     rmse = float(np.sqrt(np.mean((fit.predict(curve.x[mask]) - curve.y[mask]) ** 2)))
     return dataclasses.replace(fit, rmse=rmse)

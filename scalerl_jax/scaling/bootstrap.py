@@ -25,6 +25,7 @@ R0, when measured, gets the noise of its own evaluation in "ar1" (it is the firs
 seed's chain) and is fixed in "pairs"; a given R0 and a fixed A stay fixed (comparison refits).
 Resamples are always fitted with the continuous Optax fit, also for a grid-procedure fit.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -32,8 +33,15 @@ from typing import Optional
 
 import numpy as np
 
-from scalerl_jax.scaling.fit import (Curve, FitSpec, SigmoidFit, padded, r0_value, result_from,
-                                     window_mask)
+from scalerl_jax.scaling.fit import (
+    Curve,
+    FitSpec,
+    SigmoidFit,
+    padded,
+    r0_value,
+    result_from,
+    window_mask,
+)
 from scalerl_jax.scaling.sigmoid import fit_sigmoid_batch, sigmoid_law
 
 METHODS = ("ar1", "pairs")
@@ -64,8 +72,9 @@ class Bootstrap:
         return f"pairs bootstrap (block {self.block}), {self.n_ok} resamples"
 
 
-def resample_weights(mask: np.ndarray, seed_ids: np.ndarray, n_boot: int, block: int,
-                     rng: np.random.Generator) -> np.ndarray:
+def resample_weights(
+    mask: np.ndarray, seed_ids: np.ndarray, n_boot: int, block: int, rng: np.random.Generator
+) -> np.ndarray:
     """[n_boot, len(mask)] counts: each seed's window points resampled with replacement."""
     w = np.zeros((n_boot, len(mask)))
     for s in np.unique(seed_ids[mask]):
@@ -78,14 +87,15 @@ def resample_weights(mask: np.ndarray, seed_ids: np.ndarray, n_boot: int, block:
     return w
 
 
-def ar1_noise(rng: np.random.Generator, rho: np.ndarray, sigma: np.ndarray,
-              length: int) -> np.ndarray:
+def ar1_noise(
+    rng: np.random.Generator, rho: np.ndarray, sigma: np.ndarray, length: int
+) -> np.ndarray:
     """[n, length] stationary AR(1) series, row i with coefficient rho[i] and sd sigma[i]."""
     rho, sigma = np.asarray(rho, np.float64), np.asarray(sigma, np.float64)
     z = rng.standard_normal((len(rho), length))
     e = np.empty_like(z)
     e[:, 0] = z[:, 0]
-    innovation = np.sqrt(1.0 - rho ** 2)
+    innovation = np.sqrt(1.0 - rho**2)
     for t in range(1, length):
         e[:, t] = rho * e[:, t - 1] + innovation * z[:, t]
     return e * sigma[:, None]
@@ -97,7 +107,7 @@ def lag1_autocorrelation(resid: np.ndarray, chains: list) -> np.ndarray:
     for idx in chains:
         e = resid[:, idx] - resid[:, idx].mean(axis=1, keepdims=True)
         num = num + np.sum(e[:, 1:] * e[:, :-1], axis=1)
-        den = den + np.sum(e ** 2, axis=1)
+        den = den + np.sum(e**2, axis=1)
     return num / np.maximum(den, 1e-300)
 
 
@@ -121,9 +131,16 @@ class _Design:
 
     def refit(self, y: np.ndarray, w: np.ndarray, r0: np.ndarray) -> dict:
         n = y.shape[0]
-        return fit_sigmoid_batch(np.broadcast_to(self.x, (n, self.x.shape[1])), y, w, A=self.A,
-                                 R0=r0, num_inits=self.spec.num_inits, check=False,
-                                 **self.spec.optim())
+        return fit_sigmoid_batch(
+            np.broadcast_to(self.x, (n, self.x.shape[1])),
+            y,
+            w,
+            A=self.A,
+            R0=r0,
+            num_inits=self.spec.num_inits,
+            check=False,
+            **self.spec.optim(),
+        )
 
     def simulate(self, rng, rho: np.ndarray, sigma: np.ndarray):
         """Curves = the fit + AR(1) noise along each seed's chain, whose first element is the
@@ -143,9 +160,11 @@ class _Design:
 
     def residuals(self, y: np.ndarray, out: dict) -> np.ndarray:
         with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
-            pred = sigmoid_law(self.x[:, :self.m], *(np.asarray(out[k])[:, None]
-                                                     for k in ("A", "B", "C_mid", "R0")))
-        return y[:, :self.m] - pred
+            pred = sigmoid_law(
+                self.x[:, : self.m],
+                *(np.asarray(out[k])[:, None] for k in ("A", "B", "C_mid", "R0")),
+            )
+        return y[:, : self.m] - pred
 
 
 def _noise_draws(design: _Design, n_boot: int, rng) -> tuple[np.ndarray, np.ndarray]:
@@ -194,9 +213,19 @@ def _basic(estimate: float, draws: np.ndarray, level: float, log: bool) -> tuple
     return float(2 * estimate - hi_q), float(2 * estimate - lo_q)
 
 
-def bootstrap_fit(curve: Curve, spec: FitSpec, fit: SigmoidFit, *, n_boot: int = 200,
-                  level: float = 0.95, seed: int = 0, method: str = "ar1", block: int = 1,
-                  band_x: Optional[np.ndarray] = None, noise: bool = False) -> Bootstrap:
+def bootstrap_fit(
+    curve: Curve,
+    spec: FitSpec,
+    fit: SigmoidFit,
+    *,
+    n_boot: int = 200,
+    level: float = 0.95,
+    seed: int = 0,
+    method: str = "ar1",
+    block: int = 1,
+    band_x: Optional[np.ndarray] = None,
+    noise: bool = False,
+) -> Bootstrap:
     """Intervals for A, B, C_mid and a band for the curve from `n_boot` refits (module doc).
 
     noise=True adds each resample's noise to its curve, giving a band for new evaluations (a
@@ -220,7 +249,7 @@ def bootstrap_fit(curve: Curve, spec: FitSpec, fit: SigmoidFit, *, n_boot: int =
         rho_mean = float(rho.mean())
     else:
         w = np.zeros((n_boot, design.x.shape[1]))
-        w[:, :design.m] = resample_weights(design.mask, np.asarray(curve.seed), n_boot, block, rng)
+        w[:, : design.m] = resample_weights(design.mask, np.asarray(curve.seed), n_boot, block, rng)
         out = design.refit(np.broadcast_to(design.y, w.shape), w, np.full(n_boot, design.r0))
         spread = out["rmse"]
     ok = np.all([np.isfinite(out[k]) for k in ("A", "B", "C_mid", "R0")], axis=0)
@@ -243,10 +272,20 @@ def bootstrap_fit(curve: Curve, spec: FitSpec, fit: SigmoidFit, *, n_boot: int =
     else:
         edges = [np.full(len(band_x), np.nan)] * 4
     return Bootstrap(
-        intervals=intervals, band_x=band_x, band_lo=edges[0], band_hi=edges[1],
-        pred_lo=edges[2], pred_hi=edges[3],
-        n_ok=int(ok.sum()), n_boot=n_boot, level=level, with_noise=noise, method=method,
-        block=block if method == "pairs" else 1, rho=rho_mean)
+        intervals=intervals,
+        band_x=band_x,
+        band_lo=edges[0],
+        band_hi=edges[1],
+        pred_lo=edges[2],
+        pred_hi=edges[3],
+        n_ok=int(ok.sum()),
+        n_boot=n_boot,
+        level=level,
+        with_noise=noise,
+        method=method,
+        block=block if method == "pairs" else 1,
+        rho=rho_mean,
+    )
 
 
 def fit_seeds(curve: Curve, spec: FitSpec) -> dict:
@@ -264,10 +303,19 @@ def fit_seeds(curve: Curve, spec: FitSpec) -> dict:
         on = curve.seed == s
         w[i, :m] = mask & on
         first = np.flatnonzero(on & np.isfinite(curve.y))[:1]
-        r0[i] = (curve.y[first[0]] if len(first) else np.nan) if spec.r0 == "measured" \
+        r0[i] = (
+            (curve.y[first[0]] if len(first) else np.nan)
+            if spec.r0 == "measured"
             else r0_value(curve, spec)[0]
-    out = fit_sigmoid_batch(np.broadcast_to(x, w.shape), np.broadcast_to(y, w.shape), w, R0=r0,
-                            num_inits=spec.num_inits, **spec.optim())
+        )
+    out = fit_sigmoid_batch(
+        np.broadcast_to(x, w.shape),
+        np.broadcast_to(y, w.shape),
+        w,
+        R0=r0,
+        num_inits=spec.num_inits,
+        **spec.optim(),
+    )
     _, mode = r0_value(curve, spec)
     results: dict = {}
     for i, s in enumerate(seeds):

@@ -14,6 +14,7 @@ Extrapolation (paper: fit on half the budget, predict the rest): fit on compute 
 bootstrap prediction band. With a fit window that ends (`FitSpec.fit_end`), pass `split=fit_end`:
 the fit is the window's own and the held-out points are exactly those after it.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -22,8 +23,15 @@ from typing import Optional, Union
 import numpy as np
 
 from scalerl_jax.scaling.bootstrap import Bootstrap, bootstrap_fit
-from scalerl_jax.scaling.fit import (Curve, FitFailure, FitResult, FitSpec, SigmoidFit, fit_curve,
-                                     window_mask)
+from scalerl_jax.scaling.fit import (
+    Curve,
+    FitFailure,
+    FitResult,
+    FitSpec,
+    SigmoidFit,
+    fit_curve,
+    window_mask,
+)
 
 A_MARGIN = 0.02
 
@@ -40,37 +48,63 @@ class Comparison:
     refits: tuple = ()  # rule "B": both curves' fits at A_shared (for intervals of B)
 
 
-def compare_fits(curve_a: Curve, curve_b: Curve, spec: FitSpec = FitSpec(), *,
-                 fit_a: Optional[FitResult] = None, fit_b: Optional[FitResult] = None,
-                 margin: float = A_MARGIN) -> Union[Comparison, FitFailure]:
+def compare_fits(
+    curve_a: Curve,
+    curve_b: Curve,
+    spec: FitSpec = FitSpec(),
+    *,
+    fit_a: Optional[FitResult] = None,
+    fit_b: Optional[FitResult] = None,
+    margin: float = A_MARGIN,
+) -> Union[Comparison, FitFailure]:
     fit_a = fit_a if fit_a is not None else fit_curve(curve_a, spec)
     fit_b = fit_b if fit_b is not None else fit_curve(curve_b, spec)
     names = (curve_a.name, curve_b.name)
     for name, fit in zip(names, (fit_a, fit_b)):
         if not fit.ok:
-            return FitFailure(reason=f"cannot compare {names[0]} with {names[1]}: {name} has no "
-                                     f"fit ({fit.reason})", n_points=fit.n_points)
+            return FitFailure(
+                reason=f"cannot compare {names[0]} with {names[1]}: {name} has no "
+                f"fit ({fit.reason})",
+                n_points=fit.n_points,
+            )
     As = (fit_a.A, fit_b.A)  # type: ignore[union-attr]  # both ok: checked just above
     gap = As[0] - As[1]
     if abs(gap) > margin:
         winner = names[0] if gap > 0 else names[1]
-        return Comparison(names=names, A=As, rule="A", winner=winner,
-                          summary=f"A differs by {abs(gap):.3f} > {margin}: {winner} has the "
-                                  f"higher ceiling ({max(As):.3f} vs {min(As):.3f})")
+        return Comparison(
+            names=names,
+            A=As,
+            rule="A",
+            winner=winner,
+            summary=f"A differs by {abs(gap):.3f} > {margin}: {winner} has the "
+            f"higher ceiling ({max(As):.3f} vs {min(As):.3f})",
+        )
     shared = 0.5 * (As[0] + As[1])
     refits = [fit_curve(c, spec, A=shared) for c in (curve_a, curve_b)]
     for name, fit in zip(names, refits):
         if not fit.ok:
-            return Comparison(names=names, A=As, rule="B", A_shared=shared,
-                              summary=f"A agree within {margin}; refit of {name} at A = "
-                                      f"{shared:.3f} failed: {fit.reason}")
+            return Comparison(
+                names=names,
+                A=As,
+                rule="B",
+                A_shared=shared,
+                summary=f"A agree within {margin}; refit of {name} at A = "
+                f"{shared:.3f} failed: {fit.reason}",
+            )
     Bs = (refits[0].B, refits[1].B)  # type: ignore[union-attr]  # both ok: checked just above
     winner = names[0] if Bs[0] > Bs[1] else names[1]
-    return Comparison(names=names, A=As, rule="B", A_shared=shared, B_refit=Bs, winner=winner,
-                      refits=tuple(refits),
-                      summary=f"A agree within {margin} (|dA| = {abs(gap):.3f}); at shared A = "
-                              f"{shared:.3f}, B = {Bs[0]:.2f} vs {Bs[1]:.2f}: {winner} is more "
-                              f"compute-efficient")
+    return Comparison(
+        names=names,
+        A=As,
+        rule="B",
+        A_shared=shared,
+        B_refit=Bs,
+        winner=winner,
+        refits=tuple(refits),
+        summary=f"A agree within {margin} (|dA| = {abs(gap):.3f}); at shared A = "
+        f"{shared:.3f}, B = {Bs[0]:.2f} vs {Bs[1]:.2f}: {winner} is more "
+        f"compute-efficient",
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,11 +128,21 @@ def _half(interval: Optional[tuple], log: bool) -> Optional[float]:
     return 0.5 * float(hi - lo)
 
 
-def decide(curve_a: Curve, curve_b: Curve, spec: FitSpec = FitSpec(), *, fit_a: FitResult,
-           fit_b: FitResult, boot_a: Optional[Bootstrap] = None,
-           boot_b: Optional[Bootstrap] = None, margin: float = A_MARGIN, n_boot: int = 200,
-           level: float = 0.95, method: str = "ar1",
-           seed: int = 0) -> Union[Decision, Comparison, FitFailure]:
+def decide(
+    curve_a: Curve,
+    curve_b: Curve,
+    spec: FitSpec = FitSpec(),
+    *,
+    fit_a: FitResult,
+    fit_b: FitResult,
+    boot_a: Optional[Bootstrap] = None,
+    boot_b: Optional[Bootstrap] = None,
+    margin: float = A_MARGIN,
+    n_boot: int = 200,
+    level: float = 0.95,
+    method: str = "ar1",
+    seed: int = 0,
+) -> Union[Decision, Comparison, FitFailure]:
     """`compare_fits` plus intervals (module doc). boot_a/boot_b: the runs' own bootstraps
     (for A); the refits at the shared A are bootstrapped here (`n_boot`, 0: none). Returns the
     Comparison or FitFailure as is when there is no winner."""
@@ -112,9 +156,12 @@ def decide(curve_a: Curve, curve_b: Curve, spec: FitSpec = FitSpec(), *, fit_a: 
         got = next((b.level for b in (boot_a, boot_b) if b is not None), None)
     else:
         values, log = c.B_refit, True  # type: ignore[assignment]  # rule B has its refits
-        boots = [bootstrap_fit(curve, spec, refit, n_boot=n_boot, level=level, seed=seed,
-                               method=method) if n_boot else None
-                 for curve, refit in zip((curve_a, curve_b), c.refits)]
+        boots = [
+            bootstrap_fit(curve, spec, refit, n_boot=n_boot, level=level, seed=seed, method=method)
+            if n_boot
+            else None
+            for curve, refit in zip((curve_a, curve_b), c.refits)
+        ]
         intervals = tuple(None if b is None else b.intervals.get("B") for b in boots)
         got = level if n_boot else None
     win, lose = (0, 1) if first_wins else (1, 0)
@@ -129,8 +176,16 @@ def decide(curve_a: Curve, curve_b: Curve, spec: FitSpec = FitSpec(), *, fit_a: 
         else:
             interval = (amount - span, amount + span)
             clear = interval[0] > 0.0
-    return Decision(comparison=c, param=c.rule, values=tuple(values), intervals=intervals,
-                    margin=float(amount), margin_interval=interval, clear=clear, level=got)
+    return Decision(
+        comparison=c,
+        param=c.rule,
+        values=tuple(values),
+        intervals=intervals,
+        margin=float(amount),
+        margin_interval=interval,
+        clear=clear,
+        level=got,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,10 +200,17 @@ class Extrapolation:
     band: Optional[Bootstrap]
 
 
-def extrapolate(curve: Curve, spec: FitSpec = FitSpec(), *, fraction: float = 0.5,
-                split: Optional[float] = None, fit: Optional[FitResult] = None,
-                n_boot: int = 0, band_x: Optional[np.ndarray] = None,
-                seed: int = 0) -> Union[Extrapolation, FitFailure]:
+def extrapolate(
+    curve: Curve,
+    spec: FitSpec = FitSpec(),
+    *,
+    fraction: float = 0.5,
+    split: Optional[float] = None,
+    fit: Optional[FitResult] = None,
+    n_boot: int = 0,
+    band_x: Optional[np.ndarray] = None,
+    seed: int = 0,
+) -> Union[Extrapolation, FitFailure]:
     """Fit on compute <= split, predict the points after it. split=None: `fraction` of the
     window's largest compute. `fit`: the fit on that window when the caller has it already."""
     if split is None:
@@ -162,17 +224,21 @@ def extrapolate(curve: Curve, spec: FitSpec = FitSpec(), *, fraction: float = 0.
     else:
         where = "the given split"
     if split <= spec.fit_start:
-        return FitFailure(reason=f"split at {split:.4g} ({where}) is not past fit_start = "
-                                 f"{spec.fit_start:.4g}", n_points=0)
+        return FitFailure(
+            reason=f"split at {split:.4g} ({where}) is not past fit_start = {spec.fit_start:.4g}",
+            n_points=0,
+        )
     part = dataclasses.replace(spec, fit_end=split)
     heldout = (curve.x > split) & np.isfinite(curve.y)
     if heldout.sum() < 1:
-        return FitFailure(reason=f"no points after {split:.4g} to check the extrapolation on",
-                          n_points=0)
+        return FitFailure(
+            reason=f"no points after {split:.4g} to check the extrapolation on", n_points=0
+        )
     fit = fit if fit is not None else fit_curve(curve, part)
     if not fit.ok:
-        return FitFailure(reason=f"fit on compute <= {split:.4g}: {fit.reason}",
-                          n_points=fit.n_points)
+        return FitFailure(
+            reason=f"fit on compute <= {split:.4g}: {fit.reason}", n_points=fit.n_points
+        )
     xs, ys = curve.x[heldout], curve.y[heldout]
     err = fit.predict(xs) - ys
     last = np.flatnonzero(xs == xs.max())
@@ -180,12 +246,17 @@ def extrapolate(curve: Curve, spec: FitSpec = FitSpec(), *, fraction: float = 0.
     if n_boot:
         if band_x is None:
             band_x = np.geomspace(fit.x_range[0], xs.max(), 100)
-        band = bootstrap_fit(curve, part, fit, n_boot=n_boot, band_x=band_x, noise=True,
-                             seed=seed)
+        band = bootstrap_fit(curve, part, fit, n_boot=n_boot, band_x=band_x, noise=True, seed=seed)
         lo = np.interp(np.log(xs), np.log(band.band_x), band.band_lo)
         hi = np.interp(np.log(xs), np.log(band.band_x), band.band_hi)
         coverage = float(np.mean((ys >= lo) & (ys <= hi)))
-    return Extrapolation(split=split, fit=fit, n_heldout=int(heldout.sum()),
-                         rmse=float(np.sqrt(np.mean(err ** 2))),
-                         max_abs_err=float(np.abs(err).max()),
-                         final_err=float(np.mean(err[last])), coverage=coverage, band=band)
+    return Extrapolation(
+        split=split,
+        fit=fit,
+        n_heldout=int(heldout.sum()),
+        rmse=float(np.sqrt(np.mean(err**2))),
+        max_abs_err=float(np.abs(err).max()),
+        final_err=float(np.mean(err[last])),
+        coverage=coverage,
+        band=band,
+    )

@@ -13,6 +13,7 @@ grid start, 20-25% of the lower-half fits ended in a worse optimum. Why not opta
 line search is a while-loop, which under vmap runs every curve for as long as the slowest one.
 It was several times slower here.
 """
+
 from __future__ import annotations
 
 from typing import Callable
@@ -43,8 +44,19 @@ def weighted_mse(pred: jax.Array, y: jax.Array, w: jax.Array) -> jax.Array:
     return jnp.sum(w * (pred - y) ** 2) / jnp.maximum(jnp.sum(w), 1e-12)
 
 
-def optimise(predict: Callable, theta0: jax.Array, u: jax.Array, y: jax.Array, w: jax.Array,
-             aux, *, steps: int, explore_steps: int, lr: float, polish_steps: int):
+def optimise(
+    predict: Callable,
+    theta0: jax.Array,
+    u: jax.Array,
+    y: jax.Array,
+    w: jax.Array,
+    aux,
+    *,
+    steps: int,
+    explore_steps: int,
+    lr: float,
+    polish_steps: int,
+):
     """Minimises weighted MSE of predict(theta, u, aux) from K starts theta0 [K, P].
 
     Returns (theta [P], mse, mse a quarter of the polish earlier) for the best start. The last
@@ -54,7 +66,8 @@ def optimise(predict: Callable, theta0: jax.Array, u: jax.Array, y: jax.Array, w
     # keep bouncing around the optimum once gradients vanish.
     schedule = optax.join_schedules(
         [optax.constant_schedule(lr), optax.cosine_decay_schedule(lr, steps, alpha=DECAY_TO)],
-        boundaries=[explore_steps])
+        boundaries=[explore_steps],
+    )
     # Short moment memories (b1 0.8, b2 0.9 instead of 0.9, 0.999): the problem is deterministic
     # and its curvature changes along the path, so fast-adapting step sizes converge in about
     # half the steps (a plateau of settings b1 <= 0.8, b2 <= 0.95 works as well).
@@ -102,8 +115,11 @@ def levenberg_marquardt(residual: Callable, theta: jax.Array, iters: int, lam: f
         new = theta - _solve_small_spd(damped, g)
         new_cost = jnp.sum(residual(new) ** 2)
         ok = jnp.isfinite(new_cost) & (new_cost < cost)
-        carry = (jnp.where(ok, new, theta), jnp.where(ok, lam * 0.3, lam * 10.0),
-                 jnp.where(ok, new_cost, cost))
+        carry = (
+            jnp.where(ok, new, theta),
+            jnp.where(ok, lam * 0.3, lam * 10.0),
+            jnp.where(ok, new_cost, cost),
+        )
         return carry, carry[2]
 
     (theta, _, _), costs = jax.lax.scan(body, (theta, lam, cost0), None, length=iters)
@@ -123,7 +139,7 @@ def _solve_small_spd(M: jax.Array, v: jax.Array) -> jax.Array:
     than the rest of a Levenberg-Marquardt step. Without pivoting this is stable for SPD M.
     """
     n = M.shape[0]
-    rows = [jnp.concatenate([M[i], v[i:i + 1]]) for i in range(n)]
+    rows = [jnp.concatenate([M[i], v[i : i + 1]]) for i in range(n)]
     for i in range(n):
         rows[i] = rows[i] / rows[i][i]
         for j in range(n):

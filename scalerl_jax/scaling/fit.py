@@ -8,6 +8,7 @@ window (compute after `fit_start`, paper ~1.5k GPU-hours); the Optax fit or the 
 procedure; the record-breaking pre-filter. `fit_curve` returns a `SigmoidFit`, or a `FitFailure`
 whose reason says why the data cannot support a fit (never numbers for a degenerate fit).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -51,8 +52,9 @@ class Curve:
     def initial_value(self) -> tuple[float, float]:
         """(x, y) of each seed's first finite evaluation, averaged over seeds: the measured R0."""
         ok = np.isfinite(self.x) & np.isfinite(self.y)
-        firsts = np.concatenate([np.flatnonzero(ok & (self.seed == s))[:1]
-                                 for s in self.seeds]).astype(int)
+        firsts = np.concatenate(
+            [np.flatnonzero(ok & (self.seed == s))[:1] for s in self.seeds]
+        ).astype(int)
         if not len(firsts):
             raise ValueError(f"Curve {self.name!r}: no finite evaluation to measure R0 from")
         return float(np.mean(self.x[firsts])), float(np.mean(self.y[firsts]))
@@ -82,10 +84,15 @@ class FitSpec:
         if self.procedure not in ("optax", "grid"):
             raise ValueError(f"FitSpec.procedure={self.procedure!r}: must be 'optax' or 'grid'")
         if self.fit_end is not None and self.fit_end <= self.fit_start:
-            raise ValueError(f"FitSpec.fit_end={self.fit_end} must exceed "
-                             f"fit_start={self.fit_start}")
-        for name, least in (("steps", 1), ("explore_steps", 1), ("num_inits", 1),
-                            ("polish_steps", 4)):
+            raise ValueError(
+                f"FitSpec.fit_end={self.fit_end} must exceed fit_start={self.fit_start}"
+            )
+        for name, least in (
+            ("steps", 1),
+            ("explore_steps", 1),
+            ("num_inits", 1),
+            ("polish_steps", 4),
+        ):
             if getattr(self, name) < least:
                 raise ValueError(f"FitSpec.{name}={getattr(self, name)}: must be >= {least}")
         if not self.lr > 0:
@@ -93,8 +100,12 @@ class FitSpec:
 
     def optim(self) -> dict:
         """The optimiser settings, as keyword arguments of the fitting functions."""
-        return dict(steps=self.steps, explore_steps=self.explore_steps,
-                    polish_steps=self.polish_steps, lr=self.lr)
+        return dict(
+            steps=self.steps,
+            explore_steps=self.explore_steps,
+            polish_steps=self.polish_steps,
+            lr=self.lr,
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,20 +188,36 @@ def fit_curve(curve: Curve, spec: FitSpec = FitSpec(), *, A: Optional[float] = N
     r0, r0_mode = r0_value(curve, spec)
     x, y, w = padded(curve, mask)
     if spec.procedure == "grid" and A is None:
-        out = fit_grid(x[0], y[0], w[0], R0=r0, a_grid=spec.a_grid, cmid_grid=spec.cmid_grid,
-                       **spec.optim())
+        out = fit_grid(
+            x[0], y[0], w[0], R0=r0, a_grid=spec.a_grid, cmid_grid=spec.cmid_grid, **spec.optim()
+        )
         return result_from(out, 0, mask, curve, r0_mode, procedure="grid")
     out = fit_sigmoid_batch(x, y, w, A=A, R0=r0, num_inits=spec.num_inits, **spec.optim())
     return result_from(out, 0, mask, curve, r0_mode, fixed=("A",) if A is not None else ())
 
 
-def result_from(out: dict, i: int, mask: np.ndarray, curve: Curve, r0_mode: str,
-                fixed: tuple = (), procedure: str = "optax") -> FitResult:
+def result_from(
+    out: dict,
+    i: int,
+    mask: np.ndarray,
+    curve: Curve,
+    r0_mode: str,
+    fixed: tuple = (),
+    procedure: str = "optax",
+) -> FitResult:
     n = int(mask.sum())
     if out["reasons"][i] is not None:
         return FitFailure(reason=out["reasons"][i], n_points=n)
     xs = curve.x[mask]
-    return SigmoidFit(A=float(out["A"][i]), B=float(out["B"][i]), C_mid=float(out["C_mid"][i]),
-                      R0=float(out["R0"][i]), rmse=float(out["rmse"][i]), n_points=n,
-                      x_range=(float(xs.min()), float(xs.max())), r0_mode=r0_mode,
-                      fixed=fixed + (("R0",) if r0_mode != "free" else ()), procedure=procedure)
+    return SigmoidFit(
+        A=float(out["A"][i]),
+        B=float(out["B"][i]),
+        C_mid=float(out["C_mid"][i]),
+        R0=float(out["R0"][i]),
+        rmse=float(out["rmse"][i]),
+        n_points=n,
+        x_range=(float(xs.min()), float(xs.max())),
+        r0_mode=r0_mode,
+        fixed=fixed + (("R0",) if r0_mode != "free" else ()),
+        procedure=procedure,
+    )

@@ -23,6 +23,7 @@ loop's own Python and slowed the steps around it by about a quarter on the 2-cor
 child shares nothing with the step but idle CPU, and never touches the trainer's accelerator. It is
 started once, at the first evaluation, and pays JAX's import and the fit's compile there.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -50,8 +51,9 @@ BAND_REACH = 1e4  # the band (for compute-to-target) extends this far beyond the
 BAND_POINTS = 300
 
 
-def is_stable(history: Sequence[Optional[float]], margin: float = A_MARGIN,
-              window: int = STABLE_WINDOW) -> bool:
+def is_stable(
+    history: Sequence[Optional[float]], margin: float = A_MARGIN, window: int = STABLE_WINDOW
+) -> bool:
     """True when the last `window` forecasts all have an A (None: that forecast had no fit) and
     those A lie within `margin` of each other (max - min < margin)."""
     last = [a for a in list(history)[-window:] if a is not None and math.isfinite(a)]
@@ -60,8 +62,7 @@ def is_stable(history: Sequence[Optional[float]], margin: float = A_MARGIN,
     return max(last) - min(last) < margin
 
 
-def required_compute(target: float, A: float, B: float, C_mid: float, R0: float
-                     ) -> Optional[float]:
+def required_compute(target: float, A: float, B: float, C_mid: float, R0: float) -> Optional[float]:
     """C with R(C) = target under the law; 0.0 when R0 already reaches it, None when A does
     not (the fitted curve never gets there)."""
     if target <= R0:
@@ -84,22 +85,45 @@ def _crossing(x: np.ndarray, r: np.ndarray, target: float) -> Optional[float]:
     return float(np.exp(u0 + t * (u1 - u0)))
 
 
-def blank(*, x_key: str, budget: Optional[float], target: Optional[float],
-          reason: Optional[str] = None) -> dict:
+def blank(
+    *, x_key: str, budget: Optional[float], target: Optional[float], reason: Optional[str] = None
+) -> dict:
     """Every forecast field, with no values yet (`reason`: why not)."""
-    out: dict = {"ok": False, "reason": reason, "x_key": x_key, "n_points": 0, "x_max": None,
-                 "interval": None}
+    out: dict = {
+        "ok": False,
+        "reason": reason,
+        "x_key": x_key,
+        "n_points": 0,
+        "x_max": None,
+        "interval": None,
+    }
     for name in ("A", "B", "C_mid"):
         out.update({name: None, f"{name}_lo": None, f"{name}_hi": None})
-    out.update(R0=None, budget=budget, at_budget=None, at_budget_lo=None, at_budget_hi=None,
-               target=target, compute_to_target=None, compute_to_target_lo=None,
-               compute_to_target_hi=None)
+    out.update(
+        R0=None,
+        budget=budget,
+        at_budget=None,
+        at_budget_lo=None,
+        at_budget_hi=None,
+        target=target,
+        compute_to_target=None,
+        compute_to_target_lo=None,
+        compute_to_target_hi=None,
+    )
     return out
 
 
-def forecast(x: np.ndarray, y: np.ndarray, *, budget: Optional[float],
-             target: Optional[float], n_boot: int = 100, spec: FitSpec = FitSpec(),
-             seed: int = 0, x_key: str = "compute.device_hours") -> dict:
+def forecast(
+    x: np.ndarray,
+    y: np.ndarray,
+    *,
+    budget: Optional[float],
+    target: Optional[float],
+    n_boot: int = 100,
+    spec: FitSpec = FitSpec(),
+    seed: int = 0,
+    x_key: str = "compute.device_hours",
+) -> dict:
     """The forecast fields for validation points (x, y) (see README, `forecast` event).
 
     Always returns the keys; values the data cannot support are None and `reason` says why.
@@ -172,10 +196,14 @@ class ProcessRunner:
 
     def _start(self) -> None:
         from scalerl_jax.scaling.forecast_child import child_main
+
         conn, child_conn = self._ctx.Pipe()
-        proc = self._ctx.Process(target=child_main,
-                                 args=(child_conn, self.nice, f"{__name__}:forecast"),
-                                 daemon=True, name="scalerl-forecast")
+        proc = self._ctx.Process(
+            target=child_main,
+            args=(child_conn, self.nice, f"{__name__}:forecast"),
+            daemon=True,
+            name="scalerl-forecast",
+        )
         self._conn, self._proc = conn, proc
         proc.start()
         child_conn.close()
@@ -231,11 +259,20 @@ class Forecaster:
     given. With enabled=False (not process 0, or forecasting off) every method is a no-op.
     """
 
-    def __init__(self, *, budget: Optional[float] = None, target: Optional[float] = None,
-                 n_boot: int = 100, x_key: str = "compute.device_hours", total_steps: int = 0,
-                 points: Sequence[tuple] = (), history: Sequence[Optional[float]] = (),
-                 enabled: bool = True, spec: FitSpec = FitSpec(),
-                 run: Optional[Callable[..., dict]] = None):
+    def __init__(
+        self,
+        *,
+        budget: Optional[float] = None,
+        target: Optional[float] = None,
+        n_boot: int = 100,
+        x_key: str = "compute.device_hours",
+        total_steps: int = 0,
+        points: Sequence[tuple] = (),
+        history: Sequence[Optional[float]] = (),
+        enabled: bool = True,
+        spec: FitSpec = FitSpec(),
+        run: Optional[Callable[..., dict]] = None,
+    ):
         self.budget, self.target, self.n_boot = budget, target, n_boot
         self.x_key, self.total_steps, self.enabled, self.spec = x_key, total_steps, enabled, spec
         self._run = run if run is not None else ProcessRunner()
@@ -263,8 +300,16 @@ class Forecaster:
                 if xy is not None:
                     points.append((rec["step"], *xy))
             history = [rec.get("A") for rec in log_.of("forecast")]
-        return cls(budget=cfg.budget, target=cfg.target, n_boot=cfg.n_boot, x_key=cfg.x_key,
-                   total_steps=total_steps, points=points, history=history, enabled=enabled)
+        return cls(
+            budget=cfg.budget,
+            target=cfg.target,
+            n_boot=cfg.n_boot,
+            x_key=cfg.x_key,
+            total_steps=total_steps,
+            points=points,
+            history=history,
+            enabled=enabled,
+        )
 
     def submit(self, eval_record: dict) -> None:
         """Queue a refit with this evaluation's point added (returns at once)."""
@@ -302,8 +347,14 @@ class Forecaster:
         out = []
         for step, fields in done:
             self.history.append(fields["A"] if fields.get("ok") else None)
-            out.append({"step": step, **fields, "stable": is_stable(self.history),
-                        "superseded": self.superseded})
+            out.append(
+                {
+                    "step": step,
+                    **fields,
+                    "stable": is_stable(self.history),
+                    "superseded": self.superseded,
+                }
+            )
         return out
 
     def finish(self, timeout: Optional[float] = None) -> list[dict]:
@@ -345,15 +396,23 @@ class Forecaster:
                 assert job is not None  # the wait above ends on a job or on stop
             t0 = time.monotonic()
             try:
-                fields = self._run(job.x, job.y, budget=job.budget, target=self.target,
-                                   n_boot=self.n_boot, spec=self.spec, seed=job.step,
-                                   x_key=self.x_key)
+                fields = self._run(
+                    job.x,
+                    job.y,
+                    budget=job.budget,
+                    target=self.target,
+                    n_boot=self.n_boot,
+                    spec=self.spec,
+                    seed=job.step,
+                    x_key=self.x_key,
+                )
             except Exception as err:  # noqa: BLE001 - a forecast must never take the run down
                 reason = f"{type(err).__name__}: {err}"
                 if not self._stop:  # close() ending a refit in flight is not a failure
                     log.warning("forecast at step %d failed: %s", job.step, reason)
-                fields = blank(x_key=self.x_key, budget=job.budget, target=self.target,
-                               reason=reason)
+                fields = blank(
+                    x_key=self.x_key, budget=job.budget, target=self.target, reason=reason
+                )
             fields.update(budget_source=job.budget_source, fit_s=time.monotonic() - t0)
             with self._lock:
                 self._done.append((job.step, fields))
@@ -369,4 +428,3 @@ def _xy(record: dict, x_key: str) -> Optional[tuple]:
     if x is None or y is None:
         return None
     return float(x), float(y)
-

@@ -7,6 +7,7 @@ resolves its names lazily, and the function the child serves arrives as a "modul
 name that is imported once the platform is set (which also keeps this module from importing
 scaling/forecast.py, its parent's module).
 """
+
 import importlib
 import os
 import sys

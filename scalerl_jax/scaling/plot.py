@@ -3,6 +3,7 @@
 Log compute axis, as in the paper's figures. Figures are built with matplotlib's object API and
 rendered by Agg, without pyplot, so importing this never changes the caller's backend.
 """
+
 from __future__ import annotations
 
 import textwrap
@@ -75,9 +76,16 @@ def plot_run(path: str, curve: Curve, spec: FitSpec, fit: FitResult, **kwargs) -
     return _save(fig, path)
 
 
-def run_figure(curve: Curve, spec: FitSpec, fit: FitResult, *,
-               boot: Optional[Bootstrap] = None, extrap: Optional[Extrapolation] = None,
-               target: Optional[float] = None, at_target: Optional[tuple] = None) -> Figure:
+def run_figure(
+    curve: Curve,
+    spec: FitSpec,
+    fit: FitResult,
+    *,
+    boot: Optional[Bootstrap] = None,
+    extrap: Optional[Extrapolation] = None,
+    target: Optional[float] = None,
+    at_target: Optional[tuple] = None,
+) -> Figure:
     """Points (in and out of the window), the fit with its confidence band, the extrapolation
     check, the fit window's end and the prediction at the target compute (`at_target`:
     (R, lo, hi) from `RunAnalysis.at_target`).
@@ -88,36 +96,75 @@ def run_figure(curve: Curve, spec: FitSpec, fit: FitResult, *,
     fig, ax = _figure()
     on = window_mask(curve, spec) & (curve.x > 0)
     off = ~on & (curve.x > 0)
-    ax.scatter(curve.x[on], curve.y[on], s=14, color="C0", label="evaluations (fit window)",
-               zorder=4)
+    ax.scatter(
+        curve.x[on], curve.y[on], s=14, color="C0", label="evaluations (fit window)", zorder=4
+    )
     if off.any():
-        ax.scatter(curve.x[off], curve.y[off], s=14, facecolors="none", edgecolors="0.35",
-                   label="evaluations (outside fit window)", zorder=4)
+        ax.scatter(
+            curve.x[off],
+            curve.y[off],
+            s=14,
+            facecolors="none",
+            edgecolors="0.35",
+            label="evaluations (outside fit window)",
+            zorder=4,
+        )
     xs = _curve_x(curve, fit, target)
     at_end = extrap is not None and spec.fit_end is not None and extrap.split == spec.fit_end
     if extrap is not None:
         e = extrap
         if e.band is not None and np.isfinite(e.band.band_lo).all():
-            ax.fill_between(e.band.band_x, e.band.band_lo, e.band.band_hi, facecolor="none",
-                            edgecolor="C1", hatch="////", lw=0.8, alpha=0.6, zorder=1,
-                            label=f"{100 * e.band.level:.0f}% prediction band (new evaluations)")
+            ax.fill_between(
+                e.band.band_x,
+                e.band.band_lo,
+                e.band.band_hi,
+                facecolor="none",
+                edgecolor="C1",
+                hatch="////",
+                lw=0.8,
+                alpha=0.6,
+                zorder=1,
+                label=f"{100 * e.band.level:.0f}% prediction band (new evaluations)",
+            )
         if not at_end:  # a separate fit on part of the window: its own curve
-            ax.plot(xs, e.fit.predict(xs), color="C1", lw=1.6, ls="--", zorder=3,
-                    label=f"fit on x <= {readable(e.split)}: RMSE on rest {e.rmse:.4f}")
+            ax.plot(
+                xs,
+                e.fit.predict(xs),
+                color="C1",
+                lw=1.6,
+                ls="--",
+                zorder=3,
+                label=f"fit on x <= {readable(e.split)}: RMSE on rest {e.rmse:.4f}",
+            )
             ax.axvline(e.split, color="C1", lw=0.8, ls=":")
     if fit.ok:
         if boot is not None and np.isfinite(boot.band_lo).all():
-            ax.fill_between(boot.band_x, boot.band_lo, boot.band_hi, facecolor="C0",
-                            edgecolor="C0", alpha=0.3, lw=0.8, zorder=2,
-                            label=f"{100 * boot.level:.0f}% confidence band (fit)")
-        ax.plot(xs, fit.predict(xs), color="C0", lw=2, zorder=3,
-                label=f"sigmoid fit: {fit_label(fit)}")
+            ax.fill_between(
+                boot.band_x,
+                boot.band_lo,
+                boot.band_hi,
+                facecolor="C0",
+                edgecolor="C0",
+                alpha=0.3,
+                lw=0.8,
+                zorder=2,
+                label=f"{100 * boot.level:.0f}% confidence band (fit)",
+            )
+        ax.plot(
+            xs, fit.predict(xs), color="C0", lw=2, zorder=3, label=f"sigmoid fit: {fit_label(fit)}"
+        )
         ax.axhline(fit.A, color="C0", ls="--", lw=1, alpha=0.7, label=f"asymptote A = {fit.A:.3f}")
         ax.axhline(fit.R0, color="0.4", ls=":", lw=1, label=f"R0 = {fit.R0:.3f} ({fit.r0_mode})")
     if spec.fit_end is not None:
         check = f": RMSE after it {extrap.rmse:.4f}" if at_end else ""  # type: ignore[union-attr]
-        ax.axvline(spec.fit_end, color="C3", lw=1.2, ls="--", zorder=3,
-                   label=f"fit end = {readable(spec.fit_end)}{check}")
+        ax.axvline(
+            spec.fit_end,
+            color="C3",
+            lw=1.2,
+            ls="--",
+            zorder=3,
+            label=f"fit end = {readable(spec.fit_end)}{check}",
+        )
     if target:
         ax.axvline(target, color="0.3", lw=0.8, ls="-.", label=f"target C = {readable(target)}")
         if at_target is not None:
@@ -125,10 +172,23 @@ def run_figure(curve: Curve, spec: FitSpec, fit: FitResult, *,
             err = [[r - lo], [hi - r]] if np.isfinite(lo) and np.isfinite(hi) else None
             ax.errorbar([target], [r], yerr=err, fmt="D", color="C3", ms=6, capsize=4, zorder=5)
             text = f"R = {r:.3f}" + (f" [{lo:.3f}, {hi:.3f}]" if err is not None else "")
-            ax.annotate(text, (target, r), xytext=(-10, 12), textcoords="offset points",
-                        ha="right", fontsize=8, color="C3", zorder=5,
-                        bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "C3",
-                              "lw": 0.6, "alpha": 0.9})
+            ax.annotate(
+                text,
+                (target, r),
+                xytext=(-10, 12),
+                textcoords="offset points",
+                ha="right",
+                fontsize=8,
+                color="C3",
+                zorder=5,
+                bbox={
+                    "boxstyle": "round,pad=0.2",
+                    "fc": "white",
+                    "ec": "C3",
+                    "lw": 0.6,
+                    "alpha": 0.9,
+                },
+            )
     ax.set_xscale("log")
     ax.set_xlabel(axis_label(curve.x_key))
     ax.set_ylabel(axis_label(curve.y_key))
@@ -147,12 +207,16 @@ MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
 def run_style(i: int) -> dict:
     """Colour, line style and marker of the i-th run: tab10 colours, and the line style and
     marker cycle at other periods, so no two of the first 40 runs look alike."""
-    return {"color": f"C{i % 10}", "ls": LINE_STYLES[i % len(LINE_STYLES)],
-            "marker": MARKERS[i % len(MARKERS)]}
+    return {
+        "color": f"C{i % 10}",
+        "ls": LINE_STYLES[i % len(LINE_STYLES)],
+        "marker": MARKERS[i % len(MARKERS)],
+    }
 
 
-def spread_labels(values: Sequence[float], gap: float,
-                  bounds: Optional[tuple] = None) -> np.ndarray:
+def spread_labels(
+    values: Sequence[float], gap: float, bounds: Optional[tuple] = None
+) -> np.ndarray:
     """Positions for labels at `values` at least `gap` apart, each as near its value as that
     allows (stacked upwards, then the stack centred on the values it labels, then moved inside
     `bounds` (lo, hi) where it sticks out)."""
@@ -181,8 +245,9 @@ def log_f(y: np.ndarray, A: float, R0: float) -> np.ndarray:
         return np.where(inside, np.log((A - y) / (y - R0)), np.nan)
 
 
-def compare_figure(curves: Sequence[Curve], fits: Sequence[FitResult],
-                   target: Optional[float] = None) -> Figure:
+def compare_figure(
+    curves: Sequence[Curve], fits: Sequence[FitResult], target: Optional[float] = None
+) -> Figure:
     """Left: points, fits and asymptotes (labelled at the right edge, kept apart); right: the
     efficiency view, ln((A - R)/(R - R0)) against compute, where each fit is a line of slope -B
     (each run's own A and R0), so a steeper line is a more compute-efficient run. One legend,
@@ -194,24 +259,50 @@ def compare_figure(curves: Sequence[Curve], fits: Sequence[FitResult],
     for i, (curve, fit) in enumerate(zip(curves, fits)):
         st = run_style(i)
         pos = curve.x > 0
-        ax.scatter(curve.x[pos], curve.y[pos], s=12, color=st["color"], marker=st["marker"],
-                   alpha=0.45, lw=0)
+        ax.scatter(
+            curve.x[pos],
+            curve.y[pos],
+            s=12,
+            color=st["color"],
+            marker=st["marker"],
+            alpha=0.45,
+            lw=0,
+        )
         if not fit.ok:
-            handles.append(ax.plot([], [], color=st["color"], ls=st["ls"], marker=st["marker"],
-                                   label=f"{curve.name}: {fit_label(fit)}")[0])
+            handles.append(
+                ax.plot(
+                    [],
+                    [],
+                    color=st["color"],
+                    ls=st["ls"],
+                    marker=st["marker"],
+                    label=f"{curve.name}: {fit_label(fit)}",
+                )[0]
+            )
             continue
         xs = _curve_x(curve, fit, target)
-        handles.append(ax.plot(xs, fit.predict(xs), color=st["color"], ls=st["ls"], lw=1.8,
-                               marker=st["marker"], markevery=[len(xs) - 1],
-                               label=f"{curve.name}: {fit_label(fit)}")[0])
+        handles.append(
+            ax.plot(
+                xs,
+                fit.predict(xs),
+                color=st["color"],
+                ls=st["ls"],
+                lw=1.8,
+                marker=st["marker"],
+                markevery=[len(xs) - 1],
+                label=f"{curve.name}: {fit_label(fit)}",
+            )[0]
+        )
         ax.axhline(fit.A, color=st["color"], ls=st["ls"], lw=0.7, alpha=0.45)
         asymptotes.append((fit.A, st["color"], curve.name))
         if fit.A > fit.R0:
             v = log_f(curve.y[pos], fit.A, fit.R0)
-            eff.scatter(curve.x[pos], v, s=12, color=st["color"], marker=st["marker"],
-                        alpha=0.45, lw=0)
-            eff.plot(xs, log_f(fit.predict(xs), fit.A, fit.R0), color=st["color"],
-                     ls=st["ls"], lw=1.8)
+            eff.scatter(
+                curve.x[pos], v, s=12, color=st["color"], marker=st["marker"], alpha=0.45, lw=0
+            )
+            eff.plot(
+                xs, log_f(fit.predict(xs), fit.A, fit.R0), color=st["color"], ls=st["ls"], lw=1.8
+            )
     ax.set_xscale("log")
     ax.set_xlabel(axis_label(curves[0].x_key))
     ax.set_ylabel(axis_label(curves[0].y_key))
@@ -220,30 +311,45 @@ def compare_figure(curves: Sequence[Curve], fits: Sequence[FitResult],
     if asymptotes:
         lo, hi = ax.get_ylim()
         gap = 0.045 * (hi - lo)  # about 1.5 lines of 7-point text on this figure
-        ys = spread_labels([a for a, _, _ in asymptotes], gap=gap,
-                           bounds=(lo + gap / 2, hi - gap / 2))
+        ys = spread_labels(
+            [a for a, _, _ in asymptotes], gap=gap, bounds=(lo + gap / 2, hi - gap / 2)
+        )
         for (A, color, name), y in zip(asymptotes, ys):
             short = name if len(name) <= 20 else name[:19] + "…"
-            ax.annotate(f"A={A:.3f} {short}", xy=(1.0, A), xycoords=("axes fraction", "data"),
-                        xytext=(1.02, y), textcoords=("axes fraction", "data"), fontsize=7,
-                        color=color, va="center", annotation_clip=False,
-                        arrowprops={"arrowstyle": "-", "color": color, "lw": 0.6})
+            ax.annotate(
+                f"A={A:.3f} {short}",
+                xy=(1.0, A),
+                xycoords=("axes fraction", "data"),
+                xytext=(1.02, y),
+                textcoords=("axes fraction", "data"),
+                fontsize=7,
+                color=color,
+                va="center",
+                annotation_clip=False,
+                arrowprops={"arrowstyle": "-", "color": color, "lw": 0.6},
+            )
     eff.set_xscale("log")
     eff.set_xlabel(axis_label(curves[0].x_key))
     eff.set_ylabel("ln((A - R) / (R - R0))")
-    eff.set_title("efficiency: each fit is a line of slope -B (steeper = more efficient)",
-                  fontsize=10)
+    eff.set_title(
+        "efficiency: each fit is a line of slope -B (steeper = more efficient)", fontsize=10
+    )
     eff.grid(True, which="both", alpha=0.25)
-    fig.legend(handles=handles, loc="lower center", ncol=min(3, max(1, len(handles))),
-               fontsize=7, frameon=False)
+    fig.legend(
+        handles=handles,
+        loc="lower center",
+        ncol=min(3, max(1, len(handles))),
+        fontsize=7,
+        frameon=False,
+    )
     rows = -(-len(handles) // 3)
-    fig.subplots_adjust(left=0.06, right=0.97, top=0.93, bottom=0.13 + 0.035 * rows,
-                        wspace=0.42)
+    fig.subplots_adjust(left=0.06, right=0.97, top=0.93, bottom=0.13 + 0.035 * rows, wspace=0.42)
     return fig
 
 
-def plot_compare(path: str, curves: Sequence[Curve], fits: Sequence[FitResult],
-                 target: Optional[float] = None) -> str:
+def plot_compare(
+    path: str, curves: Sequence[Curve], fits: Sequence[FitResult], target: Optional[float] = None
+) -> str:
     compare_figure(curves, fits, target).savefig(path)
     return path
 
@@ -264,17 +370,31 @@ def plot_allocation(path: str, rec, x_key: str, y_key: str = "pass_rate") -> str
         seen = xs <= curve.x[pos].max()
         ax.plot(xs[seen], opt.fit.predict(xs[seen]), color=color, lw=2)
         ax.plot(xs[~seen], opt.fit.predict(xs[~seen]), color=color, lw=1.5, ls="--")
-        err = None if not np.isfinite(opt.lo) else [[opt.predicted - opt.lo],
-                                                     [opt.hi - opt.predicted]]
-        ax.errorbar([rec.budget], [opt.predicted], yerr=err, fmt="o", color=color, capsize=4,
-                    label=f"{opt.candidate.label}: {opt.predicted:.3f} at budget")
+        err = (
+            None
+            if not np.isfinite(opt.lo)
+            else [[opt.predicted - opt.lo], [opt.hi - opt.predicted]]
+        )
+        ax.errorbar(
+            [rec.budget],
+            [opt.predicted],
+            yerr=err,
+            fmt="o",
+            color=color,
+            capsize=4,
+            label=f"{opt.candidate.label}: {opt.predicted:.3f} at budget",
+        )
     ax.axvline(rec.budget, color="0.3", lw=0.8, ls="-.")
     ax.set_xscale("log")
     ax.set_xlabel(axis_label(x_key))
     ax.set_ylabel(axis_label(y_key))
     best = rec.best
-    ax.set_title("allocation at budget {:.3g}: {}".format(
-        rec.budget, best.candidate.label if best else "no fit"), fontsize=10)
+    ax.set_title(
+        "allocation at budget {:.3g}: {}".format(
+            rec.budget, best.candidate.label if best else "no fit"
+        ),
+        fontsize=10,
+    )
     ax.grid(True, which="both", alpha=0.25)
     ax.legend(fontsize=7, loc="lower right")
     return _save(fig, path)

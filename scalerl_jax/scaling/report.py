@@ -5,6 +5,7 @@ whose subdirectories have one is a multi-seed group: its seeds are pooled into o
 A run on a mixture of domains (eval records with `per_domain`) has a curve per domain as well,
 y = `per_domain.NAME`: `domain_y_key`, `run_domains`; `fit_run_dir` fits them all.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -17,8 +18,14 @@ import numpy as np
 from scalerl_jax import metrics
 from scalerl_jax.scaling import alternatives, plot
 from scalerl_jax.scaling.bootstrap import Bootstrap, bootstrap_fit, fit_seeds, seed_spread
-from scalerl_jax.scaling.compare import (Comparison, Decision, Extrapolation, compare_fits,
-                                         decide, extrapolate)
+from scalerl_jax.scaling.compare import (
+    Comparison,
+    Decision,
+    Extrapolation,
+    compare_fits,
+    decide,
+    extrapolate,
+)
 from scalerl_jax.scaling.fit import Curve, FitFailure, FitResult, FitSpec, SigmoidFit, fit_curve
 
 
@@ -27,8 +34,11 @@ def _seed_dirs(run_dir: str) -> list:
         raise FileNotFoundError(f"{run_dir}: not a directory")
     if os.path.exists(os.path.join(run_dir, metrics.FILENAME)):
         return [run_dir]
-    subs = sorted(os.path.join(run_dir, d) for d in os.listdir(run_dir)
-                  if os.path.exists(os.path.join(run_dir, d, metrics.FILENAME)))
+    subs = sorted(
+        os.path.join(run_dir, d)
+        for d in os.listdir(run_dir)
+        if os.path.exists(os.path.join(run_dir, d, metrics.FILENAME))
+    )
     if not subs:
         raise FileNotFoundError(f"{run_dir}: no {metrics.FILENAME} in it or in its subdirectories")
     return subs
@@ -49,9 +59,12 @@ def run_domains(run_dirs: Sequence[str]) -> list[str]:
     return sorted(names)
 
 
-def load_curve(run_dirs: Sequence[str], name: Optional[str] = None,
-               x_key: str = "compute.device_hours", y_key: str = "pass_rate"
-               ) -> tuple[Curve, list]:
+def load_curve(
+    run_dirs: Sequence[str],
+    name: Optional[str] = None,
+    x_key: str = "compute.device_hours",
+    y_key: str = "pass_rate",
+) -> tuple[Curve, list]:
     """One curve from run dirs (each a run or a group of seed runs); all seeds pooled.
 
     Returns (curve, notes): notes report skipped malformed lines and an R0 not measured at 0.
@@ -61,18 +74,28 @@ def load_curve(run_dirs: Sequence[str], name: Optional[str] = None,
     for i, d in enumerate(dirs):
         log = metrics.read_metrics(d)
         if log.malformed:
-            notes.append(f"{log.path}: skipped {log.malformed} malformed line(s) "
-                         f"(line {', '.join(map(str, log.malformed_lines[:5]))})")
+            notes.append(
+                f"{log.path}: skipped {log.malformed} malformed line(s) "
+                f"(line {', '.join(map(str, log.malformed_lines[:5]))})"
+            )
         x, y = metrics.eval_xy(log, x_key, y_key)
         if np.nanmin(x) > 0:
-            notes.append(f"{d}: first evaluation is at {x_key} = {np.nanmin(x):.4g}, not 0; "
-                         f"a measured R0 comes from it")
+            notes.append(
+                f"{d}: first evaluation is at {x_key} = {np.nanmin(x):.4g}, not 0; "
+                f"a measured R0 comes from it"
+            )
         xs.append(x)
         ys.append(y)
         seeds.append(np.full(len(x), i))
     name = name or os.path.basename(os.path.normpath(run_dirs[0]))
-    return Curve(name, np.concatenate(xs), np.concatenate(ys), np.concatenate(seeds),
-                 x_key=x_key, y_key=y_key), notes
+    return Curve(
+        name,
+        np.concatenate(xs),
+        np.concatenate(ys),
+        np.concatenate(seeds),
+        x_key=x_key,
+        y_key=y_key,
+    ), notes
 
 
 @dataclasses.dataclass
@@ -101,33 +124,56 @@ class RunAnalysis:
         return r, lo, hi
 
 
-def analyse(curve: Curve, spec: FitSpec, *, n_boot: int = 200, level: float = 0.95,
-            interval: str = "ar1", block: int = 1, target: Optional[float] = None,
-            extrapolate_fraction: float = 0.5,
-            with_alternatives: bool = False, seed: int = 0,
-            notes: Sequence[str] = ()) -> RunAnalysis:
+def analyse(
+    curve: Curve,
+    spec: FitSpec,
+    *,
+    n_boot: int = 200,
+    level: float = 0.95,
+    interval: str = "ar1",
+    block: int = 1,
+    target: Optional[float] = None,
+    extrapolate_fraction: float = 0.5,
+    with_alternatives: bool = False,
+    seed: int = 0,
+    notes: Sequence[str] = (),
+) -> RunAnalysis:
     positive = curve.x[(curve.x > 0) & np.isfinite(curve.x)]
     target = float(target) if target else 2.0 * float(positive.max()) if len(positive) else 1.0
-    result = RunAnalysis(curve=curve, fit=fit_curve(curve, spec), target=target,
-                         notes=list(notes), spec=spec)
+    result = RunAnalysis(
+        curve=curve, fit=fit_curve(curve, spec), target=target, notes=list(notes), spec=spec
+    )
     fit = result.fit
     if fit.ok and n_boot:
         band_x = np.geomspace(min(target, fit.x_range[0]), max(target, fit.x_range[1]), 120)
-        result.boot = bootstrap_fit(curve, spec, fit, n_boot=n_boot, level=level, seed=seed,
-                                    method=interval, block=block, band_x=band_x)
+        result.boot = bootstrap_fit(
+            curve,
+            spec,
+            fit,
+            n_boot=n_boot,
+            level=level,
+            seed=seed,
+            method=interval,
+            block=block,
+            band_x=band_x,
+        )
     if extrapolate_fraction and spec.fit_end is not None:
         # A window that ends is its own extrapolation check: the window's fit, judged on the
         # points after fit_end (and only those).
-        result.extrap = extrapolate(curve, spec, split=spec.fit_end,
-                                    fit=fit if fit.ok else None, n_boot=n_boot, seed=seed)
+        result.extrap = extrapolate(
+            curve, spec, split=spec.fit_end, fit=fit if fit.ok else None, n_boot=n_boot, seed=seed
+        )
     elif extrapolate_fraction:
-        result.extrap = extrapolate(curve, spec, fraction=extrapolate_fraction, n_boot=n_boot,
-                                    seed=seed)
+        result.extrap = extrapolate(
+            curve, spec, fraction=extrapolate_fraction, n_boot=n_boot, seed=seed
+        )
     if len(curve.seeds) > 1:
         result.per_seed = fit_seeds(curve, spec)
     if with_alternatives:
-        result.alternatives = {"power law": alternatives.fit_power_law(curve, spec),
-                               "log-linear (Tan)": alternatives.fit_log_linear(curve, spec)}
+        result.alternatives = {
+            "power law": alternatives.fit_power_law(curve, spec),
+            "log-linear (Tan)": alternatives.fit_log_linear(curve, spec),
+        }
     return result
 
 
@@ -146,8 +192,11 @@ def extrapolation_mode(a: RunAnalysis) -> str:
     part of the window, judged on the rest)."""
     e = a.extrap
     fit_end = a.spec.fit_end
-    return "after fit_end" if isinstance(e, Extrapolation) and fit_end is not None \
-        and e.split == fit_end else "split"
+    return (
+        "after fit_end"
+        if isinstance(e, Extrapolation) and fit_end is not None and e.split == fit_end
+        else "split"
+    )
 
 
 def _extrap_text(a: RunAnalysis) -> str:
@@ -158,8 +207,10 @@ def _extrap_text(a: RunAnalysis) -> str:
         return f"n/a: {e.reason}"
     cover = "" if e.coverage is None else f", {100 * e.coverage:.0f}% in band"
     if extrapolation_mode(a) == "after fit_end":
-        return (f"{e.n_heldout} pts after {plot.readable(e.split)}: RMSE {e.rmse:.4f}, "
-                f"last err {e.final_err:+.4f}{cover}")
+        return (
+            f"{e.n_heldout} pts after {plot.readable(e.split)}: RMSE {e.rmse:.4f}, "
+            f"last err {e.final_err:+.4f}{cover}"
+        )
     return f"fit <= {plot.readable(e.split)}: RMSE {e.rmse:.4f}, end err {e.final_err:+.4f}{cover}"
 
 
@@ -183,8 +234,20 @@ def _columns(rows: list) -> str:
 def format_table(analyses: Sequence[RunAnalysis]) -> str:
     level = next((a.boot.level for a in analyses if a.boot is not None), None)
     ci = f" [{100 * level:.0f}% CI]" if level else ""
-    rows = [["run", "pts", "x fitted", "A" + ci, "B" + ci, "C_mid" + ci, "R0", "RMSE",
-             "R at target C", "extrapolation"]]
+    rows = [
+        [
+            "run",
+            "pts",
+            "x fitted",
+            "A" + ci,
+            "B" + ci,
+            "C_mid" + ci,
+            "R0",
+            "RMSE",
+            "R at target C",
+            "extrapolation",
+        ]
+    ]
     for a in analyses:
         f = a.fit
         if not f.ok:
@@ -192,11 +255,20 @@ def format_table(analyses: Sequence[RunAnalysis]) -> str:
             continue
         r, lo, hi = a.at_target()  # type: ignore[misc]  # a fit: never None
         pred = f"{r:.3f}" + (f" [{lo:.3f}, {hi:.3f}]" if np.isfinite(lo) else "")
-        rows.append([a.curve.name, str(f.n_points), _x_fitted(f),
-                     _interval(f, a.boot, "A", ".3f"), _interval(f, a.boot, "B", ".2f"),
-                     _interval(f, a.boot, "C_mid", plot.readable),
-                     f"{f.R0:.3f} ({f.r0_mode})", f"{f.rmse:.4f}",
-                     f"{pred} @ {plot.readable(a.target)}", _extrap_text(a)])
+        rows.append(
+            [
+                a.curve.name,
+                str(f.n_points),
+                _x_fitted(f),
+                _interval(f, a.boot, "A", ".3f"),
+                _interval(f, a.boot, "B", ".2f"),
+                _interval(f, a.boot, "C_mid", plot.readable),
+                f"{f.R0:.3f} ({f.r0_mode})",
+                f"{f.rmse:.4f}",
+                f"{pred} @ {plot.readable(a.target)}",
+                _extrap_text(a),
+            ]
+        )
     text = [_columns(rows)]
     methods = sorted({f"{a.boot.describe()}" for a in analyses if a.boot is not None})
     if methods:
@@ -213,11 +285,21 @@ def format_table(analyses: Sequence[RunAnalysis]) -> str:
             if not fit.ok:
                 alt_rows.append([a.curve.name, form, f"no fit: {fit.reason}"])
                 continue
-            params = (f"A={fit.A:.3f} B={fit.B:.3f} log D={fit.log_D:.3g}" if form == "power law"
-                      else f"k={fit.k:.4f} E={fit.E:.3f}")
-            alt_rows.append([a.curve.name, form, params, f"{fit.rmse:.4f}",
-                             f"{float(fit.predict(a.target)):.3f} @ {plot.readable(a.target)}",
-                             getattr(fit, "note", "")])
+            params = (
+                f"A={fit.A:.3f} B={fit.B:.3f} log D={fit.log_D:.3g}"
+                if form == "power law"
+                else f"k={fit.k:.4f} E={fit.E:.3f}"
+            )
+            alt_rows.append(
+                [
+                    a.curve.name,
+                    form,
+                    params,
+                    f"{fit.rmse:.4f}",
+                    f"{float(fit.predict(a.target)):.3f} @ {plot.readable(a.target)}",
+                    getattr(fit, "note", ""),
+                ]
+            )
     if len(alt_rows) > 1:
         text += ["", "alternative forms (same fit window):", _columns(alt_rows)]
     for a in analyses:
@@ -228,29 +310,58 @@ def format_table(analyses: Sequence[RunAnalysis]) -> str:
 def compare_all(analyses: Sequence[RunAnalysis], spec: FitSpec, margin: float) -> list:
     """Each run against the first (the baseline), by the paper's rule."""
     base = analyses[0]
-    return [compare_fits(base.curve, a.curve, spec, fit_a=base.fit, fit_b=a.fit,
-                         margin=margin) for a in analyses[1:]]
+    return [
+        compare_fits(base.curve, a.curve, spec, fit_a=base.fit, fit_b=a.fit, margin=margin)
+        for a in analyses[1:]
+    ]
 
 
 def format_comparisons(comparisons: Sequence, margin: float) -> str:
     lines = [f"comparisons against the first run (paper's rule, A margin {margin}):"]
     for c in comparisons:
-        lines.append(f"  {' vs '.join(c.names)}: {c.summary}" if isinstance(c, Comparison)
-                     else f"  {c.reason}")
+        lines.append(
+            f"  {' vs '.join(c.names)}: {c.summary}"
+            if isinstance(c, Comparison)
+            else f"  {c.reason}"
+        )
     return "\n".join(lines)
 
 
-def decide_all(analyses: Sequence[RunAnalysis], spec: FitSpec, margin: float, *,
-               pairwise: bool = False, n_boot: int = 200, level: float = 0.95,
-               interval: str = "ar1", seed: int = 0) -> list:
+def decide_all(
+    analyses: Sequence[RunAnalysis],
+    spec: FitSpec,
+    margin: float,
+    *,
+    pairwise: bool = False,
+    n_boot: int = 200,
+    level: float = 0.95,
+    interval: str = "ar1",
+    seed: int = 0,
+) -> list:
     """`compare.decide` for each run against the first, or for every pair (`pairwise`)."""
     n = len(analyses)
-    pairs = [(i, j) for i in range(n) for j in range(i + 1, n)] if pairwise else \
-        [(0, j) for j in range(1, n)]
-    return [decide(analyses[i].curve, analyses[j].curve, spec, fit_a=analyses[i].fit,
-                   fit_b=analyses[j].fit, boot_a=analyses[i].boot, boot_b=analyses[j].boot,
-                   margin=margin, n_boot=n_boot, level=level, method=interval, seed=seed)
-            for i, j in pairs]
+    pairs = (
+        [(i, j) for i in range(n) for j in range(i + 1, n)]
+        if pairwise
+        else [(0, j) for j in range(1, n)]
+    )
+    return [
+        decide(
+            analyses[i].curve,
+            analyses[j].curve,
+            spec,
+            fit_a=analyses[i].fit,
+            fit_b=analyses[j].fit,
+            boot_a=analyses[i].boot,
+            boot_b=analyses[j].boot,
+            margin=margin,
+            n_boot=n_boot,
+            level=level,
+            method=interval,
+            seed=seed,
+        )
+        for i, j in pairs
+    ]
 
 
 def _with_interval(value: float, iv: Optional[tuple], fmt: str) -> str:
@@ -260,34 +371,45 @@ def _with_interval(value: float, iv: Optional[tuple], fmt: str) -> str:
 def format_decisions(decisions: Sequence, margin: float, pairwise: bool = False) -> str:
     """Who wins each comparison, by how much, with the intervals (compare.decide)."""
     which = "every pair" if pairwise else "each run against the first"
-    lines = [f"recipe comparison, {which} (paper's rule: |A difference| > {margin} -> the "
-             f"higher A wins; otherwise both are refitted at their mean A and the higher B "
-             f"wins):"]
+    lines = [
+        f"recipe comparison, {which} (paper's rule: |A difference| > {margin} -> the "
+        f"higher A wins; otherwise both are refitted at their mean A and the higher B "
+        f"wins):"
+    ]
     for d in decisions:
         if not isinstance(d, Decision):
-            lines.append(f"  {' vs '.join(d.names)}: {d.summary}" if isinstance(d, Comparison)
-                         else f"  {d.reason}")
+            lines.append(
+                f"  {' vs '.join(d.names)}: {d.summary}"
+                if isinstance(d, Comparison)
+                else f"  {d.reason}"
+            )
             continue
         c = d.comparison
         gap = abs(c.A[0] - c.A[1])
         level = "" if d.level is None else f" ({100 * d.level:.0f}% intervals)"
         none = "0" if d.param == "A" else "1"
-        verdict = ("no intervals" if d.clear is None else
-                   f"clear: its interval excludes {none}" if d.clear else
-                   f"within noise: its interval includes {none}")
+        verdict = (
+            "no intervals"
+            if d.clear is None
+            else f"clear: its interval excludes {none}"
+            if d.clear
+            else f"within noise: its interval includes {none}"
+        )
         if d.param == "A":
             lines.append(
                 f"  {c.names[0]} vs {c.names[1]}: A decides (|dA| {gap:.3f} > {margin}): "
                 f"{c.winner} wins by {_with_interval(d.margin, d.margin_interval, '+.3f')} "
                 f"in A ({verdict}); A {_with_interval(d.values[0], d.intervals[0], '.3f')} vs "
-                f"{_with_interval(d.values[1], d.intervals[1], '.3f')}{level}")
+                f"{_with_interval(d.values[1], d.intervals[1], '.3f')}{level}"
+            )
         else:
             lines.append(
                 f"  {c.names[0]} vs {c.names[1]}: B decides (|dA| {gap:.3f} <= {margin}; both "
                 f"refitted at A = {c.A_shared:.3f}): {c.winner} is more compute-efficient, B "
                 f"ratio {_with_interval(d.margin, d.margin_interval, '.2f')} ({verdict}); B "
                 f"{_with_interval(d.values[0], d.intervals[0], '.2f')} vs "
-                f"{_with_interval(d.values[1], d.intervals[1], '.2f')}{level}")
+                f"{_with_interval(d.values[1], d.intervals[1], '.2f')}{level}"
+            )
     return "\n".join(lines)
 
 
@@ -296,15 +418,32 @@ def decisions_json(decisions: Sequence) -> list:
     for d in decisions:
         if isinstance(d, Decision):
             c = d.comparison
-            out.append({"runs": list(c.names), "rule": c.rule, "winner": c.winner,
-                        "A": _plain(c.A), "A_shared": _plain(c.A_shared),
-                        "B_refit": _plain(c.B_refit), "param": d.param,
-                        "values": _plain(d.values), "intervals": _plain(d.intervals),
-                        "margin": _plain(d.margin), "margin_interval": _plain(d.margin_interval),
-                        "clear": d.clear, "level": d.level, "summary": c.summary})
+            out.append(
+                {
+                    "runs": list(c.names),
+                    "rule": c.rule,
+                    "winner": c.winner,
+                    "A": _plain(c.A),
+                    "A_shared": _plain(c.A_shared),
+                    "B_refit": _plain(c.B_refit),
+                    "param": d.param,
+                    "values": _plain(d.values),
+                    "intervals": _plain(d.intervals),
+                    "margin": _plain(d.margin),
+                    "margin_interval": _plain(d.margin_interval),
+                    "clear": d.clear,
+                    "level": d.level,
+                    "summary": c.summary,
+                }
+            )
         else:
-            out.append({"runs": list(getattr(d, "names", ())), "winner": None,
-                        "reason": getattr(d, "summary", None) or getattr(d, "reason", "")})
+            out.append(
+                {
+                    "runs": list(getattr(d, "names", ())),
+                    "winner": None,
+                    "reason": getattr(d, "summary", None) or getattr(d, "reason", ""),
+                }
+            )
     return out
 
 
@@ -326,23 +465,43 @@ def _plain(obj):
 
 def to_json(a: RunAnalysis, spec: FitSpec) -> dict:
     fit = {"ok": a.fit.ok, **_plain(a.fit)}
-    boot = None if a.boot is None else {"intervals": _plain(a.boot.intervals), "n_ok": a.boot.n_ok,
-                                        "n_boot": a.boot.n_boot, "level": a.boot.level,
-                                        "method": a.boot.method, "block": a.boot.block,
-                                        "rho": _plain(a.boot.rho)}
+    boot = (
+        None
+        if a.boot is None
+        else {
+            "intervals": _plain(a.boot.intervals),
+            "n_ok": a.boot.n_ok,
+            "n_boot": a.boot.n_boot,
+            "level": a.boot.level,
+            "method": a.boot.method,
+            "block": a.boot.block,
+            "rho": _plain(a.boot.rho),
+        }
+    )
     extrap = None
     if isinstance(a.extrap, Extrapolation):
-        extrap = {k: _plain(getattr(a.extrap, k)) for k in
-                  ("split", "fit", "n_heldout", "rmse", "max_abs_err", "final_err", "coverage")}
+        extrap = {
+            k: _plain(getattr(a.extrap, k))
+            for k in ("split", "fit", "n_heldout", "rmse", "max_abs_err", "final_err", "coverage")
+        }
         extrap["mode"] = extrapolation_mode(a)
     elif a.extrap is not None:
         extrap = {"ok": False, "reason": a.extrap.reason}
-    return {"run": a.curve.name, "x_key": a.curve.x_key, "y_key": a.curve.y_key,
-            "seeds": len(a.curve.seeds), "spec": _plain(spec), "fit": fit, "bootstrap": boot,
-            "target": a.target, "at_target": _plain(a.at_target()), "extrapolation": extrap,
-            "per_seed": {str(s): {"ok": f.ok, **_plain(f)} for s, f in (a.per_seed or {}).items()},
-            "alternatives": {k: {"ok": v.ok, **_plain(v)} for k, v in a.alternatives.items()},
-            "notes": a.notes}
+    return {
+        "run": a.curve.name,
+        "x_key": a.curve.x_key,
+        "y_key": a.curve.y_key,
+        "seeds": len(a.curve.seeds),
+        "spec": _plain(spec),
+        "fit": fit,
+        "bootstrap": boot,
+        "target": a.target,
+        "at_target": _plain(a.at_target()),
+        "extrapolation": extrap,
+        "per_seed": {str(s): {"ok": f.ok, **_plain(f)} for s, f in (a.per_seed or {}).items()},
+        "alternatives": {k: {"ok": v.ok, **_plain(v)} for k, v in a.alternatives.items()},
+        "notes": a.notes,
+    }
 
 
 def write_run(a: RunAnalysis, spec: FitSpec, out_dir: str, plots: bool = True) -> list:
@@ -354,14 +513,30 @@ def write_run(a: RunAnalysis, spec: FitSpec, out_dir: str, plots: bool = True) -
         json.dump(to_json(a, spec), f, indent=2)
     if plots:
         extrap = a.extrap if isinstance(a.extrap, Extrapolation) else None
-        paths.append(plot.plot_run(os.path.join(out_dir, "fit.png"), a.curve, spec, a.fit,
-                                   boot=a.boot, extrap=extrap, target=a.target,
-                                   at_target=a.at_target()))
+        paths.append(
+            plot.plot_run(
+                os.path.join(out_dir, "fit.png"),
+                a.curve,
+                spec,
+                a.fit,
+                boot=a.boot,
+                extrap=extrap,
+                target=a.target,
+                at_target=a.at_target(),
+            )
+        )
     return paths
 
 
-def fit_run_dir(run_dir: str, spec: FitSpec = FitSpec(), *, n_boot: int = 200, seed: int = 0,
-                plots: bool = True, out: Optional[str] = None) -> tuple[RunAnalysis, list]:
+def fit_run_dir(
+    run_dir: str,
+    spec: FitSpec = FitSpec(),
+    *,
+    n_boot: int = 200,
+    seed: int = 0,
+    plots: bool = True,
+    out: Optional[str] = None,
+) -> tuple[RunAnalysis, list]:
     """Fit one run directory's validation curve with the defaults of `experiments/fit.py` and
     write RUN_DIR/fit/ (or `out`; what a training run does at its end). Returns
     (analysis, files).
@@ -373,12 +548,11 @@ def fit_run_dir(run_dir: str, spec: FitSpec = FitSpec(), *, n_boot: int = 200, s
     out = out or os.path.join(run_dir, "fit")
     files = write_run(analysis, spec, out, plots=plots)
     for domain in run_domains([run_dir]):
-        sub, sub_notes = load_curve([run_dir], name=f"{curve.name}:{domain}",
-                                    y_key=domain_y_key(domain))
-        analysis.domains[domain] = analyse(sub, spec, n_boot=n_boot, seed=seed,
-                                           notes=sub_notes)
-        files += write_run(analysis.domains[domain], spec, os.path.join(out, domain),
-                           plots=plots)
+        sub, sub_notes = load_curve(
+            [run_dir], name=f"{curve.name}:{domain}", y_key=domain_y_key(domain)
+        )
+        analysis.domains[domain] = analyse(sub, spec, n_boot=n_boot, seed=seed, notes=sub_notes)
+        files += write_run(analysis.domains[domain], spec, os.path.join(out, domain), plots=plots)
     if analysis.domains:
         with open(files[0], "w") as f:  # fit.txt: the overall row, then each domain's
             f.write(format_table([analysis, *analysis.domains.values()]) + "\n")
@@ -391,7 +565,7 @@ def headline(a: RunAnalysis) -> Optional[dict]:
     if not a.fit.ok:
         return None
     out = {name: float(getattr(a.fit, name)) for name in ("A", "B", "C_mid")}
-    for name, (lo, hi) in (a.boot.intervals.items() if a.boot is not None else ()):
+    for name, (lo, hi) in a.boot.intervals.items() if a.boot is not None else ():
         if name in out:
             out[f"{name}_lo"], out[f"{name}_hi"] = float(lo), float(hi)
     return out

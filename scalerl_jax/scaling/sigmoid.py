@@ -9,6 +9,7 @@ works there (standardised per curve), with constraints by reparameterisation: A 
 R0 can be held fixed per curve, which gives the paper's grid procedure (A and C_mid fixed, B
 fitted) and its comparison rule (A fixed at a shared value) from the same code.
 """
+
 from __future__ import annotations
 
 import functools
@@ -72,9 +73,9 @@ def _starts(u, y, w, fixed, value, k, n_b, n_c):
     return engine.top_k_starts(cand, sse, k)
 
 
-@functools.partial(jax.jit,
-                   static_argnames=("steps", "explore_steps", "polish_steps", "k", "lr", "n_b",
-                                    "n_c"))
+@functools.partial(
+    jax.jit, static_argnames=("steps", "explore_steps", "polish_steps", "k", "lr", "n_b", "n_c")
+)
 def _fit_core(x, y, w, fixed, value, *, steps, explore_steps, polish_steps, k, lr, n_b, n_c):
     def one(x, y, w, fixed, value):
         u, mu, sd = engine.standardise_log_x(x, w)
@@ -83,8 +84,17 @@ def _fit_core(x, y, w, fixed, value, *, steps, explore_steps, polish_steps, k, l
         value_u = jnp.where(fixed, value_u, 1.0)
         theta0 = _starts(u, y, w, fixed, value_u, k, n_b, n_c)
         theta, mse, mse_before = engine.optimise(
-            _predict, theta0, u, y, w, (fixed, value_u), steps=steps,
-            explore_steps=explore_steps, lr=lr, polish_steps=polish_steps)
+            _predict,
+            theta0,
+            u,
+            y,
+            w,
+            (fixed, value_u),
+            steps=steps,
+            explore_steps=explore_steps,
+            lr=lr,
+            polish_steps=polish_steps,
+        )
         A = jnp.where(fixed[0], value[0], 1.0 - jnp.exp(theta[0]))
         B = jnp.where(fixed[1], value[1], jnp.exp(theta[1]) / sd)
         C = jnp.where(fixed[2], value[2], jnp.exp(mu + sd * theta[2]))
@@ -105,9 +115,24 @@ def _per_curve(v, n: int, name: str) -> np.ndarray:
     return arr
 
 
-def fit_sigmoid_batch(x, y, w=None, *, A=None, B=None, C_mid=None, R0=None, steps: int = 20,
-                      explore_steps: int = 20, polish_steps: int = 20, num_inits: int = 4,
-                      lr: float = 0.05, check: bool = True, n_b: int = 4, n_c: int = 12) -> dict:
+def fit_sigmoid_batch(
+    x,
+    y,
+    w=None,
+    *,
+    A=None,
+    B=None,
+    C_mid=None,
+    R0=None,
+    steps: int = 20,
+    explore_steps: int = 20,
+    polish_steps: int = 20,
+    num_inits: int = 4,
+    lr: float = 0.05,
+    check: bool = True,
+    n_b: int = 4,
+    n_c: int = 12,
+) -> dict:
     """Fits curves x, y [n, m] (or [m]) in one jitted call (engine.optimise: K starts x
     explore_steps of Adam, `steps` more for the best, then `polish_steps` of Levenberg-Marquardt).
 
@@ -133,10 +158,19 @@ def fit_sigmoid_batch(x, y, w=None, *, A=None, B=None, C_mid=None, R0=None, step
         nan = np.full(n, np.nan)
         return {**{name: nan for name in PARAMS + ("rmse", "rmse_before")}, "reasons": reasons}
     p, rmse, rmse_before = _fit_core(
-        jnp.asarray(xs, jnp.float32), jnp.asarray(ys, jnp.float32), jnp.asarray(w, jnp.float32),
-        jnp.asarray(fixed), jnp.asarray(np.where(fixed, value, 1.0), jnp.float32),
-        steps=steps, explore_steps=explore_steps, polish_steps=polish_steps,
-        k=min(num_inits, n_b * n_c), lr=lr, n_b=n_b, n_c=n_c)
+        jnp.asarray(xs, jnp.float32),
+        jnp.asarray(ys, jnp.float32),
+        jnp.asarray(w, jnp.float32),
+        jnp.asarray(fixed),
+        jnp.asarray(np.where(fixed, value, 1.0), jnp.float32),
+        steps=steps,
+        explore_steps=explore_steps,
+        polish_steps=polish_steps,
+        k=min(num_inits, n_b * n_c),
+        lr=lr,
+        n_b=n_b,
+        n_c=n_c,
+    )
     p, rmse, rmse_before = (np.asarray(a, np.float64) for a in (p, rmse, rmse_before))
     out: dict[str, Any] = {name: p[:, i] for i, name in enumerate(PARAMS)}
     out["rmse"], out["rmse_before"] = rmse, rmse_before

@@ -6,6 +6,7 @@ noise `noise` on every point. Realistic noise: mean@16 over 1,000 prompts has a 
 standard error of about sqrt(0.2 / 16,000) ~ 0.0035; training wobble adds to it, so 0.005.
 The measured R0 is the step-0 evaluation, with the same noise.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -29,8 +30,15 @@ PAPER_TABLE1 = (
 TOLERANCE = {"A": 0.01, "B": 0.15, "C_mid": 0.10}  # absolute, absolute, relative
 
 
-def make_curves(n_curves: int, *, n_points: int = 100, noise: float = 0.005, span: float = 8.0,
-                r0_range: tuple[float, float] = (0.15, 0.35), seed: int = 0) -> tuple:
+def make_curves(
+    n_curves: int,
+    *,
+    n_points: int = 100,
+    noise: float = 0.005,
+    span: float = 8.0,
+    r0_range: tuple[float, float] = (0.15, 0.35),
+    seed: int = 0,
+) -> tuple:
     """Curves cycling through Table 1. Returns x, y [n_curves, n_points], measured R0 [n_curves]
     and the truth {"A", "B", "C_mid", "R0"} (arrays [n_curves])."""
     rng = np.random.default_rng(seed)

@@ -14,6 +14,7 @@ Micro-batches hold whole prompts: all rows of one prompt sit in the same micro-b
 what makes gradient accumulation exact for every aggregation mode (see train/step.py), and
 `check_layout` enforces it.
 """
+
 from __future__ import annotations
 
 from typing import Optional, Sequence
@@ -57,22 +58,29 @@ def check_layout(batch: TrainBatch) -> None:
         raise ValueError(f"TrainBatch.tokens must be [M, R, T], got shape {shape}")
     for name in _TOKEN_FIELDS:
         if tuple(np.shape(getattr(batch, name))) != shape:
-            raise ValueError(f"TrainBatch.{name} has shape {np.shape(getattr(batch, name))}, "
-                             f"tokens has {shape}")
+            raise ValueError(
+                f"TrainBatch.{name} has shape {np.shape(getattr(batch, name))}, tokens has {shape}"
+            )
     for name in _ROW_FIELDS:
         if tuple(np.shape(getattr(batch, name))) != shape[:2]:
-            raise ValueError(f"TrainBatch.{name} has shape {np.shape(getattr(batch, name))}, "
-                             f"expected [M, R]={shape[:2]}")
+            raise ValueError(
+                f"TrainBatch.{name} has shape {np.shape(getattr(batch, name))}, "
+                f"expected [M, R]={shape[:2]}"
+            )
     pidx = np.asarray(batch.prompt_index)
     if pidx.size and (pidx.max() >= batch.num_prompts or pidx.min() < -1):
-        raise ValueError(f"TrainBatch.prompt_index spans [{pidx.min()}, {pidx.max()}]; must lie "
-                         f"in [-1, num_prompts={batch.num_prompts})")
+        raise ValueError(
+            f"TrainBatch.prompt_index spans [{pidx.min()}, {pidx.max()}]; must lie "
+            f"in [-1, num_prompts={batch.num_prompts})"
+        )
     micro_of: dict[int, int] = {}
     for m, row in zip(*np.nonzero(pidx >= 0)):
         p = int(pidx[m, row])
         if micro_of.setdefault(p, m) != m:
-            raise ValueError(f"TrainBatch: prompt {p} has rows in micro-batches {micro_of[p]} and "
-                             f"{m}; each prompt's rows must share one micro-batch")
+            raise ValueError(
+                f"TrainBatch: prompt {p} has rows in micro-batches {micro_of[p]} and "
+                f"{m}; each prompt's rows must share one micro-batch"
+            )
 
 
 def _round_up(x: int, k: int) -> int:
@@ -87,8 +95,12 @@ def _host_advantages(rewards, prompt_index, num_prompts, loss_cfg):
         device = None
     with jax.default_device(device):
         adv, keep, metrics = adv_lib.group_advantages(
-            jnp.asarray(rewards), jnp.asarray(prompt_index), num_prompts=num_prompts,
-            norm=loss_cfg.advantage_norm, filter_zero_variance=loss_cfg.zero_variance_filter)
+            jnp.asarray(rewards),
+            jnp.asarray(prompt_index),
+            num_prompts=num_prompts,
+            norm=loss_cfg.advantage_norm,
+            filter_zero_variance=loss_cfg.zero_variance_filter,
+        )
         return np.asarray(adv), np.asarray(keep), {k: float(v) for k, v in metrics.items()}
 
 
@@ -97,19 +109,34 @@ def _shaped_rewards(groups, rewards, loss_cfg, correct):
     if not loss_cfg.length_penalty:
         return flat
     lengths = np.array([len(c.tokens) for g in groups for c in g.completions], np.float32)
-    ok = flat >= loss_cfg.reward_correct if correct is None else np.concatenate(
-        [np.asarray(c, bool).reshape(-1) for c in correct])
-    pen = adv_lib.length_penalty(lengths, ok, max_length=loss_cfg.length_penalty_max,
-                                 cache_length=loss_cfg.length_penalty_cache)
+    ok = (
+        flat >= loss_cfg.reward_correct
+        if correct is None
+        else np.concatenate([np.asarray(c, bool).reshape(-1) for c in correct])
+    )
+    pen = adv_lib.length_penalty(
+        lengths,
+        ok,
+        max_length=loss_cfg.length_penalty_max,
+        cache_length=loss_cfg.length_penalty_cache,
+    )
     return flat + np.asarray(pen, np.float32)
 
 
-def from_groups(groups: Sequence[Group], rewards: Sequence[Sequence[float]] | np.ndarray, *,
-                loss_cfg: LossConfig, num_prompts: int, micro_batches: int = 1,
-                rows_per_micro: Optional[int] = None, row_multiple: int = 1,
-                seq_bucket: int = 128, max_seq_len: Optional[int] = None, pad_id: int = 0,
-                correct: Optional[Sequence[Sequence[bool]] | np.ndarray] = None
-                ) -> tuple[TrainBatch, dict]:
+def from_groups(
+    groups: Sequence[Group],
+    rewards: Sequence[Sequence[float]] | np.ndarray,
+    *,
+    loss_cfg: LossConfig,
+    num_prompts: int,
+    micro_batches: int = 1,
+    rows_per_micro: Optional[int] = None,
+    row_multiple: int = 1,
+    seq_bucket: int = 128,
+    max_seq_len: Optional[int] = None,
+    pad_id: int = 0,
+    correct: Optional[Sequence[Sequence[bool]] | np.ndarray] = None,
+) -> tuple[TrainBatch, dict]:
     """Assemble a padded numpy TrainBatch from scored groups.
 
     rewards[i][j] is the reward of groups[i].completions[j]. Advantages come from
@@ -130,14 +157,20 @@ def from_groups(groups: Sequence[Group], rewards: Sequence[Sequence[float]] | np
         raise ValueError(f"from_groups: {len(groups)} groups exceed num_prompts={num_prompts}")
     for i, (g, group_rewards) in enumerate(zip(groups, rewards)):
         if len(group_rewards) != len(g.completions):
-            raise ValueError(f"from_groups: group {i} ({g.prompt_id!r}) has "
-                             f"{len(g.completions)} completions but {len(group_rewards)} rewards")
+            raise ValueError(
+                f"from_groups: group {i} ({g.prompt_id!r}) has "
+                f"{len(g.completions)} completions but {len(group_rewards)} rewards"
+            )
         if len(g.prompt_tokens) == 0:
-            raise ValueError(f"from_groups: group {i} ({g.prompt_id!r}) has an empty prompt; "
-                             "the first completion token needs a token before it")
+            raise ValueError(
+                f"from_groups: group {i} ({g.prompt_id!r}) has an empty prompt; "
+                "the first completion token needs a token before it"
+            )
     if micro_batches <= 0 or row_multiple <= 0 or seq_bucket <= 0:
-        raise ValueError(f"from_groups: micro_batches={micro_batches}, row_multiple="
-                         f"{row_multiple}, seq_bucket={seq_bucket} must all be > 0")
+        raise ValueError(
+            f"from_groups: micro_batches={micro_batches}, row_multiple="
+            f"{row_multiple}, seq_bucket={seq_bucket} must all be > 0"
+        )
 
     row_group = np.array([i for i, g in enumerate(groups) for _ in g.completions], np.int32)
     flat_rewards = _shaped_rewards(groups, rewards, loss_cfg, correct)
@@ -166,21 +199,29 @@ def from_groups(groups: Sequence[Group], rewards: Sequence[Sequence[float]] | np
     for dense, (i, rows) in enumerate(kept):
         m = min(range(micro_batches), key=lambda k: (fill[k], k))
         if fill[m] + len(rows) > rows_per_micro:
-            raise ValueError(f"from_groups: prompt {groups[i].prompt_id!r} ({len(rows)} rows) "
-                             f"does not fit: micro-batches hold {rows_per_micro} rows and the "
-                             f"emptiest has {fill[m]}")
+            raise ValueError(
+                f"from_groups: prompt {groups[i].prompt_id!r} ({len(rows)} rows) "
+                f"does not fit: micro-batches hold {rows_per_micro} rows and the "
+                f"emptiest has {fill[m]}"
+            )
         for r in rows:
             place.append((m, fill[m], i, r, dense))
             fill[m] += 1
 
     comp_of_row = [(g, c) for g in groups for c in g.completions]
-    longest = max((len(comp_of_row[r][0].prompt_tokens) + len(comp_of_row[r][1].tokens) - 1
-                   for _, _, _, r, _ in place), default=1)
+    longest = max(
+        (
+            len(comp_of_row[r][0].prompt_tokens) + len(comp_of_row[r][1].tokens) - 1
+            for _, _, _, r, _ in place
+        ),
+        default=1,
+    )
     seq_len = _round_up(max(longest, 1), seq_bucket)
     if max_seq_len is not None:
         if longest > max_seq_len:
-            raise ValueError(f"from_groups: a sequence needs {longest} positions, max_seq_len="
-                             f"{max_seq_len}")
+            raise ValueError(
+                f"from_groups: a sequence needs {longest} positions, max_seq_len={max_seq_len}"
+            )
         seq_len = min(seq_len, max_seq_len)
 
     shape = (micro_batches, rows_per_micro, seq_len)
@@ -195,8 +236,9 @@ def from_groups(groups: Sequence[Group], rewards: Sequence[Sequence[float]] | np
     forced_tokens = 0
     for m, slot, _, r, dense in place:
         g, c = comp_of_row[r]
-        seq = np.concatenate([np.asarray(g.prompt_tokens, np.int32),
-                              np.asarray(c.tokens, np.int32)])
+        seq = np.concatenate(
+            [np.asarray(g.prompt_tokens, np.int32), np.asarray(c.tokens, np.int32)]
+        )
         n, p = len(seq) - 1, len(g.prompt_tokens)
         tokens[m, slot, :n] = seq[:-1]
         targets[m, slot, :n] = seq[1:]
@@ -204,20 +246,35 @@ def from_groups(groups: Sequence[Group], rewards: Sequence[Sequence[float]] | np
         segment_ids[m, slot, :n] = 1
         # Completion token k is the target of position p - 1 + k.
         forced = np.asarray(c.forced, bool)
-        loss_mask[m, slot, p - 1:n] = ~forced
-        behaviour[m, slot, p - 1:n] = np.asarray(c.logprobs, np.float32)
+        loss_mask[m, slot, p - 1 : n] = ~forced
+        behaviour[m, slot, p - 1 : n] = np.asarray(c.logprobs, np.float32)
         advantages[m, slot] = adv[r]
         prompt_index[m, slot] = dense
         forced_tokens += int(forced.sum())
 
-    batch = TrainBatch(tokens=tokens, targets=targets, positions=positions,
-                       segment_ids=segment_ids, loss_mask=loss_mask, behaviour_logp=behaviour,
-                       advantages=advantages, prompt_index=prompt_index, num_prompts=num_prompts)
+    batch = TrainBatch(
+        tokens=tokens,
+        targets=targets,
+        positions=positions,
+        segment_ids=segment_ids,
+        loss_mask=loss_mask,
+        behaviour_logp=behaviour,
+        advantages=advantages,
+        prompt_index=prompt_index,
+        num_prompts=num_prompts,
+    )
     check_layout(batch)
     real = int(segment_ids.sum())
-    info = {"groups": len(groups), "kept_groups": len(kept),
-            "dropped_groups": len(groups) - len(kept), "rows": len(place),
-            "loss_tokens": int(loss_mask.sum()), "forced_tokens": forced_tokens,
-            "seq_tokens": real, "seq_len": seq_len,
-            "padding_frac": 1.0 - real / float(np.prod(shape)), **adv_metrics}
+    info = {
+        "groups": len(groups),
+        "kept_groups": len(kept),
+        "dropped_groups": len(groups) - len(kept),
+        "rows": len(place),
+        "loss_tokens": int(loss_mask.sum()),
+        "forced_tokens": forced_tokens,
+        "seq_tokens": real,
+        "seq_len": seq_len,
+        "padding_frac": 1.0 - real / float(np.prod(shape)),
+        **adv_metrics,
+    }
     return batch, info

@@ -6,6 +6,7 @@ evaluation.py): it runs a driver in the caller's thread, reports its count of co
 heartbeat (heartbeat.py) and checks a stop callback between sampler calls, so a stop signal ends
 an evaluation within a call instead of after it.
 """
+
 from __future__ import annotations
 
 import time
@@ -26,9 +27,13 @@ def group_domain(group: Group) -> str:
     return group.metadata.get("domain", "")
 
 
-def score_groups(groups: Sequence[Group], *, tokenizer: Any,
-                 verifier: Union[Verifier, Mapping[str, Verifier]],
-                 pool: RewardPool) -> ScoreResult:
+def score_groups(
+    groups: Sequence[Group],
+    *,
+    tokenizer: Any,
+    verifier: Union[Verifier, Mapping[str, Verifier]],
+    pool: RewardPool,
+) -> ScoreResult:
     """Verify every completion of `groups` against its group's reference answer, in order.
 
     `verifier` is one verifier, or {domain: verifier} (rewards.domain_verifiers): each group
@@ -36,19 +41,25 @@ def score_groups(groups: Sequence[Group], *, tokenizer: Any,
     verifiers = verifier if isinstance(verifier, Mapping) else None
     if verifiers is None or len(verifiers) == 1 and not any(map(group_domain, groups)):
         one = next(iter(verifier.values())) if isinstance(verifier, Mapping) else verifier
-        items = [(tokenizer.decode(c.tokens, skip_special_tokens=True), g.metadata["answer"])
-                 for g in groups for c in g.completions]
+        items = [
+            (tokenizer.decode(c.tokens, skip_special_tokens=True), g.metadata["answer"])
+            for g in groups
+            for c in g.completions
+        ]
         return pool.score(one, items)
     by_domain: dict[str, list[int]] = {}  # domain -> indices of its completions in the batch
     items, n = [], 0
     for g in groups:
         domain = group_domain(g)
         if domain not in verifiers:
-            raise KeyError(f"group {g.prompt_id!r} is of domain {domain!r}, which has no "
-                           f"verifier (domains: {sorted(verifiers)})")
+            raise KeyError(
+                f"group {g.prompt_id!r} is of domain {domain!r}, which has no "
+                f"verifier (domains: {sorted(verifiers)})"
+            )
         for c in g.completions:
-            items.append((tokenizer.decode(c.tokens, skip_special_tokens=True),
-                          g.metadata["answer"]))
+            items.append(
+                (tokenizer.decode(c.tokens, skip_special_tokens=True), g.metadata["answer"])
+            )
             by_domain.setdefault(domain, []).append(n)
             n += 1
     rewards, correct = np.zeros(n, np.float32), np.zeros(n, bool)
@@ -72,10 +83,18 @@ def rate_and_se(per_prompt: np.ndarray) -> tuple[float, Any]:
     return rate, se
 
 
-def sample_groups(engine, params, prompts: Sequence[SamplerPrompt], *, k: int,
-                  driver_kwargs: dict, version: int, seed: int = 0, label: str = "sampling",
-                  should_stop: Optional[Callable[[], bool]] = None
-                  ) -> tuple[list[Group], dict, bool]:
+def sample_groups(
+    engine,
+    params,
+    prompts: Sequence[SamplerPrompt],
+    *,
+    k: int,
+    driver_kwargs: dict,
+    version: int,
+    seed: int = 0,
+    label: str = "sampling",
+    should_stop: Optional[Callable[[], bool]] = None,
+) -> tuple[list[Group], dict, bool]:
     """k samples of each prompt with `params`, on a driver in the caller's thread: (the groups in
     the order they finished, the driver's stats, whether `should_stop()` cut it short).
 
@@ -84,8 +103,16 @@ def sample_groups(engine, params, prompts: Sequence[SamplerPrompt], *, k: int,
     `should_stop` is asked after every sampler call; `label` names the phase in heartbeat lines.
     """
     groups: list[Group] = []
-    driver = Driver(engine, params, prompts, group_size=k, version=version, seed=seed,
-                    on_group=groups.append, **driver_kwargs)
+    driver = Driver(
+        engine,
+        params,
+        prompts,
+        group_size=k,
+        version=version,
+        seed=seed,
+        on_group=groups.append,
+        **driver_kwargs,
+    )
     stopped = False
     with phase(label, total=len(prompts) * k, unit="completions") as shown:
         while driver.step():
@@ -96,10 +123,20 @@ def sample_groups(engine, params, prompts: Sequence[SamplerPrompt], *, k: int,
     return groups, driver.stats, stopped
 
 
-def evaluate(engine, params, prompts: Sequence[Prompt], *, tokenizer: Any, k: int,
-             verifier: Union[Verifier, Mapping[str, Verifier]], pool: RewardPool,
-             driver_kwargs: dict, version: int, seed: int = 0,
-             should_stop: Optional[Callable[[], bool]] = None) -> Optional[dict]:
+def evaluate(
+    engine,
+    params,
+    prompts: Sequence[Prompt],
+    *,
+    tokenizer: Any,
+    k: int,
+    verifier: Union[Verifier, Mapping[str, Verifier]],
+    pool: RewardPool,
+    driver_kwargs: dict,
+    version: int,
+    seed: int = 0,
+    should_stop: Optional[Callable[[], bool]] = None,
+) -> Optional[dict]:
     """Generate k samples per held-out prompt with `params` and score them; None when
     `should_stop()` (asked between sampler calls) ended the evaluation early on any process.
 
@@ -117,20 +154,35 @@ def evaluate(engine, params, prompts: Sequence[Prompt], *, tokenizer: Any, k: in
     still meets the others in the all-gather, and all of them return None.
     """
     start = time.monotonic()
-    stream = [SamplerPrompt(p.prompt_id, tokenizer.encode(p.text),
-                            {"answer": p.answer, "domain": p.domain}, i)
-              for i, p in enumerate(prompts)]
-    groups, sampled, stopped = sample_groups(engine, params, stream, k=k,
-                                             driver_kwargs=driver_kwargs, version=version,
-                                             seed=seed, label="sampling",
-                                             should_stop=should_stop)
+    stream = [
+        SamplerPrompt(
+            p.prompt_id, tokenizer.encode(p.text), {"answer": p.answer, "domain": p.domain}, i
+        )
+        for i, p in enumerate(prompts)
+    ]
+    groups, sampled, stopped = sample_groups(
+        engine,
+        params,
+        stream,
+        k=k,
+        driver_kwargs=driver_kwargs,
+        version=version,
+        seed=seed,
+        label="sampling",
+        should_stop=should_stop,
+    )
     local = None
     if not stopped:
         with phase(f"scoring {len(groups) * k} completions"):
             scored = score_groups(groups, tokenizer=tokenizer, verifier=verifier, pool=pool)
         per_prompt = np.asarray(scored.correct, np.float64).reshape(len(groups), k).mean(axis=1)
-        local = (per_prompt, [group_domain(g) for g in groups], int(sampled["tokens"]),
-                 int(sampled["finish_truncated"]), int(sampled["interrupted"]))
+        local = (
+            per_prompt,
+            [group_domain(g) for g in groups],
+            int(sampled["tokens"]),
+            int(sampled["finish_truncated"]),
+            int(sampled["interrupted"]),
+        )
     shared = allgather_objects(local)
     if any(part is None for part in shared):
         return None
@@ -139,10 +191,16 @@ def evaluate(engine, params, prompts: Sequence[Prompt], *, tokenizer: Any, k: in
     tokens, truncated, interrupted = (sum(part[i] for part in shared) for i in (2, 3, 4))
     samples = max(per_prompt.size * k, 1)
     rate, se = rate_and_se(per_prompt)
-    out = {"pass_rate": rate, "pass_rate_se": se, "k": k, "num_prompts": int(per_prompt.size),
-           "eval_seconds": time.monotonic() - start, "eval_tokens": tokens,
-           "eval_truncation_rate": truncated / samples,
-           "eval_interruption_rate": interrupted / samples}
+    out = {
+        "pass_rate": rate,
+        "pass_rate_se": se,
+        "k": k,
+        "num_prompts": int(per_prompt.size),
+        "eval_seconds": time.monotonic() - start,
+        "eval_tokens": tokens,
+        "eval_truncation_rate": truncated / samples,
+        "eval_interruption_rate": interrupted / samples,
+    }
     names = sorted({d for d in domains if d})
     if names:  # a mixture: one curve per domain as well
         stats = {d: rate_and_se(per_prompt[domains == d]) for d in names}

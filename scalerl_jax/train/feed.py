@@ -12,6 +12,7 @@ continues from the cursor. The source may be a mixture of domains (data/mixture.
 covers the domain draws and every domain's position, and each prompt's domain travels with it
 (`metadata["domain"]`) to the scorer, which picks the domain's verifier.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -46,9 +47,12 @@ class PromptFeed:
             ticket, self._next_ticket = self._next_ticket, self._next_ticket + 1
             self._inflight[ticket] = prompt
         ids = self._tokenizer.encode(prompt.text)
-        return SamplerPrompt(prompt.prompt_id, ids, {"answer": prompt.answer,
-                                                     "problem": prompt.problem,
-                                                     "domain": prompt.domain}, ticket)
+        return SamplerPrompt(
+            prompt.prompt_id,
+            ids,
+            {"answer": prompt.answer, "problem": prompt.problem, "domain": prompt.domain},
+            ticket,
+        )
 
     def consumed(self, ticket: int) -> None:
         """The group of `ticket` reached the trainer (trained on, filtered or dropped)."""
@@ -59,8 +63,11 @@ class PromptFeed:
         with self._lock:
             pending = self._replay + list(self._inflight.values())
             first = self._next_ticket - len(pending)
-            return {"cursor": self._source.state_dict(), "next_ticket": first,
-                    "inflight": [dataclasses.asdict(p) for p in pending]}
+            return {
+                "cursor": self._source.state_dict(),
+                "next_ticket": first,
+                "inflight": [dataclasses.asdict(p) for p in pending],
+            }
 
     def load_state_dict(self, state: dict) -> None:
         with self._lock:

@@ -12,6 +12,7 @@ would (no second max / sum-exp pass, one exponential per logit in each direction
 The rows are kept whole (chunks cut the sequence axis, not the batch axis) so that a batch
 sharded over devices stays evenly spread in every chunk.
 """
+
 from __future__ import annotations
 
 import functools
@@ -29,8 +30,9 @@ def _logits(hidden, kernel, fp32: bool, logits_sharding):
     # Mirrors Transformer.logits: an fp32 head multiplies fp32 operands (the ScaleRL fix for
     # sampler/trainer mismatch); a bf16 head (the ablation) rounds its logits to bf16.
     dt = jnp.float32 if fp32 else hidden.dtype
-    logits = dense(hidden.astype(dt), kernel.astype(dt),
-                   preferred_element_type=jnp.float32 if fp32 else None)
+    logits = dense(
+        hidden.astype(dt), kernel.astype(dt), preferred_element_type=jnp.float32 if fp32 else None
+    )
     logits = logits.astype(jnp.float32)
     if logits_sharding is not None:
         logits = jax.lax.with_sharding_constraint(logits, logits_sharding)
@@ -97,9 +99,12 @@ def _chunk_stats_bwd(fp32, with_entropy, logits_sharding, keep_logits, res, cts)
     dt = jnp.float32 if fp32 else hidden.dtype
     g_logits = g_logits.astype(dt)
     g_hidden = dense(g_logits, kernel.astype(dt).T, preferred_element_type=jnp.float32)
-    g_kernel = jnp.einsum("nd,nv->dv", hidden.astype(dt).reshape(-1, hidden.shape[-1]),
-                          g_logits.reshape(-1, g_logits.shape[-1]),
-                          preferred_element_type=jnp.float32)
+    g_kernel = jnp.einsum(
+        "nd,nv->dv",
+        hidden.astype(dt).reshape(-1, hidden.shape[-1]),
+        g_logits.reshape(-1, g_logits.shape[-1]),
+        preferred_element_type=jnp.float32,
+    )
     g_targets = np.zeros(targets.shape, jax.dtypes.float0)
     return g_kernel.astype(kernel.dtype), g_hidden.astype(hidden.dtype), g_targets
 
@@ -107,10 +112,16 @@ def _chunk_stats_bwd(fp32, with_entropy, logits_sharding, keep_logits, res, cts)
 _chunk_stats.defvjp(_chunk_stats_fwd, _chunk_stats_bwd)
 
 
-def token_logprobs(hidden: jax.Array, kernel: jax.Array, targets: jax.Array, *,
-                   chunk_size: Optional[int] = 512, fp32: bool = True,
-                   with_entropy: bool = True,
-                   logits_sharding=None) -> tuple[jax.Array, Optional[jax.Array]]:
+def token_logprobs(
+    hidden: jax.Array,
+    kernel: jax.Array,
+    targets: jax.Array,
+    *,
+    chunk_size: Optional[int] = 512,
+    fp32: bool = True,
+    with_entropy: bool = True,
+    logits_sharding=None,
+) -> tuple[jax.Array, Optional[jax.Array]]:
     """log pi(targets) and the policy entropy at every position.
 
     hidden [B, T, D] (any float dtype), kernel [D, V], targets [B, T] int (the next token of
@@ -122,11 +133,14 @@ def token_logprobs(hidden: jax.Array, kernel: jax.Array, targets: jax.Array, *,
     axes and V over `tensor`, so the partitioner never replicates a block.
     """
     if hidden.ndim != 3 or kernel.ndim != 2 or targets.shape != hidden.shape[:2]:
-        raise ValueError(f"token_logprobs: need hidden [B, T, D], kernel [D, V], targets [B, T];"
-                         f" got {hidden.shape}, {kernel.shape}, {targets.shape}")
+        raise ValueError(
+            f"token_logprobs: need hidden [B, T, D], kernel [D, V], targets [B, T];"
+            f" got {hidden.shape}, {kernel.shape}, {targets.shape}"
+        )
     if hidden.shape[2] != kernel.shape[0]:
-        raise ValueError(f"token_logprobs: hidden size {hidden.shape[2]} != kernel rows "
-                         f"{kernel.shape[0]}")
+        raise ValueError(
+            f"token_logprobs: hidden size {hidden.shape[2]} != kernel rows {kernel.shape[0]}"
+        )
     b, t, d = hidden.shape
     if chunk_size is None or chunk_size >= t:
         return _chunk_stats(kernel, hidden, targets, fp32, with_entropy, logits_sharding, True)

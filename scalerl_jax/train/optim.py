@@ -6,6 +6,7 @@ and clipping are not stated (OptimConfig's defaults are common choices).
 Weight decay applies to matrices only: the embedding table, LM head, attention q/k/v/o kernels
 and MLP kernels. RMSNorm scales and q/k/v biases are not decayed (HF Trainer's default too).
 """
+
 from __future__ import annotations
 
 import jax
@@ -44,17 +45,25 @@ def decay_mask(params):
     parameters ([heads, head_dim], 2-D because of the head axis), recognised by a path entry
     whose name ends in "bias".
     """
+
     def is_matrix(path, x):
         names = (getattr(k, "key", getattr(k, "name", None)) for k in path)
         is_bias = any(isinstance(n, str) and n.endswith("bias") for n in names)
         return jnp.ndim(x) >= 2 and not is_bias
+
     return jax.tree_util.tree_map_with_path(is_matrix, params)
 
 
 def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
     """AdamW (+ global-norm clipping when `max_grad_norm` is set) with `learning_rate(cfg)`."""
-    adamw = optax.adamw(learning_rate(cfg), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
-                        weight_decay=cfg.weight_decay, mask=decay_mask)
+    adamw = optax.adamw(
+        learning_rate(cfg),
+        b1=cfg.b1,
+        b2=cfg.b2,
+        eps=cfg.eps,
+        weight_decay=cfg.weight_decay,
+        mask=decay_mask,
+    )
     if cfg.max_grad_norm is None:
         return adamw
     return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), adamw)

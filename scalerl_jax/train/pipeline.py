@@ -32,6 +32,7 @@ slots idle: `sampler_idle_frac`), and the trainer waits for the tickets it needs
 is nevertheless older than k versions (which the rule above rules out) is dropped and counted
 in `stale_groups` as a last resort.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -58,8 +59,10 @@ class Schedule:
         one more (the paper's 48 prompts on a 32-host slice: 16 hosts sample 2, 16 sample 1)."""
         b, hosts = cfg.prompts_per_step, num_hosts
         if b < hosts:
-            raise ConfigError(f"PipelineConfig.prompts_per_step={b} must be at least the number "
-                              f"of hosts ({hosts}): every host samples part of every step")
+            raise ConfigError(
+                f"PipelineConfig.prompts_per_step={b} must be at least the number "
+                f"of hosts ({hosts}): every host samples part of every step"
+            )
         k = 0 if cfg.mode == "sync" else cfg.max_lag
         return cls(cfg.mode, k, b // hosts + (1 if host < b % hosts else 0))
 
@@ -112,8 +115,10 @@ class Rollouts:
             if group is None:
                 raise RuntimeError("the sampler ran out of prompts")
             if group.ticket < wanted.start:
-                raise RuntimeError(f"group of ticket {group.ticket} arrived after its step "
-                                   f"(step {step} wants tickets {wanted.start}..{wanted.stop - 1})")
+                raise RuntimeError(
+                    f"group of ticket {group.ticket} arrived after its step "
+                    f"(step {step} wants tickets {wanted.start}..{wanted.stop - 1})"
+                )
             self._buffer[group.ticket] = group
         groups = [self._buffer.pop(t) for t in wanted]
         for g in groups:
@@ -124,17 +129,22 @@ class Rollouts:
         stale = len(groups) - len(kept)
         self.stale_total += stale
         versions = {g.prefill_version for g in groups}
-        versions.update(int(v) for g in groups for c in g.completions
-                        for v in np.unique(c.versions))
+        versions.update(
+            int(v) for g in groups for c in g.completions for v in np.unique(c.versions)
+        )
         idle = self.driver.stats["time_idle"]
         span = max(now - self._last, 1e-9)
         figures = {
-            "wait_s": now - t0, "staleness_min": int(staleness.min()),
-            "staleness_mean": float(staleness.mean()), "staleness_max": int(staleness.max()),
-            "data_versions": len(versions), "stale_groups": stale,
+            "wait_s": now - t0,
+            "staleness_min": int(staleness.min()),
+            "staleness_mean": float(staleness.mean()),
+            "staleness_max": int(staleness.max()),
+            "data_versions": len(versions),
+            "stale_groups": stale,
             "queue_depth": len(self._buffer) + self.driver.queued,
             "sampler_idle_frac": min((idle - self._idle_seen) / span, 1.0),
-            "admitted_ahead": self.feed.issued - wanted.stop}
+            "admitted_ahead": self.feed.issued - wanted.stop,
+        }
         self._idle_seen, self._last = idle, now
         return kept, figures
 

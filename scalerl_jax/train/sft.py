@@ -21,6 +21,7 @@ curve's ends; `metrics.jsonl` holds one `sft` record per logged step. Everything
 to `out_dir.partial` and renamed at the end, so a directory that exists is complete: a re-run
 or a resumed RL run reuses it. A warm-up killed midway starts over (it takes minutes).
 """
+
 from __future__ import annotations
 
 import json
@@ -41,8 +42,15 @@ from scalerl_jax import mesh as mesh_lib
 from scalerl_jax.checkpoint import export_hf
 from scalerl_jax.config import DataConfig, ModelConfig, OptimConfig, SFTConfig
 from scalerl_jax.data.answers import completion_writer
-from scalerl_jax.data.prompts import (DataError, Prompt, check_bad_fraction, format_prompt,
-                                      parse_records, read_records, synthetic_rows)
+from scalerl_jax.data.prompts import (
+    DataError,
+    Prompt,
+    check_bad_fraction,
+    format_prompt,
+    parse_records,
+    read_records,
+    synthetic_rows,
+)
 from scalerl_jax.metrics import MetricsWriter
 from scalerl_jax.models.tokenizer import copy_tokenizer_files
 from scalerl_jax.multihost import barrier
@@ -53,40 +61,50 @@ from scalerl_jax.train.step import global_norm, put_global
 
 log = logging.getLogger(__name__)
 
+
 class Demo(NamedTuple):
     prompt_id: str
     problem: str
     completion: str
 
 
-def load_demonstrations(sft: SFTConfig, data: DataConfig, exclude: Iterable[Prompt] = ()
-                        ) -> tuple[list[Demo], dict]:
+def load_demonstrations(
+    sft: SFTConfig, data: DataConfig, exclude: Iterable[Prompt] = ()
+) -> tuple[list[Demo], dict]:
     """The demonstrations of `sft.source` (its placeholders filled from `data`; completions
     rewritten by `sft.completion_format`) minus the `exclude` prompts (the RL validation set),
     and counts: {"demonstrations", "excluded", "bad"}."""
     source = sft.source_for(data)
     if source.startswith("synthetic:"):
         if sft.completion_format != "raw":
-            raise DataError(f"SFTConfig.completion_format={sft.completion_format!r} with "
-                            f"{source!r}: synthetic tasks write their own completions; use "
-                            "'raw'")
+            raise DataError(
+                f"SFTConfig.completion_format={sft.completion_format!r} with "
+                f"{source!r}: synthetic tasks write their own completions; use "
+                "'raw'"
+            )
         try:
-            rows = synthetic_rows(source[len("synthetic:"):], data.seed)
+            rows = synthetic_rows(source[len("synthetic:") :], data.seed)
         except (ValueError, TypeError) as e:
             raise DataError(f"SFTConfig.source={source!r}: {e}") from None
         demos, bad = [Demo(r.prompt_id, r.prompt, r.completion) for r in rows], 0
     else:
-        records, stats = parse_records(read_records(source, "train"), sft.prompt_field,
-                                       sft.completion_field, data.id_field,
-                                       read_answer=completion_writer(sft.completion_format))
+        records, stats = parse_records(
+            read_records(source, "train"),
+            sft.prompt_field,
+            sft.completion_field,
+            data.id_field,
+            read_answer=completion_writer(sft.completion_format),
+        )
         check_bad_fraction(stats, source, data.max_bad_fraction)
         demos, bad = [Demo(*r) for r in records], stats.num_bad
     ids = {p.prompt_id for p in exclude}
     problems = {p.problem for p in exclude}
     kept = [d for d in demos if d.prompt_id not in ids and d.problem not in problems]
     if not kept:
-        raise DataError(f"SFTConfig.source={source!r}: no demonstrations left after removing "
-                        f"{len(demos)} that are RL validation prompts")
+        raise DataError(
+            f"SFTConfig.source={source!r}: no demonstrations left after removing "
+            f"{len(demos)} that are RL validation prompts"
+        )
     return kept, {"demonstrations": len(kept), "excluded": len(demos) - len(kept), "bad": bad}
 
 
@@ -107,8 +125,10 @@ def tokenize(demos: list[Demo], tokenizer: Any, data: DataConfig, max_length: in
         rows.append(ids)
         prompt_lens.append(len(prompt))
     if not rows:
-        raise DataError(f"every demonstration is longer than SFTConfig.max_length={max_length} "
-                        f"tokens ({skipped} skipped)")
+        raise DataError(
+            f"every demonstration is longer than SFTConfig.max_length={max_length} "
+            f"tokens ({skipped} skipped)"
+        )
     return Examples(rows, prompt_lens, skipped)
 
 
@@ -123,25 +143,36 @@ def pack(ex: Examples, order: list, length: int, pad_id: int) -> dict:
             rows.append([])
         rows[-1].append(i)
     shape = (len(rows), length)
-    out = {"tokens": np.full(shape, pad_id, np.int32), "targets": np.zeros(shape, np.int32),
-           "positions": np.zeros(shape, np.int32), "segment_ids": np.zeros(shape, np.int32),
-           "loss_mask": np.zeros(shape, np.float32)}
+    out = {
+        "tokens": np.full(shape, pad_id, np.int32),
+        "targets": np.zeros(shape, np.int32),
+        "positions": np.zeros(shape, np.int32),
+        "segment_ids": np.zeros(shape, np.int32),
+        "loss_mask": np.zeros(shape, np.float32),
+    }
     for r, members in enumerate(rows):
         start = 0
         for seg, i in enumerate(members, start=1):
             ids, n, p = ex.rows[i], len(ex.rows[i]), ex.prompt_lengths[i]
             span = slice(start, start + n - 1)  # the last token predicts nothing
-            out["tokens"][r, start:start + n] = ids
+            out["tokens"][r, start : start + n] = ids
             out["targets"][r, span] = ids[1:]
-            out["positions"][r, start:start + n] = np.arange(n)
-            out["segment_ids"][r, start:start + n] = seg
-            out["loss_mask"][r, start + p - 1:start + n - 1] = 1.0
+            out["positions"][r, start : start + n] = np.arange(n)
+            out["segment_ids"][r, start : start + n] = seg
+            out["loss_mask"][r, start + p - 1 : start + n - 1] = 1.0
             start += n
     return out
 
 
-def make_sft_step(graphdef, abstract_state: TrainState, mesh, *, model_cfg: ModelConfig,
-                  optim_cfg: OptimConfig, logprob_chunk: Optional[int] = 512):
+def make_sft_step(
+    graphdef,
+    abstract_state: TrainState,
+    mesh,
+    *,
+    model_cfg: ModelConfig,
+    optim_cfg: OptimConfig,
+    logprob_chunk: Optional[int] = 512,
+):
     """`sft_step(state, batch) -> (state, metrics)`, jitted once with the state donated."""
     tx = make_optimizer(optim_cfg)
     schedule = learning_rate(optim_cfg)
@@ -152,9 +183,14 @@ def make_sft_step(graphdef, abstract_state: TrainState, mesh, *, model_cfg: Mode
     def loss_fn(params, batch):
         model = nnx.merge(graphdef, params)
         hidden = model(batch["tokens"], batch["positions"], batch["segment_ids"])
-        logp, _ = token_logprobs(hidden, model.head_kernel(), batch["targets"],
-                                 chunk_size=logprob_chunk, fp32=model_cfg.fp32_head,
-                                 with_entropy=False)
+        logp, _ = token_logprobs(
+            hidden,
+            model.head_kernel(),
+            batch["targets"],
+            chunk_size=logprob_chunk,
+            fp32=model_cfg.fp32_head,
+            with_entropy=False,
+        )
         mask = batch["loss_mask"]
         tokens = jnp.maximum(mask.sum(), 1.0)
         return -(logp * mask).sum() / tokens, tokens
@@ -163,13 +199,24 @@ def make_sft_step(graphdef, abstract_state: TrainState, mesh, *, model_cfg: Mode
         (loss, tokens), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch)
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         count = state.step
-        new = state._replace(params=optax.apply_updates(state.params, updates),
-                             opt_state=opt_state, step=state.step + 1)
-        return new, {"loss": loss, "tokens": tokens, "grad_norm": global_norm(grads),
-                     "learning_rate": schedule(count)}
+        new = state._replace(
+            params=optax.apply_updates(state.params, updates),
+            opt_state=opt_state,
+            step=state.step + 1,
+        )
+        return new, {
+            "loss": loss,
+            "tokens": tokens,
+            "grad_norm": global_norm(grads),
+            "learning_rate": schedule(count),
+        }
 
-    jitted = jax.jit(step, in_shardings=(state_sh, rows), out_shardings=(state_sh, replicated),
-                     donate_argnums=(0,))
+    jitted = jax.jit(
+        step,
+        in_shardings=(state_sh, rows),
+        out_shardings=(state_sh, replicated),
+        donate_argnums=(0,),
+    )
     return lambda state, batch: jitted(state, put_global(batch, rows))
 
 
@@ -181,10 +228,20 @@ def model_dir(out_dir: str) -> str:
     return os.path.join(out_dir, "model")
 
 
-def run_sft(sft: SFTConfig, model_cfg: ModelConfig, data: DataConfig, mesh, tokenizer, *,
-            out_dir: str, seed: int = 0, exclude: Iterable[Prompt] = (),
-            hf_checkpoint: Optional[str] = None, logprob_chunk: Optional[int] = 512,
-            on_step: Optional[Callable[[int, dict], None]] = None) -> str:
+def run_sft(
+    sft: SFTConfig,
+    model_cfg: ModelConfig,
+    data: DataConfig,
+    mesh,
+    tokenizer,
+    *,
+    out_dir: str,
+    seed: int = 0,
+    exclude: Iterable[Prompt] = (),
+    hf_checkpoint: Optional[str] = None,
+    logprob_chunk: Optional[int] = 512,
+    on_step: Optional[Callable[[int, dict], None]] = None,
+) -> str:
     """Run the warm-up unless `out_dir` already holds a finished one; returns the HF model dir.
 
     Starts from `hf_checkpoint` when given, else from a random init with `seed`. `on_step(step,
@@ -197,15 +254,29 @@ def run_sft(sft: SFTConfig, model_cfg: ModelConfig, data: DataConfig, mesh, toke
     demos, counts = load_demonstrations(sft, data, exclude)
     ex = tokenize(demos, tokenizer, data, sft.max_length)
     counts["too_long"] = ex.skipped
-    log.info("SFT warm-up: %d demonstrations (%d RL validation prompts removed, %d too long), "
-             "%d steps of %d packed rows", len(ex.rows), counts["excluded"], ex.skipped,
-             sft.steps, sft.batch_size)
-    model_cfg, graphdef, state = create_train_state(model_cfg, sft.optim, mesh, seed=seed,
-                                                    hf_checkpoint=hf_checkpoint)
-    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
-                            state)
-    step_fn = make_sft_step(graphdef, abstract, mesh, model_cfg=model_cfg, optim_cfg=sft.optim,
-                            logprob_chunk=logprob_chunk)
+    log.info(
+        "SFT warm-up: %d demonstrations (%d RL validation prompts removed, %d too long), "
+        "%d steps of %d packed rows",
+        len(ex.rows),
+        counts["excluded"],
+        ex.skipped,
+        sft.steps,
+        sft.batch_size,
+    )
+    model_cfg, graphdef, state = create_train_state(
+        model_cfg, sft.optim, mesh, seed=seed, hf_checkpoint=hf_checkpoint
+    )
+    abstract = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state
+    )
+    step_fn = make_sft_step(
+        graphdef,
+        abstract,
+        mesh,
+        model_cfg=model_cfg,
+        optim_cfg=sft.optim,
+        logprob_chunk=logprob_chunk,
+    )
     writer_proc = jax.process_index() == 0
     partial = out_dir.rstrip("/") + ".partial"
     if writer_proc:
@@ -225,10 +296,12 @@ def run_sft(sft: SFTConfig, model_cfg: ModelConfig, data: DataConfig, mesh, toke
                 rng.shuffle(epoch)
                 packed, cursor = pack(ex, epoch, length, tokenizer.pad_id), 0
                 if len(packed["tokens"]) < sft.batch_size:
-                    raise DataError(f"SFT demonstrations fill {len(packed['tokens'])} rows of "
-                                    f"{length} tokens, fewer than SFTConfig.batch_size="
-                                    f"{sft.batch_size}")
-            batch = {k: v[cursor:cursor + sft.batch_size] for k, v in packed.items()}
+                    raise DataError(
+                        f"SFT demonstrations fill {len(packed['tokens'])} rows of "
+                        f"{length} tokens, fewer than SFTConfig.batch_size="
+                        f"{sft.batch_size}"
+                    )
+            batch = {k: v[cursor : cursor + sft.batch_size] for k, v in packed.items()}
             cursor += sft.batch_size
             tokens_done += float(batch["loss_mask"].sum())
             state, metrics = step_fn(state, batch)
@@ -238,9 +311,11 @@ def run_sft(sft: SFTConfig, model_cfg: ModelConfig, data: DataConfig, mesh, toke
                 first = metrics["loss"] if first is None else first
                 last = metrics["loss"]
                 if not np.isfinite(last):
-                    raise FloatingPointError(f"SFT loss is {last} at step {step}: lower "
-                                             f"SFTConfig.optim.learning_rate="
-                                             f"{sft.optim.learning_rate}")
+                    raise FloatingPointError(
+                        f"SFT loss is {last} at step {step}: lower "
+                        f"SFTConfig.optim.learning_rate="
+                        f"{sft.optim.learning_rate}"
+                    )
                 if writer is not None:
                     writer.write("sft", step, **metrics)
                 if on_step is not None:
@@ -252,13 +327,23 @@ def run_sft(sft: SFTConfig, model_cfg: ModelConfig, data: DataConfig, mesh, toke
             writer.close()
     if writer_proc:
         copy_tokenizer_files(hf_checkpoint, model_dir(partial))
-        summary = {"steps": sft.steps, "first_loss": first, "final_loss": last,
-                   "seconds": time.monotonic() - t0, **counts}
+        summary = {
+            "steps": sft.steps,
+            "first_loss": first,
+            "final_loss": last,
+            "seconds": time.monotonic() - t0,
+            **counts,
+        }
         with open(os.path.join(partial, "summary.json"), "w") as f:
             json.dump(summary, f, indent=2)
         shutil.rmtree(out_dir, ignore_errors=True)
         os.replace(partial, out_dir)
-        log.info("SFT warm-up: loss %.3f -> %.3f in %.0f s, wrote %s", first, last,
-                 summary["seconds"], out_dir)
+        log.info(
+            "SFT warm-up: loss %.3f -> %.3f in %.0f s, wrote %s",
+            first,
+            last,
+            summary["seconds"],
+            out_dir,
+        )
     barrier("sft_written")  # the other processes load what process 0 just renamed into place
     return model_dir(out_dir)

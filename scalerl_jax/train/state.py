@@ -6,6 +6,7 @@ parameters' logical axes and get the same sharding), then one jitted init with `
 writes every shard on its own device. From an HF checkpoint, `models.hf.load_params` places the
 weights in their shardings and only the optimizer state is initialised here.
 """
+
 from __future__ import annotations
 
 from typing import Any, NamedTuple, Optional
@@ -29,8 +30,13 @@ class TrainState(NamedTuple):
 
 
 def _assemble(params, tx, seed: int) -> TrainState:
-    return TrainState(params=params, opt_state=tx.init(params), step=jnp.zeros((), jnp.int32),
-                      rng=jax.random.PRNGKey(seed), skipped=jnp.zeros((), jnp.int32))
+    return TrainState(
+        params=params,
+        opt_state=tx.init(params),
+        step=jnp.zeros((), jnp.int32),
+        rng=jax.random.PRNGKey(seed),
+        skipped=jnp.zeros((), jnp.int32),
+    )
 
 
 def _random_state(cfg: ModelConfig, tx, seed: int) -> TrainState:
@@ -56,9 +62,12 @@ def abstract_train_state(model_cfg: ModelConfig, optim_cfg: OptimConfig, mesh, s
 
 def with_shardings(shapes, shardings):
     """ShapeDtypeStructs of `shapes` carrying `shardings` (a prefix tree: one per Variable)."""
+
     def place(sharding, sub):
-        return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),
-                            sub)
+        return jax.tree.map(
+            lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding), sub
+        )
+
     return jax.tree.map(place, shardings, shapes)
 
 
@@ -67,8 +76,14 @@ def state_shardings(state, mesh):
     return mesh_lib.state_shardings(state, mesh)
 
 
-def create_train_state(model_cfg: ModelConfig, optim_cfg: OptimConfig, mesh, *, seed: int = 0,
-                       hf_checkpoint: Optional[str] = None):
+def create_train_state(
+    model_cfg: ModelConfig,
+    optim_cfg: OptimConfig,
+    mesh,
+    *,
+    seed: int = 0,
+    hf_checkpoint: Optional[str] = None,
+):
     """(model_cfg, graphdef, TrainState) with every array in its sharding on `mesh`.
 
     `hf_checkpoint`: an HF model directory whose weights replace the random init. `model_cfg`
@@ -85,10 +100,15 @@ def create_train_state(model_cfg: ModelConfig, optim_cfg: OptimConfig, mesh, *, 
 
     from scalerl_jax.models import hf  # lazy: pulls safetensors and the HF config reader
 
-    cfg, graphdef, params = hf.load_params(hf_checkpoint, mesh=mesh, cfg=model_cfg,
-                                           dtype=model_cfg.param_dtype)
+    cfg, graphdef, params = hf.load_params(
+        hf_checkpoint, mesh=mesh, cfg=model_cfg, dtype=model_cfg.param_dtype
+    )
     shapes = jax.eval_shape(lambda p: _assemble(p, tx, seed), params)
     shardings = state_shardings(shapes, mesh)
-    state = jax.jit(lambda p: _assemble(p, tx, seed), in_shardings=(shardings.params,),
-                    out_shardings=shardings, donate_argnums=0)(params)
+    state = jax.jit(
+        lambda p: _assemble(p, tx, seed),
+        in_shardings=(shardings.params,),
+        out_shardings=shardings,
+        donate_argnums=0,
+    )(params)
     return cfg, graphdef, state

@@ -33,6 +33,7 @@ own count of applied updates. A batch with no loss token (all groups dropped) ap
 either (AdamW would still move the weights through momentum and decay) and is not counted as
 skipped (metric `empty` is 1).
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -77,6 +78,7 @@ def put_global(tree, sharding):
     """Place host numpy arrays (the same global arrays on every process) with `sharding`:
     each process builds only its addressable shards, which works in multi-host jobs where jit
     refuses numpy inputs with a non-trivial sharding."""
+
     def put(x):
         x = np.asarray(x)
         return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
@@ -105,11 +107,14 @@ def router_metrics(stats) -> dict:
     e = load.shape[0]
     p = load / jnp.maximum(jnp.sum(load), 1e-30)
     entropy = -jnp.sum(jnp.where(p > 0, p * jnp.log(jnp.where(p > 0, p, 1.0)), 0.0))
-    out = {"moe_aux_loss": jnp.mean(stats.aux_loss),
-           "moe_load_max": jnp.max(stats.load) * e, "moe_load_min": jnp.min(stats.load) * e,
-           "moe_load_cv": jnp.std(load) / jnp.maximum(jnp.mean(load), 1e-30),
-           "moe_load_entropy": entropy / max(np.log(e), 1e-30),
-           "moe_starved_frac": jnp.mean((load < 0.1 / e).astype(jnp.float32))}
+    out = {
+        "moe_aux_loss": jnp.mean(stats.aux_loss),
+        "moe_load_max": jnp.max(stats.load) * e,
+        "moe_load_min": jnp.min(stats.load) * e,
+        "moe_load_cv": jnp.std(load) / jnp.maximum(jnp.mean(load), 1e-30),
+        "moe_load_entropy": entropy / max(np.log(e), 1e-30),
+        "moe_starved_frac": jnp.mean((load < 0.1 / e).astype(jnp.float32)),
+    }
     if e <= PER_EXPERT_METRICS_MAX:
         out.update({f"moe_load_e{i}": load[i] for i in range(e)})
     return out
@@ -147,9 +152,18 @@ def _schedule_count(opt_state):
     raise ValueError("optimizer state has no ScaleByScheduleState (not from make_optimizer?)")
 
 
-def make_train_step(graphdef, abstract_state: TrainState, mesh, *, model_cfg: ModelConfig,
-                    loss_cfg: LossConfig, optim_cfg: OptimConfig, num_prompts: int,
-                    max_length: Optional[int] = None, donate: bool = True):
+def make_train_step(
+    graphdef,
+    abstract_state: TrainState,
+    mesh,
+    *,
+    model_cfg: ModelConfig,
+    loss_cfg: LossConfig,
+    optim_cfg: OptimConfig,
+    num_prompts: int,
+    max_length: Optional[int] = None,
+    donate: bool = True,
+):
     """Build `train_step(state, batch) -> (state, metrics)`, jitted once.
 
     abstract_state: from `train.state.abstract_train_state` (ShapeDtypeStructs with shardings).
@@ -174,14 +188,19 @@ def make_train_step(graphdef, abstract_state: TrainState, mesh, *, model_cfg: Mo
     `.lower(...)`).
     """
     if loss_cfg.kl_coef > 0:
-        raise ValueError(f"LossConfig.kl_coef={loss_cfg.kl_coef}: the train step computes no "
-                         "reference-policy log-probs; KL to a reference is not supported here")
+        raise ValueError(
+            f"LossConfig.kl_coef={loss_cfg.kl_coef}: the train step computes no "
+            "reference-policy log-probs; KL to a reference is not supported here"
+        )
     tx = make_optimizer(optim_cfg)
     schedule = learning_rate(optim_cfg)
     logprob_chunk = optim_cfg.logprob_chunk
     # Only what the objective reads: policy_loss refuses a setting its objective would ignore.
-    hparams = dict(loss_cfg.objective_hparams(), aggregation=loss_cfg.aggregation,
-                   entropy_coef=loss_cfg.entropy_coef)
+    hparams = dict(
+        loss_cfg.objective_hparams(),
+        aggregation=loss_cfg.aggregation,
+        entropy_coef=loss_cfg.entropy_coef,
+    )
     state_sh = jax.tree.map(lambda s: s.sharding, abstract_state)
     grad_sh = state_sh.params
     replicated = NamedSharding(mesh, PartitionSpec())
@@ -194,22 +213,36 @@ def make_train_step(graphdef, abstract_state: TrainState, mesh, *, model_cfg: Mo
             model = nnx.merge(graphdef, p)
             hidden, router = model.forward(mb.tokens, mb.positions, mb.segment_ids)
             hidden = jax.lax.with_sharding_constraint(hidden, hidden_sh)
-            logp, entropy = token_logprobs(hidden, model.head_kernel(), mb.targets,
-                                           chunk_size=logprob_chunk, fp32=model_cfg.fp32_head,
-                                           logits_sharding=logits_sh)
+            logp, entropy = token_logprobs(
+                hidden,
+                model.head_kernel(),
+                mb.targets,
+                chunk_size=logprob_chunk,
+                fp32=model_cfg.fp32_head,
+                logits_sharding=logits_sh,
+            )
             if not loss_cfg.entropy_coef:
                 entropy = sg(entropy)  # metric only: no backward through it
             loss, m = rl_losses.policy_loss(
-                loss_cfg.objective, logp, mb.behaviour_logp, mb.advantages, mb.loss_mask,
-                mb.prompt_index, num_prompts=num_prompts, max_length=max_length,
-                entropy=entropy, **hparams)
+                loss_cfg.objective,
+                logp,
+                mb.behaviour_logp,
+                mb.advantages,
+                mb.loss_mask,
+                mb.prompt_index,
+                num_prompts=num_prompts,
+                max_length=max_length,
+                entropy=entropy,
+                **hparams,
+            )
             # KL(sampler || trainer) from the sampler's own samples: k1 = log s - log t and
             # k3 = t/s - log(t/s) - 1 (rl.losses.kl_penalty with the sampler as "policy").
             counted = counted_mask(mb.loss_mask, mb.prompt_index, num_prompts)
             lp = sg(logp)
             m["kl_sampler_k1"] = masked_mean(mb.behaviour_logp - lp, counted)
             m["kl_sampler_k3"] = masked_mean(
-                rl_losses.kl_penalty(mb.behaviour_logp, lp, "k3"), counted)
+                rl_losses.kl_penalty(mb.behaviour_logp, lp, "k3"), counted
+            )
             m["seq_tokens"] = jnp.sum(mb.segment_ids > 0).astype(jnp.float32)
             if router is not None:  # an MoE policy
                 m.update(router_metrics(router))
@@ -252,7 +285,8 @@ def make_train_step(graphdef, abstract_state: TrainState, mesh, *, model_cfg: Mo
             opt_state=jax.tree.map(pick, new_opt, state.opt_state),
             step=state.step + 1,
             rng=jax.random.split(state.rng)[0],
-            skipped=state.skipped + (~finite).astype(jnp.int32))
+            skipped=state.skipped + (~finite).astype(jnp.int32),
+        )
         metrics.update(
             grad_norm=grad_norm,
             param_norm=global_norm(new_state.params),
@@ -260,27 +294,37 @@ def make_train_step(graphdef, abstract_state: TrainState, mesh, *, model_cfg: Mo
             learning_rate=lr,
             skipped=(~finite).astype(jnp.float32),
             empty=(~nonempty).astype(jnp.float32),
-            skipped_total=new_state.skipped.astype(jnp.float32))
+            skipped_total=new_state.skipped.astype(jnp.float32),
+        )
         if optim_cfg.max_grad_norm is not None:
             metrics["grad_clipped"] = (grad_norm > optim_cfg.max_grad_norm).astype(jnp.float32)
         return new_state, {k: v.astype(jnp.float32) for k, v in metrics.items()}
 
-    jitted = jax.jit(step_fn, in_shardings=(state_sh, batch_sharding(mesh)),
-                     out_shardings=(state_sh, replicated),
-                     donate_argnums=(0,) if donate else ())
+    jitted = jax.jit(
+        step_fn,
+        in_shardings=(state_sh, batch_sharding(mesh)),
+        out_shardings=(state_sh, replicated),
+        donate_argnums=(0,) if donate else (),
+    )
     shards = batch_shards(mesh)
 
     def train_step(state: TrainState, batch: TrainBatch):
         m, r, _ = batch.shape
         if batch.num_prompts != num_prompts:
-            raise ValueError(f"TrainBatch.num_prompts={batch.num_prompts} but the step was "
-                             f"built for num_prompts={num_prompts}")
+            raise ValueError(
+                f"TrainBatch.num_prompts={batch.num_prompts} but the step was "
+                f"built for num_prompts={num_prompts}"
+            )
         if m != optim_cfg.micro_batches:
-            raise ValueError(f"TrainBatch has {m} micro-batches, OptimConfig.micro_batches="
-                             f"{optim_cfg.micro_batches}")
+            raise ValueError(
+                f"TrainBatch has {m} micro-batches, OptimConfig.micro_batches="
+                f"{optim_cfg.micro_batches}"
+            )
         if r % shards:
-            raise ValueError(f"TrainBatch has {r} rows per micro-batch; must be a multiple of "
-                             f"the {shards} batch shards of the trainer mesh {dict(mesh.shape)}")
+            raise ValueError(
+                f"TrainBatch has {r} rows per micro-batch; must be a multiple of "
+                f"the {shards} batch shards of the trainer mesh {dict(mesh.shape)}"
+            )
         if isinstance(batch.tokens, np.ndarray):
             check_layout(batch)
             batch = put_batch(batch, mesh)

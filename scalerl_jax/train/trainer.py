@@ -25,6 +25,7 @@ and ends without a record (a resumed run redoes an evaluation that was due), the
 the step and stops. Before this invocation's first step ends nothing is unsaved, so there the
 `interrupt.Watchdog` ends the process within seconds even inside a compilation.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -86,17 +87,26 @@ class RunResult:
 def load_tokenizer(cfg: RunConfig):
     if all(src.startswith("synthetic:") for src in cfg.data.sources()):
         from scalerl_jax.data.synthetic import CharTokenizer
+
         return CharTokenizer()
     if cfg.hf_checkpoint is None:
-        raise ConfigError(f"DataConfig.source={cfg.data.source!r} needs a tokenizer (sources "
-                          f"{list(cfg.data.sources())}): set RunConfig.hf_checkpoint to an HF "
-                          "model directory")
+        raise ConfigError(
+            f"DataConfig.source={cfg.data.source!r} needs a tokenizer (sources "
+            f"{list(cfg.data.sources())}): set RunConfig.hf_checkpoint to an HF "
+            "model directory"
+        )
     from scalerl_jax.models.tokenizer import load_tokenizer as load
+
     return load(cfg.hf_checkpoint)
 
 
-def run(cfg: RunConfig, *, allow_config_change: bool = False,
-        wandb_project: Optional[str] = None, fit: bool = True) -> RunResult:
+def run(
+    cfg: RunConfig,
+    *,
+    allow_config_change: bool = False,
+    wandb_project: Optional[str] = None,
+    fit: bool = True,
+) -> RunResult:
     """Train `cfg` in `cfg.workdir` (resuming it when it holds a checkpoint). See the module
     docstring. Raises ConfigError / DataError / WorkdirInUseError before writing anything."""
     Schedule.from_config(cfg.pipeline, jax.process_count())  # enough prompts for every host
@@ -108,14 +118,22 @@ def run(cfg: RunConfig, *, allow_config_change: bool = False,
         return _run(cfg, tokenizer, cleanup, allow_config_change, wandb_project, fit)
 
 
-def _run(cfg: RunConfig, tokenizer, cleanup: contextlib.ExitStack, allow_config_change,
-         wandb_project, fit) -> RunResult:
+def _run(
+    cfg: RunConfig,
+    tokenizer,
+    cleanup: contextlib.ExitStack,
+    allow_config_change,
+    wandb_project,
+    fit,
+) -> RunResult:
     main = jax.process_index() == 0
     if main:
-        rundir.check_config(cfg.workdir, cfg.to_dict(), allow_change=allow_config_change,
-                            defaults=field_defaults())
-    starting = phase("start-up: data, reward workers, initial policy, sampler",
-                     announce=True).begin()
+        rundir.check_config(
+            cfg.workdir, cfg.to_dict(), allow_change=allow_config_change, defaults=field_defaults()
+        )
+    starting = phase(
+        "start-up: data, reward workers, initial policy, sampler", announce=True
+    ).begin()
     cleanup.callback(starting.end)
 
     # Meshes: trainer devices of all hosts, this host's sampler devices.
@@ -128,37 +146,78 @@ def _run(cfg: RunConfig, tokenizer, cleanup: contextlib.ExitStack, allow_config_
     retire = cfg.pipeline.no_positive_resampling
     # `skip` looks `curriculum` up at call time: it sees the one restored below.
     verifiers, source, validation, pool = _open_data(
-        cfg, tokenizer, cleanup, skip=lambda pid: curriculum.is_retired(pid) if retire else False)
+        cfg, tokenizer, cleanup, skip=lambda pid: curriculum.is_retired(pid) if retire else False
+    )
     first_step_done = threading.Event()  # before this invocation's first step, nothing is unsaved
-    policy = _open_policy(cfg, tokenizer, cleanup, trainer_mesh, source, first_step_done,
-                          wandb_project)
+    policy = _open_policy(
+        cfg, tokenizer, cleanup, trainer_mesh, source, first_step_done, wandb_project
+    )
     state, meta, model_cfg = policy.state, policy.meta, policy.model_cfg
     start = int(state.step)
     if "curriculum" in meta:
         curriculum = NoPositiveResampling.from_dict(meta["curriculum"])
-    meter = metrics_lib.ComputeMeter(matmul_params(model_cfg), model_cfg.num_layers,
-                                     model_cfg.num_heads * model_cfg.dim_per_head)
+    meter = metrics_lib.ComputeMeter(
+        matmul_params(model_cfg), model_cfg.num_layers, model_cfg.num_heads * model_cfg.dim_per_head
+    )
     if "compute" in meta:
         meter.load_state_dict(meta["compute"])
-    writer, forecaster, missing = _open_metrics(cfg, cleanup, policy.tracker, start,
-                                                resumed=policy.restored)
-    sampling, sampler_params = _open_sampler(cfg, tokenizer, cleanup, model_cfg, sampler_mesh,
-                                             trainer_mesh, schedule, source, state, meta)
+    writer, forecaster, missing = _open_metrics(
+        cfg, cleanup, policy.tracker, start, resumed=policy.restored
+    )
+    sampling, sampler_params = _open_sampler(
+        cfg,
+        tokenizer,
+        cleanup,
+        model_cfg,
+        sampler_mesh,
+        trainer_mesh,
+        schedule,
+        source,
+        state,
+        meta,
+    )
     starting.end()
-    bar = cleanup.enter_context(Progress("rl", cfg.steps, initial=start,
-                                         tokens_key="batch_seq_tokens",
-                                         enabled=None if main else False))
-    ctx = _Run(cfg, tokenizer, split, trainer_mesh, curriculum, verifiers, validation, pool,
-               policy.checkpoints, policy.tracker, writer, forecaster, meter, model_cfg,
-               policy.train_step, sampling, bar, first_step_done)
+    bar = cleanup.enter_context(
+        Progress(
+            "rl",
+            cfg.steps,
+            initial=start,
+            tokens_key="batch_seq_tokens",
+            enabled=None if main else False,
+        )
+    )
+    ctx = _Run(
+        cfg,
+        tokenizer,
+        split,
+        trainer_mesh,
+        curriculum,
+        verifiers,
+        validation,
+        pool,
+        policy.checkpoints,
+        policy.tracker,
+        writer,
+        forecaster,
+        meter,
+        model_cfg,
+        policy.train_step,
+        sampling,
+        bar,
+        first_step_done,
+    )
 
     if missing:
         _evaluate(ctx, start, sampler_params)
     last, stopped_by = {}, None
     if ctx.checkpoints.preempted:  # a stop signal in start-up or the first evaluation (collective)
         stopped_by = ctx.checkpoints.stop_signal
-        log.warning("%s: stopped before training step %d; nothing was trained, so nothing to "
-                    "save (re-run the same command to resume)", stopped_by, start + 1)
+        log.warning(
+            "%s: stopped before training step %d; nothing was trained, so nothing to "
+            "save (re-run the same command to resume)",
+            stopped_by,
+            start + 1,
+        )
     else:
         state, last, stopped_by = _train(ctx, state, sampler_params)
     return _finish(ctx, state, last, stopped_by, fit)
@@ -188,6 +247,7 @@ class _Sampling(NamedTuple):
 class _Run:
     """What the loop, the evaluations and the end of a run use, opened by `_run`'s start-up
     and closed by its ExitStack."""
+
     cfg: RunConfig
     tokenizer: Any
     split: Any  # mesh.split_devices: trainer and sampler devices, colocated or not
@@ -223,60 +283,91 @@ def _open_data(cfg: RunConfig, tokenizer, cleanup: contextlib.ExitStack, skip):
     """Each domain's verifier; this host's shard of the training prompts (one source, or a
     mixture of domains drawn by weight); the validation prompts; the reward pool."""
     verifiers = domain_verifiers(cfg.data, cfg.reward.verifier, cfg.reward.code_isolation)
-    source = open_source(cfg.data, tokenizer, process_index=jax.process_index(),
-                         process_count=jax.process_count(), skip=skip,
-                         check_answers=answer_checks(cfg.data, cfg.reward.verifier))
-    validation = source.validation()[:cfg.eval.num_prompts]
+    source = open_source(
+        cfg.data,
+        tokenizer,
+        process_index=jax.process_index(),
+        process_count=jax.process_count(),
+        skip=skip,
+        check_answers=answer_checks(cfg.data, cfg.reward.verifier),
+    )
+    validation = source.validation()[: cfg.eval.num_prompts]
     # Thread or child-process workers, decided from all domains' sources.
     processes = use_processes(cfg.reward, cfg.data)
-    pool = RewardPool(cfg.reward.workers, cfg.reward.timeout_s,
-                      reward_correct=cfg.loss.reward_correct,
-                      reward_incorrect=cfg.loss.reward_incorrect, processes=processes)
+    pool = RewardPool(
+        cfg.reward.workers,
+        cfg.reward.timeout_s,
+        reward_correct=cfg.loss.reward_correct,
+        reward_incorrect=cfg.loss.reward_incorrect,
+        processes=processes,
+    )
     cleanup.callback(pool.close)
     return verifiers, source, validation, pool
 
 
-def _open_policy(cfg: RunConfig, tokenizer, cleanup: contextlib.ExitStack, trainer_mesh, source,
-                 first_step_done: threading.Event, wandb_project) -> _Policy:
+def _open_policy(
+    cfg: RunConfig,
+    tokenizer,
+    cleanup: contextlib.ExitStack,
+    trainer_mesh,
+    source,
+    first_step_done: threading.Event,
+    wandb_project,
+) -> _Policy:
     """The checkpointer with its stop signals, and the policy: the newest good checkpoint, else
     the initial policy (SFT warm-up, HF checkpoint, or init); the jitted train step."""
     _, abstract = state_lib.abstract_train_state(cfg.model, cfg.optim, trainer_mesh, cfg.seed)
-    checkpoints = ckpt_lib.Checkpointer(os.path.join(cfg.workdir, "checkpoints"),
-                                        save_every=cfg.checkpoint_every,
-                                        keep=cfg.keep_checkpoints, keep_every=cfg.keep_every)
+    checkpoints = ckpt_lib.Checkpointer(
+        os.path.join(cfg.workdir, "checkpoints"),
+        save_every=cfg.checkpoint_every,
+        keep=cfg.keep_checkpoints,
+        keep_every=cfg.keep_every,
+    )
     checkpoints.install_signal_handlers()
     cleanup.callback(checkpoints.close)
-    cleanup.enter_context(Watchdog(
-        can_exit=lambda: not first_step_done.is_set(), describe=HEARTBEAT.line,
-        nothing_lost="nothing trained since the last checkpoint, so nothing to save (re-run "
-                     "the same command to resume)",
-        acknowledged=lambda: checkpoints.stop_signal is not None))
+    cleanup.enter_context(
+        Watchdog(
+            can_exit=lambda: not first_step_done.is_set(),
+            describe=HEARTBEAT.line,
+            nothing_lost="nothing trained since the last checkpoint, so nothing to save (re-run "
+            "the same command to resume)",
+            acknowledged=lambda: checkpoints.stop_signal is not None,
+        )
+    )
     restored = checkpoints.restore(abstract)
     if jax.process_index() == 0:  # the first write: everything above has validated
         rundir.write_config(cfg.workdir, cfg.to_dict())
-    tracker = cleanup.enter_context(Tracker(cfg.workdir, enabled=jax.process_index() == 0,
-                                            wandb_project=wandb_project))
+    tracker = cleanup.enter_context(
+        Tracker(cfg.workdir, enabled=jax.process_index() == 0, wandb_project=wandb_project)
+    )
     if restored is None:
         init = cfg.hf_checkpoint
         if cfg.sft is not None:
             init = _warm_up(cfg, cfg.sft, trainer_mesh, tokenizer, source.validation(), tracker)
         model_cfg, graphdef, state = state_lib.create_train_state(
-            cfg.model, cfg.optim, trainer_mesh, seed=cfg.seed, hf_checkpoint=init)
+            cfg.model, cfg.optim, trainer_mesh, seed=cfg.seed, hf_checkpoint=init
+        )
         meta = {}
     else:
         (state, meta), model_cfg = restored, cfg.model
         graphdef = state_lib.graphdef_of(model_cfg)
         log.info("resumed from step %d in %s", int(state.step), cfg.workdir)
-    train_step = make_train_step(graphdef, abstract, trainer_mesh, model_cfg=model_cfg,
-                                 loss_cfg=cfg.loss, optim_cfg=cfg.optim,
-                                 num_prompts=cfg.pipeline.prompts_per_step,
-                                 max_length=cfg.sampler.max_new_tokens)
-    return _Policy(checkpoints, tracker, restored is not None, state, meta, model_cfg,
-                   train_step)
+    train_step = make_train_step(
+        graphdef,
+        abstract,
+        trainer_mesh,
+        model_cfg=model_cfg,
+        loss_cfg=cfg.loss,
+        optim_cfg=cfg.optim,
+        num_prompts=cfg.pipeline.prompts_per_step,
+        max_length=cfg.sampler.max_new_tokens,
+    )
+    return _Policy(checkpoints, tracker, restored is not None, state, meta, model_cfg, train_step)
 
 
-def _open_metrics(cfg: RunConfig, cleanup: contextlib.ExitStack, tracker: Tracker, start: int,
-                  resumed: bool):
+def _open_metrics(
+    cfg: RunConfig, cleanup: contextlib.ExitStack, tracker: Tracker, start: int, resumed: bool
+):
     """(metrics writer, forecaster, whether the evaluation of `start` is missing), after the
     run's opening record. Records after the restored step are superseded."""
     main = jax.process_index() == 0
@@ -287,19 +378,41 @@ def _open_metrics(cfg: RunConfig, cleanup: contextlib.ExitStack, tracker: Tracke
     # Online forecast (process 0): each evaluation queues a refit of the sigmoid in a
     # low-priority child process; finished forecasts are written by the trainer's thread,
     # after the step that saw them.
-    forecaster = cleanup.enter_context(Forecaster.for_run(cfg.forecast, cfg.workdir,
-                                                          total_steps=cfg.steps, enabled=main))
-    _record(writer, tracker, "run", start, schema=metrics_lib.SCHEMA_VERSION, time=time.time(),
-            resumed=resumed, config=cfg.to_dict())
+    forecaster = cleanup.enter_context(
+        Forecaster.for_run(cfg.forecast, cfg.workdir, total_steps=cfg.steps, enabled=main)
+    )
+    _record(
+        writer,
+        tracker,
+        "run",
+        start,
+        schema=metrics_lib.SCHEMA_VERSION,
+        time=time.time(),
+        resumed=resumed,
+        config=cfg.to_dict(),
+    )
     # The base policy is evaluated at step 0; a resumed run re-evaluates its restored step only
     # if that evaluation was due and did not survive. Host 0 knows; all hosts must agree.
-    missing = main and (start == 0 or start % cfg.eval.every_steps == 0) and not any(
-        e["step"] == start for e in metrics_lib.read_metrics(cfg.workdir).of("eval"))
+    missing = (
+        main
+        and (start == 0 or start % cfg.eval.every_steps == 0)
+        and not any(e["step"] == start for e in metrics_lib.read_metrics(cfg.workdir).of("eval"))
+    )
     return writer, forecaster, allgather_objects(missing)[0]
 
 
-def _open_sampler(cfg: RunConfig, tokenizer, cleanup: contextlib.ExitStack, model_cfg,
-                  sampler_mesh, trainer_mesh, schedule: Schedule, source, state, meta: dict):
+def _open_sampler(
+    cfg: RunConfig,
+    tokenizer,
+    cleanup: contextlib.ExitStack,
+    model_cfg,
+    sampler_mesh,
+    trainer_mesh,
+    schedule: Schedule,
+    source,
+    state,
+    meta: dict,
+):
     """The engine on this host's sampler mesh, weights synced from the trainer mesh, and the
     driver that samples ahead of the trainer in its thread; (sampling, the synced params)."""
     host = jax.process_index()
@@ -308,15 +421,23 @@ def _open_sampler(cfg: RunConfig, tokenizer, cleanup: contextlib.ExitStack, mode
     feed = PromptFeed(source, tokenizer)
     if "data" in meta:
         feed.load_state_dict(meta["data"][host])
-    driver_kwargs = driver_token_ids(cfg.sampler, tokenizer,
-                                     max_forced_tokens=engine.max_forced_tokens)
+    driver_kwargs = driver_token_ids(
+        cfg.sampler, tokenizer, max_forced_tokens=engine.max_forced_tokens
+    )
     sampler_params = sync(state.params)
     seed = cfg.seed + 7919 * host  # tickets are per host: keep hosts' samples apart
     start = int(state.step)
-    driver = Driver(engine, sampler_params, feed, group_size=cfg.pipeline.generations_per_prompt,
-                    version=start, seed=seed,
-                    admit=lambda version: feed.issued < schedule.limit(version),
-                    max_queued_groups=schedule.window + schedule.batch, **driver_kwargs)
+    driver = Driver(
+        engine,
+        sampler_params,
+        feed,
+        group_size=cfg.pipeline.generations_per_prompt,
+        version=start,
+        seed=seed,
+        admit=lambda version: feed.issued < schedule.limit(version),
+        max_queued_groups=schedule.window + schedule.batch,
+        **driver_kwargs,
+    )
     rollouts = Rollouts(driver, feed, schedule).start()
     cleanup.callback(rollouts.stop)
     return _Sampling(engine, sync, feed, driver, driver_kwargs, seed, rollouts), sampler_params
@@ -330,9 +451,11 @@ def _train(ctx: _Run, state, sampler_params):
     while stopped_by is None and int(state.step) < cfg.steps:
         t0 = time.monotonic()
         step, version = int(state.step) + 1, int(state.step)
-        step_phase = phase(f"rl step {step}/{cfg.steps}" + (
-            "" if ctx.first_step_done.is_set() else " (the first step compiles the train step)"),
-            detail=lambda: f"{driver.stats['completions']} completions sampled so far").begin()
+        step_phase = phase(
+            f"rl step {step}/{cfg.steps}"
+            + ("" if ctx.first_step_done.is_set() else " (the first step compiles the train step)"),
+            detail=lambda: f"{driver.stats['completions']} completions sampled so far",
+        ).begin()
         data, batch, info, roll, tokens_seen = _collect(ctx, step, version, tokens_seen)
         t1 = time.monotonic()
         state, step_metrics = ctx.train_step(state, batch)
@@ -341,8 +464,9 @@ def _train(ctx: _Run, state, sampler_params):
         ctx.first_step_done.set()
         pushed = ctx.sampling.rollouts.publish(lambda: ctx.sampling.sync(state.params), step)
         sampler_params = pushed if pushed is not None else sampler_params
-        last = _record_train(ctx, step, data, info, roll, step_metrics, t_train,
-                             step_wall=time.monotonic() - t0)
+        last = _record_train(
+            ctx, step, data, info, roll, step_metrics, t_train, step_wall=time.monotonic() - t0
+        )
         ctx.bar.update(step, last)
         _write_forecasts(ctx, ctx.forecaster.poll())
         skipped_in_a_row = skipped_in_a_row + 1 if step_metrics["skipped"] else 0
@@ -355,8 +479,11 @@ def _train(ctx: _Run, state, sampler_params):
         step_phase.end()
         if checkpoints.preemption_saved:
             stopped_by = checkpoints.stop_signal
-            log.warning("%s: stopped after saving step %d; re-run the same command to "
-                        "resume", stopped_by, step)
+            log.warning(
+                "%s: stopped after saving step %d; re-run the same command to resume",
+                stopped_by,
+                step,
+            )
     return state, last, stopped_by
 
 
@@ -371,36 +498,68 @@ def _collect(ctx: _Run, step: int, version: int, tokens_seen: int):
     if cfg.pipeline.no_positive_resampling:
         ctx.curriculum.update([g.prompt_id for g in data.groups], data.correct.mean(axis=1))
     batch, info = batch_lib.from_groups(
-        data.groups, data.rewards, loss_cfg=cfg.loss, num_prompts=cfg.pipeline.prompts_per_step,
-        micro_batches=cfg.optim.micro_batches, row_multiple=batch_shards(ctx.trainer_mesh),
-        seq_bucket=cfg.pipeline.seq_bucket, correct=data.correct, pad_id=ctx.tokenizer.pad_id)
+        data.groups,
+        data.rewards,
+        loss_cfg=cfg.loss,
+        num_prompts=cfg.pipeline.prompts_per_step,
+        micro_batches=cfg.optim.micro_batches,
+        row_multiple=batch_shards(ctx.trainer_mesh),
+        seq_bucket=cfg.pipeline.seq_bucket,
+        correct=data.correct,
+        pad_id=ctx.tokenizer.pad_id,
+    )
     return data, batch, info, roll, tokens_seen
 
 
-def _record_train(ctx: _Run, step: int, data: _Shared, info: dict, roll: dict,
-                  step_metrics: dict, t_train: float, step_wall: float) -> dict:
+def _record_train(
+    ctx: _Run,
+    step: int,
+    data: _Shared,
+    info: dict,
+    roll: dict,
+    step_metrics: dict,
+    t_train: float,
+    step_wall: float,
+) -> dict:
     """Charge the step's compute to the meter and write its train record."""
     groups, correct, rewards, split = data.groups, data.correct, data.rewards, ctx.split
     # Compute: colocated devices are charged to whichever side used them.
     completions = [c for g in groups for c in g.completions]
     mean_len = float(np.mean([len(c.tokens) for c in completions]))
     mean_prompt = float(np.mean([len(g.prompt_tokens) for g in groups]))
-    ctx.meter.add_sampler(seconds=step_wall - t_train if split.colocated else step_wall,
-                          devices=len(split.sampler) * jax.process_count(),
-                          tokens=data.sampled_tokens, context_len=mean_prompt + mean_len / 2)
-    ctx.meter.add_trainer(seconds=t_train if split.colocated else step_wall,
-                          devices=len(split.trainer), tokens=info["seq_tokens"],
-                          context_len=info["seq_len"] / 2)
+    ctx.meter.add_sampler(
+        seconds=step_wall - t_train if split.colocated else step_wall,
+        devices=len(split.sampler) * jax.process_count(),
+        tokens=data.sampled_tokens,
+        context_len=mean_prompt + mean_len / 2,
+    )
+    ctx.meter.add_trainer(
+        seconds=t_train if split.colocated else step_wall,
+        devices=len(split.trainer),
+        tokens=info["seq_tokens"],
+        context_len=info["seq_len"] / 2,
+    )
     return ctx.record(
-        "train", step, **step_metrics, **{f"batch_{k}": v for k, v in info.items()},
-        reward_mean=float(rewards.mean()), pass_rate_train=float(correct.mean()),
+        "train",
+        step,
+        **step_metrics,
+        **{f"batch_{k}": v for k, v in info.items()},
+        reward_mean=float(rewards.mean()),
+        pass_rate_train=float(correct.mean()),
         truncation_rate=np.mean([c.finish_reason == "truncated" for c in completions]),
         interruption_rate=np.mean([c.interrupted for c in completions]),
-        mean_completion_len=mean_len, **_per_domain_train(groups, correct), **roll,
+        mean_completion_len=mean_len,
+        **_per_domain_train(groups, correct),
+        **roll,
         trainer_wait_frac=roll["wait_s"] / max(step_wall, 1e-9),
-        reward_timeouts=data.timeouts, reward_errors=data.errors,
-        retired_prompts=ctx.curriculum.num_retired, policy_version=step, train_s=t_train,
-        step_s=step_wall, samples_per_s=len(completions) / max(step_wall, 1e-9))
+        reward_timeouts=data.timeouts,
+        reward_errors=data.errors,
+        retired_prompts=ctx.curriculum.num_retired,
+        policy_version=step,
+        train_s=t_train,
+        step_s=step_wall,
+        samples_per_s=len(completions) / max(step_wall, 1e-9),
+    )
 
 
 def _evaluate(ctx: _Run, step: int, params) -> None:
@@ -409,21 +568,39 @@ def _evaluate(ctx: _Run, step: int, params) -> None:
     cfg, checkpoints, sampling = ctx.cfg, ctx.checkpoints, ctx.sampling
     hosts, host = jax.process_count(), jax.process_index()
     with phase(f"evaluation of step {step}"):
-        result = evaluate(sampling.engine, params, ctx.validation[host::hosts],
-                          tokenizer=ctx.tokenizer, k=cfg.eval.k, verifier=ctx.verifiers,
-                          pool=ctx.pool, driver_kwargs=sampling.driver_kwargs, version=step,
-                          seed=sampling.seed,
-                          should_stop=lambda: checkpoints.stop_signal is not None)
+        result = evaluate(
+            sampling.engine,
+            params,
+            ctx.validation[host::hosts],
+            tokenizer=ctx.tokenizer,
+            k=cfg.eval.k,
+            verifier=ctx.verifiers,
+            pool=ctx.pool,
+            driver_kwargs=sampling.driver_kwargs,
+            version=step,
+            seed=sampling.seed,
+            should_stop=lambda: checkpoints.stop_signal is not None,
+        )
         if result is None:
-            log.warning("%s: evaluation of step %d stopped unfinished; no record written "
-                        "(a resumed run evaluates step %d again if it was due)",
-                        checkpoints.stop_signal or "stop signal", step, step)
+            log.warning(
+                "%s: evaluation of step %d stopped unfinished; no record written "
+                "(a resumed run evaluates step %d again if it was due)",
+                checkpoints.stop_signal or "stop signal",
+                step,
+                step,
+            )
             return
         rec = ctx.record("eval", step, compute=ctx.meter.compute(), **result)
         ctx.forecaster.submit(rec)
     domains = "".join(f", {d} {r:.3f}" for d, r in result.get("per_domain", {}).items())
-    log.info("eval step %d: pass rate %.3f%s (%d prompts x %d)", step, result["pass_rate"],
-             domains, result["num_prompts"], cfg.eval.k)
+    log.info(
+        "eval step %d: pass rate %.3f%s (%d prompts x %d)",
+        step,
+        result["pass_rate"],
+        domains,
+        result["num_prompts"],
+        cfg.eval.k,
+    )
     ctx.bar.set_eval(step, rec["pass_rate"])
 
 
@@ -434,9 +611,12 @@ def _write_forecasts(ctx: _Run, done: list) -> None:
 
 def _meta(ctx: _Run, state) -> dict:
     """The checkpoint's host-side state. Collective: every host's data cursor goes in."""
-    return {"policy_version": int(state.step), "curriculum": ctx.curriculum.to_dict(),
-            "data": allgather_objects(ctx.sampling.feed.state_dict()),
-            "compute": ctx.meter.state_dict()}
+    return {
+        "policy_version": int(state.step),
+        "curriculum": ctx.curriculum.to_dict(),
+        "data": allgather_objects(ctx.sampling.feed.state_dict()),
+        "compute": ctx.meter.state_dict(),
+    }
 
 
 def _finish(ctx: _Run, state, last: dict, stopped_by: Optional[str], fit: bool) -> RunResult:
@@ -455,9 +635,14 @@ def _finish(ctx: _Run, state, last: dict, stopped_by: Optional[str], fit: bool) 
     ctx.sampling.rollouts.stop()
     with phase("waiting for checkpoint writes"):
         checkpoints.wait()
-    result = RunResult(cfg.workdir, int(state.step), last,
-                       metrics_lib.read_metrics(cfg.workdir).of("eval") if main else [],
-                       stopped_by=stopped_by, model_dir=model_dir)
+    result = RunResult(
+        cfg.workdir,
+        int(state.step),
+        last,
+        metrics_lib.read_metrics(cfg.workdir).of("eval") if main else [],
+        stopped_by=stopped_by,
+        model_dir=model_dir,
+    )
     if fit and main and stopped_by is None:
         with phase("fitting the scaling curve"):
             result.fit, result.fit_reason, result.domain_fits = _fit(cfg.workdir)
@@ -475,15 +660,19 @@ class _Shared(NamedTuple):
 
 def _share(local, scored, sampled: int, group_size: int) -> _Shared:
     """This host's scored groups -> every host's (the same on each, for the global batch)."""
-    parts = allgather_objects((local, scored.correct, scored.rewards, sampled,
-                               scored.num_timeouts, scored.num_errors))
+    parts = allgather_objects(
+        (local, scored.correct, scored.rewards, sampled, scored.num_timeouts, scored.num_errors)
+    )
     return _Shared(
         groups=[g for part in parts for g in part[0]],
         correct=np.concatenate([np.asarray(p[1], bool) for p in parts]).reshape(-1, group_size),
         rewards=np.concatenate([np.asarray(p[2], np.float32) for p in parts]).reshape(
-            -1, group_size),
-        sampled_tokens=sum(p[3] for p in parts), timeouts=sum(p[4] for p in parts),
-        errors=sum(p[5] for p in parts))
+            -1, group_size
+        ),
+        sampled_tokens=sum(p[3] for p in parts),
+        timeouts=sum(p[4] for p in parts),
+        errors=sum(p[5] for p in parts),
+    )
 
 
 def _per_domain_train(groups, correct: np.ndarray) -> dict:
@@ -493,8 +682,10 @@ def _per_domain_train(groups, correct: np.ndarray) -> dict:
     names = sorted({d for d in domains if d})
     if not names:
         return {}
-    return {"per_domain_train": {d: float(correct[domains == d].mean()) for d in names},
-            "per_domain_prompts_train": {d: int((domains == d).sum()) for d in names}}
+    return {
+        "per_domain_train": {d: float(correct[domains == d].mean()) for d in names},
+        "per_domain_prompts_train": {d: int((domains == d).sum()) for d in names},
+    }
 
 
 def _check_not_diverged(skipped_in_a_row: int, cfg: RunConfig, step: int, m: dict) -> None:
@@ -504,26 +695,45 @@ def _check_not_diverged(skipped_in_a_row: int, cfg: RunConfig, step: int, m: dic
             f"gradient (loss {m['loss']}, grad_norm {m['grad_norm']}); stopping instead of "
             f"skipping silently (RunConfig.max_skipped_steps={cfg.max_skipped_steps}). The last "
             f"checkpoint is intact; lower OptimConfig.learning_rate={cfg.optim.learning_rate} "
-            "or check the data")
+            "or check the data"
+        )
 
 
-def _warm_up(cfg: RunConfig, sft: SFTConfig, mesh, tokenizer, validation,
-             tracker: Tracker) -> str:
+def _warm_up(cfg: RunConfig, sft: SFTConfig, mesh, tokenizer, validation, tracker: Tracker) -> str:
     """The SFT stage (reused when WORKDIR/sft is complete); returns its HF model directory."""
     out = os.path.join(cfg.workdir, "sft")
     if sft_lib.is_done(out):
         return sft_lib.model_dir(out)
     tracker.purge("sft", 0)
-    with Progress("sft", sft.steps, fields=SFT_FIELDS, tokens_key="tokens",
-                  enabled=None if jax.process_index() == 0 else False) as bar, \
-            phase("SFT warm-up", total=sft.steps, unit="steps") as shown:
+    with (
+        Progress(
+            "sft",
+            sft.steps,
+            fields=SFT_FIELDS,
+            tokens_key="tokens",
+            enabled=None if jax.process_index() == 0 else False,
+        ) as bar,
+        phase("SFT warm-up", total=sft.steps, unit="steps") as shown,
+    ):
+
         def on_step(step, metrics):
             bar.update(step, metrics)
             shown.update(step)
             tracker.write({"event": "sft", "step": step, **metrics})
-        return sft_lib.run_sft(sft, cfg.model, cfg.data, mesh, tokenizer, out_dir=out,
-                               seed=cfg.seed, exclude=validation, hf_checkpoint=cfg.hf_checkpoint,
-                               logprob_chunk=sft.optim.logprob_chunk, on_step=on_step)
+
+        return sft_lib.run_sft(
+            sft,
+            cfg.model,
+            cfg.data,
+            mesh,
+            tokenizer,
+            out_dir=out,
+            seed=cfg.seed,
+            exclude=validation,
+            hf_checkpoint=cfg.hf_checkpoint,
+            logprob_chunk=sft.optim.logprob_chunk,
+            on_step=on_step,
+        )
 
 
 def _export(params, model_cfg, tokenizer, cfg: RunConfig) -> str:
@@ -534,8 +744,9 @@ def _export(params, model_cfg, tokenizer, cfg: RunConfig) -> str:
     with phase(f"exporting the final policy to {out}", announce=True):
         if jax.process_index() == 0:
             shutil.rmtree(partial, ignore_errors=True)
-        ckpt_lib.export_hf(params, model_cfg, partial,
-                           extra_config={"eos_token_id": int(tokenizer.eos_id)})
+        ckpt_lib.export_hf(
+            params, model_cfg, partial, extra_config={"eos_token_id": int(tokenizer.eos_id)}
+        )
         if jax.process_index() == 0:
             copy_tokenizer_files(cfg.hf_checkpoint, partial)
             shutil.rmtree(out, ignore_errors=True)
@@ -552,5 +763,8 @@ def _fit(workdir: str) -> tuple[Optional[dict], Optional[str], dict]:
     except (ValueError, KeyError, FileNotFoundError) as err:
         return None, str(err), {}
     log.info("scaling fit written to %s", os.path.dirname(files[0]))
-    return (report.headline(analysis), None if analysis.fit.ok else analysis.fit.reason,
-            report.domain_headlines(analysis))
+    return (
+        report.headline(analysis),
+        None if analysis.fit.ok else analysis.fit.reason,
+        report.domain_headlines(analysis),
+    )

@@ -10,13 +10,29 @@ Adding a family means adding one module with the interface `families` describes 
 claims, config_fields, architecture, config_to_hf, tensor_map) and registering it in
 `families.FAMILIES`; loading and export need no change.
 """
+
 from scalerl_jax.models.hf.config_json import HFError, read_hf_config
 from scalerl_jax.models.hf.entries import half_split_order
-from scalerl_jax.models.hf.families import (SUPPORTED_ARCHITECTURES, architecture_of,
-                                            config_from_hf, config_to_hf, tensor_map)
+from scalerl_jax.models.hf.families import (
+    SUPPORTED_ARCHITECTURES,
+    architecture_of,
+    config_from_hf,
+    config_to_hf,
+    tensor_map,
+)
 from scalerl_jax.models.hf.load import _read_slice, load_params
 from scalerl_jax.models.hf.save import export
 
-__all__ = ["SUPPORTED_ARCHITECTURES", "HFError", "_read_slice", "architecture_of",
-           "config_from_hf", "config_to_hf", "export", "half_split_order", "load_params",
-           "read_hf_config", "tensor_map"]
+__all__ = [
+    "SUPPORTED_ARCHITECTURES",
+    "HFError",
+    "_read_slice",
+    "architecture_of",
+    "config_from_hf",
+    "config_to_hf",
+    "export",
+    "half_split_order",
+    "load_params",
+    "read_hf_config",
+    "tensor_map",
+]

@@ -1,5 +1,6 @@
 """The `config.json` pieces every HF family shares: the error type, reading the file, required
 keys, RoPE settings (both transformers spellings) and the attention shape."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -41,12 +42,16 @@ def rope(hf: dict) -> tuple[float, Optional[RopeScaling]]:
     if kind in (None, "default"):
         return theta, None
     if kind != "llama3":
-        raise HFError(f"rope type {kind!r} is not supported (only 'default' and 'llama3'); "
-                      f"rope settings: {params}")
+        raise HFError(
+            f"rope type {kind!r} is not supported (only 'default' and 'llama3'); "
+            f"rope settings: {params}"
+        )
     return theta, RopeScaling(
-        factor=float(params["factor"]), low_freq_factor=float(params["low_freq_factor"]),
+        factor=float(params["factor"]),
+        low_freq_factor=float(params["low_freq_factor"]),
         high_freq_factor=float(params["high_freq_factor"]),
-        original_max_position_embeddings=int(params["original_max_position_embeddings"]))
+        original_max_position_embeddings=int(params["original_max_position_embeddings"]),
+    )
 
 
 def attention_dims(hf: dict) -> tuple:

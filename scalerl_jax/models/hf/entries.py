@@ -5,6 +5,7 @@ that every family's `tensor_map` fills in.
 Layouts: HF linear weights are [out, in]; ours are [in, ..., out] with heads split out, e.g.
 `q_proj.weight` [H*hd, D] <-> `q` [D, H, hd].
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -55,8 +56,12 @@ class Entry:
 
     def per_expert(self) -> list["Entry"]:
         """One plain entry per expert (hub layout)."""
-        return [dataclasses.replace(self, hf_name=self.hf_name.format(e=e), experts=0,
-                                    fused=None, expert=e) for e in range(self.experts)]
+        return [
+            dataclasses.replace(
+                self, hf_name=self.hf_name.format(e=e), experts=0, fused=None, expert=e
+            )
+            for e in range(self.experts)
+        ]
 
 
 def half_split_order(head_dim: int) -> np.ndarray:
@@ -64,28 +69,42 @@ def half_split_order(head_dim: int) -> np.ndarray:
     return np.concatenate([np.arange(0, head_dim, 2), np.arange(1, head_dim, 2)])
 
 
-def decoder_entries(cfg: ModelConfig, ffn: str,
-                    moe_entries: Optional[Callable[[ModelConfig, str, tuple], list[Entry]]],
-                    rope_axis: int = -1) -> list[Entry]:
+def decoder_entries(
+    cfg: ModelConfig,
+    ffn: str,
+    moe_entries: Optional[Callable[[ModelConfig, str, tuple], list[Entry]]],
+    rope_axis: int = -1,
+) -> list[Entry]:
     """The entries of a Llama-style decoder. A family supplies its feed-forward prefix (`ffn`),
     the entries of its MoE layers (`moe_entries(cfg, prefix, our_path)`) and, for interleaved
     RoPE checkpoints, the q/k axis to permute (`Entry.rope_axis`)."""
     d, f, v = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
     h, kv, hd = cfg.num_heads, cfg.num_kv_heads, cfg.dim_per_head
-    entries = [Entry("model.embed_tokens.weight", ("embed",), ((v,), (d,)), (0, 1)),
-               Entry("model.norm.weight", ("final_norm", "scale"), ((d,),), (0,))]
+    entries = [
+        Entry("model.embed_tokens.weight", ("embed",), ((v,), (d,)), (0, 1)),
+        Entry("model.norm.weight", ("final_norm", "scale"), ((d,),), (0,)),
+    ]
     if not cfg.tie_embeddings:
         entries.append(Entry("lm_head.weight", ("lm_head",), ((v,), (d,)), (1, 0)))
     for i in range(cfg.num_layers):
         p, us = f"model.layers.{i}.", ("layers", i)
         entries += [
             Entry(p + "input_layernorm.weight", us + ("attn_norm", "scale"), ((d,),), (0,)),
-            Entry(p + "post_attention_layernorm.weight", us + ("mlp_norm", "scale"), ((d,),),
-                  (0,)),
-            Entry(p + "self_attn.q_proj.weight", us + ("attn", "q"), ((h, hd), (d,)), (2, 0, 1),
-                  rope_axis=rope_axis),
-            Entry(p + "self_attn.k_proj.weight", us + ("attn", "k"), ((kv, hd), (d,)), (2, 0, 1),
-                  rope_axis=rope_axis),
+            Entry(p + "post_attention_layernorm.weight", us + ("mlp_norm", "scale"), ((d,),), (0,)),
+            Entry(
+                p + "self_attn.q_proj.weight",
+                us + ("attn", "q"),
+                ((h, hd), (d,)),
+                (2, 0, 1),
+                rope_axis=rope_axis,
+            ),
+            Entry(
+                p + "self_attn.k_proj.weight",
+                us + ("attn", "k"),
+                ((kv, hd), (d,)),
+                (2, 0, 1),
+                rope_axis=rope_axis,
+            ),
             Entry(p + "self_attn.v_proj.weight", us + ("attn", "v"), ((kv, hd), (d,)), (2, 0, 1)),
             Entry(p + "self_attn.o_proj.weight", us + ("attn", "o"), ((d,), (h, hd)), (1, 2, 0)),
         ]
@@ -102,15 +121,19 @@ def decoder_entries(cfg: ModelConfig, ffn: str,
             ]
         if cfg.qk_norm:
             entries += [
-                Entry(p + "self_attn.q_norm.weight", us + ("attn", "q_norm", "scale"), ((hd,),),
-                      (0,)),
-                Entry(p + "self_attn.k_norm.weight", us + ("attn", "k_norm", "scale"), ((hd,),),
-                      (0,)),
+                Entry(
+                    p + "self_attn.q_norm.weight", us + ("attn", "q_norm", "scale"), ((hd,),), (0,)
+                ),
+                Entry(
+                    p + "self_attn.k_norm.weight", us + ("attn", "k_norm", "scale"), ((hd,),), (0,)
+                ),
             ]
     return entries
 
 
 def mlp_entries(p: str, us: tuple, d: int, f: int) -> list[Entry]:
-    return [Entry(p + "gate_proj.weight", us + ("gate",), ((f,), (d,)), (1, 0)),
-            Entry(p + "up_proj.weight", us + ("up",), ((f,), (d,)), (1, 0)),
-            Entry(p + "down_proj.weight", us + ("down",), ((d,), (f,)), (1, 0))]
+    return [
+        Entry(p + "gate_proj.weight", us + ("gate",), ((f,), (d,)), (1, 0)),
+        Entry(p + "up_proj.weight", us + ("up",), ((f,), (d,)), (1, 0)),
+        Entry(p + "down_proj.weight", us + ("down",), ((d,), (f,)), (1, 0)),
+    ]

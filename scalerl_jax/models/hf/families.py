@@ -11,6 +11,7 @@ A family is a module with:
   config_to_hf(cfg, arch)   that class's config.json dict;
   tensor_map(cfg)           the `Entry` list the loader and the exporter share.
 """
+
 from __future__ import annotations
 
 import os
@@ -26,8 +27,9 @@ from scalerl_jax.models.hf.entries import Entry
 FAMILIES = (llama, qwen3_moe, llama4)
 _MODEL_TYPES = {t: arch for family in FAMILIES for t, arch in family.MODEL_TYPES.items()}
 SUPPORTED_ARCHITECTURES = tuple(_MODEL_TYPES.values())
-_FAMILY_OF_ARCHITECTURE = {arch: family for family in FAMILIES
-                           for arch in family.MODEL_TYPES.values()}
+_FAMILY_OF_ARCHITECTURE = {
+    arch: family for family in FAMILIES for arch in family.MODEL_TYPES.values()
+}
 
 
 def _family(cfg: ModelConfig):
@@ -45,8 +47,10 @@ def _architecture(hf: dict) -> str:
     archs = hf.get("architectures") or []
     arch = archs[0] if archs else _MODEL_TYPES.get(hf.get("model_type"), hf.get("model_type"))
     if arch not in SUPPORTED_ARCHITECTURES:
-        raise HFError(f"unsupported architecture {arch!r} (config.json architectures={archs}, "
-                      f"model_type={hf.get('model_type')!r}); supported: {SUPPORTED_ARCHITECTURES}")
+        raise HFError(
+            f"unsupported architecture {arch!r} (config.json architectures={archs}, "
+            f"model_type={hf.get('model_type')!r}); supported: {SUPPORTED_ARCHITECTURES}"
+        )
     return str(arch)  # one of SUPPORTED_ARCHITECTURES
 
 

@@ -5,6 +5,7 @@ Each tensor is read lazily (memory-mapped safetensors) and every parameter is bu
 slice that device holds, so no full host copy of the model (nor of a tensor, per device) is made.
 Expert weights are read from either checkpoint layout (one tensor per expert, or fused).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -43,12 +44,14 @@ def _read_expert_slice(handles, files, entry: Entry, index: tuple, dtype) -> np.
     in the block's range are read, from either checkpoint layout."""
     lo, hi = index[0].indices(entry.experts)[:2]
     if _layout(entry, files) == "split":
-        parts = [_read_slice(handles[files[one.hf_name]], one, index[1:], dtype)
-                 for one in entry.per_expert()[lo:hi]]
+        parts = [
+            _read_slice(handles[files[one.hf_name]], one, index[1:], dtype)
+            for one in entry.per_expert()[lo:hi]
+        ]
         return np.stack(parts) if parts else np.zeros((0,) + entry.shape[1:], dtype)
     name, part, _ = entry.fused  # type: ignore[misc]  # set on every expert entry
     n = entry.hf_shape[0]
-    block = np.asarray(handles[files[name]].get_slice(name)[lo:hi, part * n:(part + 1) * n])
+    block = np.asarray(handles[files[name]].get_slice(name)[lo:hi, part * n : (part + 1) * n])
     split = [s for g in entry.groups for s in g]
     block = block.reshape((hi - lo, *split)).transpose((0, *(q + 1 for q in entry.perm)))
     return np.ascontiguousarray(block[(slice(None), *index[1:])], dtype=dtype)
@@ -97,6 +100,7 @@ def _checkpoint_files(path: str) -> dict[str, str]:
     if not files:
         raise HFError(f"no *.safetensors files (nor model.safetensors.index.json) in {path}")
     from safetensors import safe_open
+
     out = {}
     for file in files:
         with safe_open(file, framework="numpy") as h:
@@ -126,8 +130,10 @@ def load_params(path, mesh=None, cfg: Optional[ModelConfig] = None, dtype=None):
     if any(n.startswith(llama4.TEXT_PREFIX) for n in files):
         files, entries = llama4.language_model_only(files, entries, path, cfg)
     with contextlib.ExitStack() as stack:
-        handles = {f: stack.enter_context(safe_open(f, framework="numpy"))
-                   for f in sorted(set(files.values()))}
+        handles = {
+            f: stack.enter_context(safe_open(f, framework="numpy"))
+            for f in sorted(set(files.values()))
+        }
         _check_names_and_shapes(entries, files, handles, cfg, path)
         abstract = nnx.eval_shape(lambda: Transformer(cfg, nnx.Rngs(params=0)))
         graphdef, state = nnx.split(abstract)
@@ -144,9 +150,11 @@ def load_params(path, mesh=None, cfg: Optional[ModelConfig] = None, dtype=None):
             def block(index, e=e, cache=cache):
                 key = tuple(sl.indices(n)[:2] for sl, n in zip(index, e.shape))
                 if key not in cache:
-                    cache[key] = (_read_expert_slice(handles, files, e, index, np_dtype)
-                                  if e.experts else
-                                  _read_slice(handles[files[e.hf_name]], e, index, np_dtype))
+                    cache[key] = (
+                        _read_expert_slice(handles, files, e, index, np_dtype)
+                        if e.experts
+                        else _read_slice(handles[files[e.hf_name]], e, index, np_dtype)
+                    )
                 return cache[key]
 
             variables[e.path].set_value(jax.make_array_from_callback(e.shape, sharding, block))
@@ -166,16 +174,20 @@ def _check_names_and_shapes(entries, files, handles, cfg, path) -> None:
     for e in entries:
         layout = _layout(e, files)
         if layout == "missing":
-            raise HFError(f"missing expert tensors for {'.'.join(map(str, e.path))}: neither "
-                          f"{e.hf_name.format(e=0)!r} (per-expert) nor {e.fused[0]!r} (fused) "
-                          f"is in {path}")
+            raise HFError(
+                f"missing expert tensors for {'.'.join(map(str, e.path))}: neither "
+                f"{e.hf_name.format(e=0)!r} (per-expert) nor {e.fused[0]!r} (fused) "
+                f"is in {path}"
+            )
         if layout == "fused":
             name, _, parts = e.fused
             want = (e.experts, parts * e.hf_shape[0], e.hf_shape[1])
             got = tuple(handles[files[name]].get_slice(name).get_shape())
             if got != want:
-                raise HFError(f"tensor {name!r}: checkpoint shape {got} != expected shape "
-                              f"{want} for config {cfg.name!r}")
+                raise HFError(
+                    f"tensor {name!r}: checkpoint shape {got} != expected shape "
+                    f"{want} for config {cfg.name!r}"
+                )
             expected.add(name)
         else:
             plain += e.per_expert() if layout == "split" else [e]
@@ -185,10 +197,14 @@ def _check_names_and_shapes(entries, files, handles, cfg, path) -> None:
             raise HFError(f"missing tensor {e.hf_name!r} (expected shape {e.hf_shape}) in {path}")
         got = tuple(handles[files[e.hf_name]].get_slice(e.hf_name).get_shape())
         if got != e.hf_shape:
-            raise HFError(f"tensor {e.hf_name!r}: checkpoint shape {got} != expected shape "
-                          f"{e.hf_shape} for config {cfg.name!r}")
+            raise HFError(
+                f"tensor {e.hf_name!r}: checkpoint shape {got} != expected shape "
+                f"{e.hf_shape} for config {cfg.name!r}"
+            )
     extra = sorted(n for n in files if n not in expected and not _is_ignorable(n, cfg))
     if extra:
         shapes = {n: tuple(handles[files[n]].get_slice(n).get_shape()) for n in extra[:5]}
-        raise HFError(f"unexpected tensors in {path} (not used by this {architecture_of(cfg)} "
-                      f"config): {len(extra)} e.g. {shapes}")
+        raise HFError(
+            f"unexpected tensors in {path} (not used by this {architecture_of(cfg)} "
+            f"config): {len(extra)} e.g. {shapes}"
+        )

@@ -4,6 +4,7 @@
 Export gathers one parameter at a time and streams it into the safetensors file, whose header is
 computed up front from shapes alone.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,6 +29,7 @@ def _to_host(x) -> np.ndarray:
     if getattr(x, "is_fully_addressable", True):
         return np.asarray(jax.device_get(x))
     from jax.experimental import multihost_utils
+
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
@@ -37,8 +39,11 @@ def _write_safetensors(file: str, entries: list, arrays_of) -> None:
     header, offset = {}, 0
     for e, dt in entries:
         nbytes = math.prod(e.hf_shape) * np.dtype(dt).itemsize
-        header[e.hf_name] = {"dtype": _ST_DTYPES[np.dtype(dt).name], "shape": list(e.hf_shape),
-                             "data_offsets": [offset, offset + nbytes]}
+        header[e.hf_name] = {
+            "dtype": _ST_DTYPES[np.dtype(dt).name],
+            "shape": list(e.hf_shape),
+            "data_offsets": [offset, offset + nbytes],
+        }
         offset += nbytes
     header["__metadata__"] = {"format": "pt"}
     raw = json.dumps(header, separators=(",", ":")).encode()
@@ -49,8 +54,14 @@ def _write_safetensors(file: str, entries: list, arrays_of) -> None:
             f.write(np.ascontiguousarray(arrays_of(e), dtype=dt).tobytes())
 
 
-def export(params, cfg: ModelConfig, out_dir, max_shard_bytes: int = 5_000_000_000,
-           dtype=None, extra_config: Optional[dict[str, Any]] = None) -> list[str]:
+def export(
+    params,
+    cfg: ModelConfig,
+    out_dir,
+    max_shard_bytes: int = 5_000_000_000,
+    dtype=None,
+    extra_config: Optional[dict[str, Any]] = None,
+) -> list[str]:
     """Write `config.json` + safetensors (+ `model.safetensors.index.json` when sharded) that
     `transformers` loads. `params`: the nnx.State (sharded or not). Each parameter is gathered
     to the host on its own, so peak host memory is one tensor. In multi-process runs every
@@ -80,8 +91,11 @@ def export(params, cfg: ModelConfig, out_dir, max_shard_bytes: int = 5_000_000_0
             size = 0
         shards[-1].append((e, dt))
         size += nbytes
-    names = (["model.safetensors"] if len(shards) == 1 else
-             [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))])
+    names = (
+        ["model.safetensors"]
+        if len(shards) == 1
+        else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    )
     writer = jax.process_index() == 0
     if writer:
         os.makedirs(out_dir, exist_ok=True)
@@ -96,14 +110,17 @@ def export(params, cfg: ModelConfig, out_dir, max_shard_bytes: int = 5_000_000_0
 
     def hf_piece(e: Entry) -> np.ndarray:
         if e.path not in gathered:
-            value = flat[e.path].get_value() if isinstance(flat[e.path], nnx.Variable) \
-                else flat[e.path]
+            value = (
+                flat[e.path].get_value() if isinstance(flat[e.path], nnx.Variable) else flat[e.path]
+            )
             gathered.clear()
             gathered[e.path] = _to_host(value)
         ours = gathered[e.path]
         if ours.shape != full_shapes[e.path]:
-            raise HFError(f"param {'.'.join(map(str, e.path))}: shape {ours.shape} != "
-                          f"{full_shapes[e.path]} expected by config {cfg.name!r}")
+            raise HFError(
+                f"param {'.'.join(map(str, e.path))}: shape {ours.shape} != "
+                f"{full_shapes[e.path]} expected by config {cfg.name!r}"
+            )
         if e.expert >= 0:
             ours = ours[e.expert]
         split = ours.transpose(np.argsort(e.perm))
@@ -121,8 +138,10 @@ def export(params, cfg: ModelConfig, out_dir, max_shard_bytes: int = 5_000_000_0
     if writer:
         if len(shards) > 1:
             total = sum(math.prod(e.hf_shape) * dt.itemsize for e in entries)
-            index = {"metadata": {"total_size": total},
-                     "weight_map": {e.hf_name: n for n, s in zip(names, shards) for e, _ in s}}
+            index = {
+                "metadata": {"total_size": total},
+                "weight_map": {e.hf_name: n for n, s in zip(names, shards) for e, _ in s},
+            }
             with open(os.path.join(out_dir, "model.safetensors.index.json"), "w") as f:
                 json.dump(index, f, indent=2)
         hf_cfg = config_to_hf(cfg.replace(param_dtype=dt.name))
