@@ -21,10 +21,10 @@ UNMEASURED = {
     "scalerl_jax/rewards/_weak.py": "runs only inside the code sandbox",
     # The reward pool SIGKILLs its children when it closes (a stuck verifier cannot be asked
     # to stop), so they never write their coverage data.
-    "scalerl_jax/reward_child.py": "the reward pool's child, SIGKILLed when the pool closes",
+    "scalerl_jax/rewards/pool_child.py": "the reward pool's child, SIGKILLed when the pool closes",
     # Started only by a training run with forecasting on: test_forecast's end-to-end test, too
     # slow for the quick tests.
-    "scalerl_jax/forecast_child.py": "the forecaster's child, started by a training run",
+    "scalerl_jax/scaling/forecast_child.py": "the forecaster's child, started by a training run",
 }
 
 
