@@ -7,9 +7,10 @@
   synthetic:TASK[?knob=value&...]                               CPU testbed (data/synthetic.py)
 
 Order of operations, all deterministic given the rows and `DataConfig.seed`:
-1. read records; map `prompt_field` / `answer_field` (dotted paths for nested keys, e.g.
-   "meta.question" or "messages.0.content"); the reference answer is read from the answer
-   field by `answer_format` (data/answers.py: "raw", "gsm8k" for "#### N", "boxed");
+1. read records (data/records.py); map `prompt_field` / `answer_field` (dotted paths for
+   nested keys, e.g. "meta.question" or "messages.0.content"); the reference answer is read
+   from the answer field by `answer_format` (data/answers.py: "raw", "gsm8k" for "#### N",
+   "boxed");
    malformed rows (an answer the format cannot read among them) are skipped and counted, and
    more than `max_bad_fraction` of them is an error naming the counts;
 2. give each row a stable id (the `id_field` value when present, else a hash of the problem
@@ -33,11 +34,8 @@ skipped rows still advance the cursor.
 from __future__ import annotations
 
 import dataclasses
-import glob
 import hashlib
-import json
 import logging
-import os
 import random
 import urllib.parse
 from collections import Counter
@@ -46,12 +44,9 @@ from typing import Any, Callable, Iterator, NamedTuple, Optional
 from scalerl_jax.config import DataConfig
 from scalerl_jax.data import synthetic
 from scalerl_jax.data.answers import answer_reader
+from scalerl_jax.data.records import DataError, Invalid, read_records
 
 log = logging.getLogger(__name__)
-
-
-class DataError(ValueError):
-    """The data cannot be used as configured. The message names the source and the numbers."""
 
 
 class Row(NamedTuple):
@@ -80,126 +75,6 @@ class LoadStats:
     @property
     def num_bad(self) -> int:
         return sum(self.bad.values())
-
-
-class _Invalid(NamedTuple):
-    reason: str
-
-
-# ---------------------------------------------------------------------------------- readers
-def read_records(source: str, split: str = "train") -> Iterator[tuple[str, Any]]:
-    """(where, record) pairs: `where` locates the record for error messages."""
-    if source.startswith("hf:"):
-        yield from _read_hf(source[3:], split)
-    elif source.startswith("tfds:"):
-        yield from _read_tfds(source[5:], split)
-    else:
-        yield from _read_local(source, split)
-
-
-def _read_local(path: str, split: str) -> Iterator[tuple[str, Any]]:
-    exts = (".jsonl", ".json", ".parquet")
-    if os.path.isdir(path):
-        files = sorted(
-            f for f in glob.glob(os.path.join(path, "**", "*"), recursive=True) if f.endswith(exts)
-        )
-        # HF-style layouts keep splits side by side (data/train-00000.parquet, test-...).
-        in_split = [f for f in files if split in os.path.basename(f)]
-        files = in_split or files
-        if not files:
-            raise DataError(f"DataConfig.source={path!r}: directory holds no {exts} files")
-    elif not os.path.exists(path):
-        raise DataError(
-            f"DataConfig.source={path!r}: no such file; expected a local {exts} "
-            "path, or hf:NAME, tfds:NAME, synthetic:TASK"
-        )
-    elif not path.endswith(exts):
-        raise DataError(f"DataConfig.source={path!r}: unsupported file type; use {exts}")
-    else:
-        files = [path]
-    for f in files:
-        yield from (_read_parquet(f) if f.endswith(".parquet") else _read_json(f))
-
-
-def _read_json(path: str) -> Iterator[tuple[str, Any]]:
-    with open(path, encoding="utf-8", errors="replace") as fh:
-        if path.endswith(".json"):
-            head = fh.read(1 << 12).lstrip()
-            fh.seek(0)
-            if head.startswith("["):  # a JSON array of records, not JSON lines
-                try:
-                    records = json.load(fh)
-                except json.JSONDecodeError as e:
-                    raise DataError(f"{path}: not valid JSON ({e})") from None
-                for i, record in enumerate(records):
-                    yield f"{path}[{i}]", record
-                return
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                yield f"{path}:{lineno}", json.loads(line)
-            except json.JSONDecodeError:
-                yield f"{path}:{lineno}", _Invalid("invalid JSON")
-
-
-def _read_parquet(path: str) -> Iterator[tuple[str, Any]]:
-    import pyarrow.parquet as pq
-
-    try:
-        parquet = pq.ParquetFile(path)
-    except Exception as e:  # pyarrow raises several types for unreadable files
-        raise DataError(f"{path}: not a readable Parquet file ({e})") from None
-    n = 0
-    for batch in parquet.iter_batches(batch_size=8192):
-        for record in batch.to_pylist():
-            yield f"{path}:row {n}", record
-            n += 1
-
-
-def _read_hf(spec: str, split: str) -> Iterator[tuple[str, Any]]:
-    try:
-        import datasets
-    except ImportError:
-        raise DataError(
-            f"DataConfig.source='hf:{spec}' needs the Hugging Face `datasets` "
-            "package, which is not installed: pip install datasets"
-        ) from None
-    if os.path.isdir(spec) and any(
-        os.path.exists(os.path.join(spec, f))
-        for f in ("dataset_info.json", "dataset_dict.json", "state.json")
-    ):
-        ds = datasets.load_from_disk(spec)  # a save_to_disk directory
-        if isinstance(ds, datasets.DatasetDict):
-            ds = ds[split]
-    elif os.path.isfile(spec):
-        builder = "parquet" if spec.endswith(".parquet") else "json"
-        ds = datasets.load_dataset(builder, data_files=spec, split="train")
-    else:
-        name, _, config = spec.partition(":")
-        ds = datasets.load_dataset(name, config or None, split=split)
-    for i, record in enumerate(ds):
-        yield f"hf:{spec}[{split}][{i}]", record
-
-
-def _read_tfds(name: str, split: str) -> Iterator[tuple[str, Any]]:
-    try:
-        import tensorflow_datasets as tfds
-    except ImportError:
-        raise DataError(
-            f"DataConfig.source='tfds:{name}' needs tensorflow-datasets, which is "
-            "not installed: pip install 'scalerl_jax[tfds]'"
-        ) from None
-    for i, record in enumerate(tfds.as_numpy(tfds.load(name, split=split))):
-        yield f"tfds:{name}[{split}][{i}]", _from_numpy(record)
-
-
-def _from_numpy(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _from_numpy(v) for k, v in value.items()}
-    if isinstance(value, bytes):
-        return value.decode("utf-8", errors="replace")
-    return value.item() if hasattr(value, "item") and getattr(value, "ndim", 1) == 0 else value
 
 
 # ----------------------------------------------------------------------------------- parsing
@@ -266,7 +141,7 @@ def parse_records(
     n = duplicates = 0
     for where, record in records:
         n += 1
-        reason = record.reason if isinstance(record, _Invalid) else None
+        reason = record.reason if isinstance(record, Invalid) else None
         if reason is None and not isinstance(record, dict):
             reason = f"not an object ({type(record).__name__})"
         if reason is None:

@@ -23,6 +23,9 @@ Fields the user set explicitly (`pinned`) are kept. Everything here is arithmeti
 and the topology table: nothing touches devices or data, so a plan for any slice can be printed
 on a laptop (`experiments/run.py --dry-run --tpu v5p-256`). The memory and time formulas are in
 plan/estimate.py.
+
+One responsibility keeps it whole at ~500 lines: deciding a plan (the search over layouts,
+its memory checks, and the text that explains the choice, which names those checks' numbers).
 """
 
 from __future__ import annotations

@@ -19,6 +19,9 @@ exactly, also when the program writes a float for an integer answer (`12.0` = 12
 not 1000); a number written with a decimal point or exponent in the expected output is matched
 within 1e-6 (relative, or absolute below 1), in exact decimal arithmetic (no digit limit, no
 overflow to inf).
+
+One responsibility keeps it whole at ~500 lines: the verdict on a program's tests, from
+parsing them through the sandboxed runs to the comparison of what comes out.
 """
 
 from __future__ import annotations

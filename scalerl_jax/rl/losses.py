@@ -61,22 +61,19 @@ Common metrics: ``tokens``, ``sequences``, ``prompts`` (when prompt_index is giv
 ``normaliser`` (aggregation divisor), ``pg_loss``, ``ratio_mean`` / ``ratio_max`` (token mean /
 max over counted tokens of the ratio the objective uses), ``kl`` / ``entropy`` when given
 (aggregated like the loss), plus the objective's clip/cap fractions (token fractions).
+
+This module holds the objectives and the `policy_loss` dispatch, ~600 lines because each
+objective's docstring states its formula and its relation to TRL/verl; the frame they share
+(input checks and sanitising, TIS weight, KL/entropy terms, aggregation) is ``rl/loss_parts.py``.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, Callable, Optional
 
-import jax
 import jax.numpy as jnp
 
-from scalerl_jax.rl.aggregation import (
-    counted_mask,
-    masked_max,
-    masked_mean,
-    token_weights,
-    weighted_sum,
-)
+from scalerl_jax.rl.aggregation import masked_mean
 from scalerl_jax.rl.hparams import (
     HPARAM_NAMES,
     OBJECTIVE_HPARAMS,
@@ -84,6 +81,18 @@ from scalerl_jax.rl.hparams import (
     check_objective,
     describe_unused,
     unused_hparams,
+)
+from scalerl_jax.rl.loss_parts import (
+    KL_ESTIMATORS,
+    check_tis,
+    finish,
+    kl_penalty,
+    log_ratio,
+    prepare,
+    ratio_metrics,
+    sg,
+    tis_weight,
+    weighted,
 )
 
 __all__ = [
@@ -100,163 +109,6 @@ __all__ = [
     "ppo_clip_loss",
     "tis_loss",
 ]
-
-KL_ESTIMATORS = ("k1", "k3")
-LOG_RATIO_CLAMP = 20.0
-
-sg = jax.lax.stop_gradient
-
-
-class _Batch(NamedTuple):
-    logp: jax.Array  # fp32, 0 where not counted
-    behaviour_logp: jax.Array
-    advantages: jax.Array  # fp32 [N, T], 0 where not counted
-    counted: jax.Array  # bool [N, T]
-    weights: jax.Array  # aggregation weights [N, T]
-    metrics: dict
-
-
-def _f32(x, counted):
-    return jnp.where(counted, jnp.asarray(x).astype(jnp.float32), 0.0)
-
-
-def _prepare(
-    logp,
-    behaviour_logp,
-    advantages,
-    mask,
-    prompt_index,
-    num_prompts,
-    aggregation,
-    max_length,
-    weights,
-    **optional,
-) -> _Batch:
-    shape = tuple(jnp.shape(logp))
-    if len(shape) != 2:
-        raise ValueError(f"logp must be [N, T], got shape {shape}")
-    for name, x in (
-        ("behaviour_logp", behaviour_logp),
-        ("mask", mask),
-        ("weights", weights),
-        *optional.items(),
-    ):
-        if x is not None and tuple(jnp.shape(x)) != shape:
-            raise ValueError(f"{name} must have logp's shape {shape}, got {tuple(jnp.shape(x))}")
-    adv_shape = tuple(jnp.shape(advantages))
-    if adv_shape not in (shape, shape[:1]):
-        raise ValueError(f"advantages must be [N]=({shape[0]},) or [N, T]={shape}, got {adv_shape}")
-    agg_weights, metrics = token_weights(
-        mask, prompt_index, aggregation=aggregation, num_prompts=num_prompts, max_length=max_length
-    )
-    counted = counted_mask(mask, prompt_index, num_prompts)
-    if weights is None:
-        weights = agg_weights
-    else:
-        # Weights computed over the whole batch and sliced per micro-batch: this call's own
-        # normaliser would be the micro-batch's, so it is not reported.
-        weights = sg(jnp.where(counted, jnp.asarray(weights).astype(jnp.float32), 0.0))
-        del metrics["normaliser"]
-    adv = jnp.asarray(advantages).astype(jnp.float32)
-    adv = jnp.broadcast_to(adv[:, None] if adv.ndim == 1 else adv, shape)
-    # Sanitising every input at uncounted positions keeps NaN out of the backward pass too
-    # (0 * inf in a product rule would otherwise leak through the weights).
-    return _Batch(
-        _f32(logp, counted),
-        _f32(behaviour_logp, counted),
-        _f32(adv, counted),
-        counted,
-        weights,
-        metrics,
-    )
-
-
-def _log_ratio(numerator, denominator):
-    return jnp.clip(numerator - denominator, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-
-
-def kl_penalty(logp: jax.Array, ref_logp: jax.Array, estimator: str = "k3") -> jax.Array:
-    """Per-token KL(pi_theta || pi_ref) estimate from samples of pi_theta, in fp32.
-
-    k1 = log pi - log pi_ref; k3 = exp(log pi_ref - log pi) - (log pi_ref - log pi) - 1 (>= 0,
-    Schulman's low-variance estimator; GRPO's choice). The difference is clamped like ratios.
-    """
-    if estimator not in KL_ESTIMATORS:
-        raise ValueError(f"kl_estimator={estimator!r}: must be one of {KL_ESTIMATORS}")
-    logp = jnp.asarray(logp).astype(jnp.float32)
-    ref_logp = jnp.asarray(ref_logp).astype(jnp.float32)
-    if estimator == "k1":
-        return logp - ref_logp
-    d = _log_ratio(ref_logp, logp)
-    return jnp.exp(d) - d - 1.0
-
-
-def _finish(b: _Batch, pg_tok, metrics, *, ref_logp, kl_coef, kl_estimator, entropy, entropy_coef):
-    if kl_coef < 0 or entropy_coef < 0:
-        raise ValueError(f"kl_coef={kl_coef}, entropy_coef={entropy_coef}: must be >= 0")
-    if kl_estimator not in KL_ESTIMATORS:
-        raise ValueError(f"kl_estimator={kl_estimator!r}: must be one of {KL_ESTIMATORS}")
-    pg_loss = weighted_sum(pg_tok, b.weights)
-    loss = pg_loss
-    out = dict(b.metrics)
-    out.update(metrics)
-    out["pg_loss"] = pg_loss
-    if ref_logp is not None:
-        kl = weighted_sum(kl_penalty(b.logp, _f32(ref_logp, b.counted), kl_estimator), b.weights)
-        out["kl"] = kl
-        if kl_coef:
-            loss = loss + kl_coef * kl
-    elif kl_coef:
-        raise ValueError(f"kl_coef={kl_coef} needs ref_logp [N, T]")
-    if entropy is not None:
-        ent = weighted_sum(_f32(entropy, b.counted), b.weights)
-        out["entropy"] = ent
-        if entropy_coef:
-            loss = loss - entropy_coef * ent
-    elif entropy_coef:
-        raise ValueError(f"entropy_coef={entropy_coef} needs entropy [N, T]")
-    out["loss"] = loss
-    return loss, {k: jnp.asarray(v, jnp.float32) for k, v in out.items()}
-
-
-def _ratio_metrics(ratio, counted):
-    return {"ratio_mean": masked_mean(ratio, counted), "ratio_max": masked_max(ratio, counted)}
-
-
-def _check_tis(tis_cap, old_logp, who: str):
-    if tis_cap is None:
-        if old_logp is not None:
-            raise ValueError(
-                f"old_logp is only used with tis_cap: without it {who} takes its "
-                "ratio against behaviour_logp (pass tis_cap to correct the "
-                "sampler/trainer mismatch with old_logp)"
-            )
-    elif not tis_cap > 0:
-        raise ValueError(f"tis_cap={tis_cap}: must be > 0")
-
-
-def _tis(b: _Batch, old_logp, tis_cap):
-    """(denominator of the objective's ratio, TIS weight or None, TIS metrics).
-
-    Without tis_cap the ratio is against the sampler, as in ScaleRL. With it, the ratio is
-    against pi_old (old_logp, else the current policy as data) and the mismatch between the
-    trainer's pi_old and the sampler moves into a separate capped weight, as verl and MiniMax
-    do; the weight is data (stop-gradient), like the log-probs it is made of.
-    """
-    if tis_cap is None:
-        return b.behaviour_logp, None, {}
-    old = sg(b.logp if old_logp is None else _f32(old_logp, b.counted))
-    ratio = jnp.exp(_log_ratio(old, b.behaviour_logp))
-    metrics = {
-        "tis_frac": masked_mean(ratio > tis_cap, b.counted),
-        "tis_ratio_mean": masked_mean(ratio, b.counted),
-        "tis_ratio_max": masked_max(ratio, b.counted),
-    }
-    return old, sg(jnp.minimum(ratio, tis_cap)), metrics
-
-
-def _weighted(pg_tok, tis_weight):
-    return pg_tok if tis_weight is None else tis_weight * pg_tok
 
 
 def cispo_loss(
@@ -296,8 +148,8 @@ def cispo_loss(
         raise ValueError(f"ratio_cap={ratio_cap}: must be > 0 (absolute cap on rho)")
     if ratio_floor is not None and not 0 <= ratio_floor < ratio_cap:
         raise ValueError(f"ratio_floor={ratio_floor}: must be in [0, ratio_cap={ratio_cap})")
-    _check_tis(tis_cap, old_logp, "objective='cispo'")
-    b = _prepare(
+    check_tis(tis_cap, old_logp, "objective='cispo'")
+    b = prepare(
         logp,
         behaviour_logp,
         advantages,
@@ -311,18 +163,18 @@ def cispo_loss(
         ref_logp=ref_logp,
         entropy=entropy,
     )
-    denominator, tis_w, metrics = _tis(b, old_logp, tis_cap)
-    rho = jnp.exp(_log_ratio(sg(b.logp), denominator))
+    denominator, tis_w, metrics = tis_weight(b, old_logp, tis_cap)
+    rho = jnp.exp(log_ratio(sg(b.logp), denominator))
     w = jnp.minimum(rho, ratio_cap)
-    metrics.update(_ratio_metrics(rho, b.counted))
+    metrics.update(ratio_metrics(rho, b.counted))
     metrics["cap_frac"] = masked_mean(rho > ratio_cap, b.counted)
     if ratio_floor is not None:
         w = jnp.maximum(w, ratio_floor)
         metrics["floor_frac"] = masked_mean(rho < ratio_floor, b.counted)
     else:
         metrics["floor_frac"] = jnp.float32(0.0)
-    pg_tok = _weighted(-sg(w) * b.advantages * b.logp, tis_w)
-    return _finish(
+    pg_tok = weighted(-sg(w) * b.advantages * b.logp, tis_w)
+    return finish(
         b,
         pg_tok,
         metrics,
@@ -399,8 +251,8 @@ def ppo_clip_loss(
     ``clip_frac`` (either: tokens whose gradient clipping zeroed), ``dual_clip_frac``.
     """
     _check_clip("clip_eps_low", clip_eps_low, "clip_eps_high", clip_eps_high, dual_clip)
-    _check_tis(tis_cap, old_logp, "ppo_clip_loss")
-    b = _prepare(
+    check_tis(tis_cap, old_logp, "ppo_clip_loss")
+    b = prepare(
         logp,
         behaviour_logp,
         advantages,
@@ -414,16 +266,16 @@ def ppo_clip_loss(
         ref_logp=ref_logp,
         entropy=entropy,
     )
-    denominator, tis_w, metrics = _tis(b, old_logp, tis_cap)
-    rho = jnp.exp(_log_ratio(b.logp, denominator))
+    denominator, tis_w, metrics = tis_weight(b, old_logp, tis_cap)
+    rho = jnp.exp(log_ratio(b.logp, denominator))
     pg_tok, clip_metrics = _clipped_surrogate(
         rho, b.advantages, b.counted, clip_eps_low, clip_eps_high, dual_clip
     )
     metrics.update(clip_metrics)
-    metrics.update(_ratio_metrics(rho, b.counted))
-    return _finish(
+    metrics.update(ratio_metrics(rho, b.counted))
+    return finish(
         b,
-        _weighted(pg_tok, tis_w),
+        weighted(pg_tok, tis_w),
         metrics,
         ref_logp=ref_logp,
         kl_coef=kl_coef,
@@ -463,7 +315,7 @@ def grpo_loss(
             f"objective='grpo' clips symmetrically but clip_eps_low={clip_eps_low} "
             f"!= clip_eps_high={clip_eps_high}; use 'dapo'"
         )
-    _check_tis(tis_cap, old_logp, "objective='grpo'")
+    check_tis(tis_cap, old_logp, "objective='grpo'")
     return ppo_clip_loss(
         logp,
         behaviour_logp,
@@ -511,7 +363,7 @@ def dapo_loss(
 ):
     """DAPO clip-higher: PPO-clip with eps_low 0.2, eps_high 0.28 (ScaleRL's DAPO baseline: 0.26);
     DAPO aggregates by 'token'. See `ppo_clip_loss`."""
-    _check_tis(tis_cap, old_logp, "objective='dapo'")
+    check_tis(tis_cap, old_logp, "objective='dapo'")
     return ppo_clip_loss(
         logp,
         behaviour_logp,
@@ -575,8 +427,8 @@ def gspo_loss(
     Metrics: ``ratio_mean``/``ratio_max`` are of s_i over counted tokens; clip fractions as PPO's.
     """
     _check_clip("gspo_eps_low", gspo_eps_low, "gspo_eps_high", gspo_eps_high, None)
-    _check_tis(tis_cap, old_logp, "objective='gspo'")
-    b = _prepare(
+    check_tis(tis_cap, old_logp, "objective='gspo'")
+    b = prepare(
         logp,
         behaviour_logp,
         advantages,
@@ -590,19 +442,19 @@ def gspo_loss(
         ref_logp=ref_logp,
         entropy=entropy,
     )
-    denominator, tis_w, metrics = _tis(b, old_logp, tis_cap)
+    denominator, tis_w, metrics = tis_weight(b, old_logp, tis_cap)
     n = jnp.maximum(b.counted.sum(axis=1), 1).astype(jnp.float32)
-    seq_log_ratio = _log_ratio(jnp.sum(b.logp - denominator, axis=1) / n, 0.0)
+    seq_log_ratio = log_ratio(jnp.sum(b.logp - denominator, axis=1) / n, 0.0)
     s = jnp.exp(sg(seq_log_ratio)[:, None] + b.logp - sg(b.logp))
     pg_tok, clip_metrics = _clipped_surrogate(
         s, b.advantages, b.counted, gspo_eps_low, gspo_eps_high, None
     )
     del clip_metrics["dual_clip_frac"]
     metrics.update(clip_metrics)
-    metrics.update(_ratio_metrics(s, b.counted))
-    return _finish(
+    metrics.update(ratio_metrics(s, b.counted))
+    return finish(
         b,
-        _weighted(pg_tok, tis_w),
+        weighted(pg_tok, tis_w),
         metrics,
         ref_logp=ref_logp,
         kl_coef=kl_coef,
@@ -648,8 +500,8 @@ def tis_loss(
     """
     if tis_cap is None:
         raise ValueError("tis_cap=None: objective='tis' needs a cap (> 0; PipelineRL uses 5)")
-    _check_tis(tis_cap, old_logp, "objective='tis'")
-    b = _prepare(
+    check_tis(tis_cap, old_logp, "objective='tis'")
+    b = prepare(
         logp,
         behaviour_logp,
         advantages,
@@ -663,14 +515,14 @@ def tis_loss(
         ref_logp=ref_logp,
         entropy=entropy,
     )
-    _, w, tis_metrics = _tis(b, old_logp, tis_cap)
+    _, w, tis_metrics = tis_weight(b, old_logp, tis_cap)
     metrics = {
         "ratio_mean": tis_metrics["tis_ratio_mean"],
         "ratio_max": tis_metrics["tis_ratio_max"],
         "tis_frac": tis_metrics["tis_frac"],
     }
     pg_tok = -w * b.advantages * b.logp
-    return _finish(
+    return finish(
         b,
         pg_tok,
         metrics,

@@ -50,6 +50,10 @@ Groups are emitted when all G samples are done, to `on_group` or to an internal 
 read with `get` / iteration. An exception in the driver thread (bad prompt, model error,
 callback error) stops the loop and is re-raised, as `DriverError` from the original, by the next
 `get`, iteration, `update_params` or `join` in the caller.
+
+One responsibility keeps this module whole at ~600 lines: the loop above, whose steps (refill,
+generate, interruptions, rewinds, group assembly, weight swaps) all read and update the same
+per-slot bookkeeping of one `Driver`; a split would pass that state across modules.
 """
 
 from __future__ import annotations

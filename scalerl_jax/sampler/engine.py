@@ -28,6 +28,10 @@ Differences from JetStream, on purpose:
   instead of samples, flagged as forced) and `rewind` (move a slot back to an earlier length, e.g.
   when a multi-step `generate` call ran past an interruption point; entries past the length are
   never read, so this is exact).
+
+One responsibility keeps this module whole at ~600 lines: the `Engine`, whose jitted
+operations share one decode state layout, its shardings and its compiled programs; the types
+above are that state's parts.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The training loop, top to bottom: run directory, meshes, data, initial policy (SFT warm-up),
-state and step, resume, sampler, loop, fit. `_run` reads as that list; each phase is a function
-below it, in the order they run, and `_Run` holds what the start-up opened for the loop, the
-evaluations and the end of the run. One responsibility, the order of a run, keeps it at ~550
-lines: its phases share `_Run` and read best in one file, top to bottom.
+state and step, resume, sampler, loop, fit. `_run` reads as that list; the start-up phases it
+calls are in train/startup.py, the SFT warm-up, export and fit in train/stages.py, and this
+module keeps `_run`, the loop and the evaluations below it, in the order they run. `_Run` holds
+what the start-up opened for the loop, the evaluations and the end of the run.
 
 Every host runs this same program. Each host samples its own share of every step's prompts on
 its sampler devices (train/pipeline.py: PipelineRL-k, ppo_off_policy or sync, all by admission
@@ -31,8 +31,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import os
-import shutil
 import threading
 import time
 from typing import Any, Callable, NamedTuple, Optional
@@ -44,29 +42,21 @@ from scalerl_jax import checkpoint as ckpt_lib
 from scalerl_jax import mesh as mesh_lib
 from scalerl_jax import metrics as metrics_lib
 from scalerl_jax import rundir
-from scalerl_jax.config import ConfigError, RunConfig, SFTConfig, field_defaults
-from scalerl_jax.data.mixture import open_source
-from scalerl_jax.interrupt import Watchdog
-from scalerl_jax.models.tokenizer import copy_tokenizer_files
+from scalerl_jax.config import ConfigError, RunConfig, field_defaults
 from scalerl_jax.models.transformer import matmul_params
-from scalerl_jax.multihost import allgather_objects, barrier
-from scalerl_jax.heartbeat import HEARTBEAT, phase
-from scalerl_jax.progress import SFT_FIELDS, Progress
-from scalerl_jax.rewards import RewardPool, answer_checks, domain_verifiers, use_processes
+from scalerl_jax.multihost import allgather_objects
+from scalerl_jax.heartbeat import phase
+from scalerl_jax.progress import Progress
+from scalerl_jax.rewards import RewardPool
 from scalerl_jax.rl.curriculum import NoPositiveResampling
-from scalerl_jax.sampler.driver import Driver, driver_token_ids
-from scalerl_jax.sampler.engine import Engine
-from scalerl_jax.sampler.weight_sync import WeightSync
-from scalerl_jax.scaling import report
 from scalerl_jax.scaling.forecast import Forecaster
 from scalerl_jax.tracking import Tracker
 from scalerl_jax.train import batch as batch_lib
-from scalerl_jax.train import sft as sft_lib
-from scalerl_jax.train import state as state_lib
+from scalerl_jax.train import stages
+from scalerl_jax.train import startup
 from scalerl_jax.train.evaluate import evaluate, group_domain, score_groups
-from scalerl_jax.train.feed import PromptFeed
-from scalerl_jax.train.pipeline import Rollouts, Schedule
-from scalerl_jax.train.step import batch_shards, make_train_step
+from scalerl_jax.train.pipeline import Schedule
+from scalerl_jax.train.step import batch_shards
 
 log = logging.getLogger(__name__)
 
@@ -145,11 +135,11 @@ def _run(
     curriculum = NoPositiveResampling(threshold=cfg.pipeline.retire_pass_rate)
     retire = cfg.pipeline.no_positive_resampling
     # `skip` looks `curriculum` up at call time: it sees the one restored below.
-    verifiers, source, validation, pool = _open_data(
+    verifiers, source, validation, pool = startup.open_data(
         cfg, tokenizer, cleanup, skip=lambda pid: curriculum.is_retired(pid) if retire else False
     )
     first_step_done = threading.Event()  # before this invocation's first step, nothing is unsaved
-    policy = _open_policy(
+    policy = startup.open_policy(
         cfg, tokenizer, cleanup, trainer_mesh, source, first_step_done, wandb_project
     )
     state, meta, model_cfg = policy.state, policy.meta, policy.model_cfg
@@ -161,10 +151,10 @@ def _run(
     )
     if "compute" in meta:
         meter.load_state_dict(meta["compute"])
-    writer, forecaster, missing = _open_metrics(
+    writer, forecaster, missing = startup.open_metrics(
         cfg, cleanup, policy.tracker, start, resumed=policy.restored
     )
-    sampling, sampler_params = _open_sampler(
+    sampling, sampler_params = startup.open_sampler(
         cfg,
         tokenizer,
         cleanup,
@@ -223,26 +213,6 @@ def _run(
     return _finish(ctx, state, last, stopped_by, fit)
 
 
-class _Policy(NamedTuple):
-    checkpoints: ckpt_lib.Checkpointer
-    tracker: Tracker
-    restored: bool  # resumed from a checkpoint of this run directory
-    state: Any
-    meta: dict  # the checkpoint's host-side state ({} for a fresh start)
-    model_cfg: Any
-    train_step: Callable
-
-
-class _Sampling(NamedTuple):
-    engine: Engine
-    sync: WeightSync
-    feed: PromptFeed
-    driver: Driver
-    driver_kwargs: dict
-    seed: int
-    rollouts: Rollouts
-
-
 @dataclasses.dataclass(frozen=True)
 class _Run:
     """What the loop, the evaluations and the end of a run use, opened by `_run`'s start-up
@@ -263,184 +233,12 @@ class _Run:
     meter: metrics_lib.ComputeMeter
     model_cfg: Any
     train_step: Callable
-    sampling: _Sampling
+    sampling: startup.Sampling
     bar: Progress
     first_step_done: threading.Event
 
     def record(self, event: str, step: int, **fields) -> dict:
-        return _record(self.writer, self.tracker, event, step, **fields)
-
-
-def _record(writer, tracker: Tracker, event: str, step: int, **fields) -> dict:
-    if writer is None:
-        return {"event": event, "step": step, **fields}
-    rec = writer.write(event, step, **fields)
-    tracker.write(rec)
-    return rec
-
-
-def _open_data(cfg: RunConfig, tokenizer, cleanup: contextlib.ExitStack, skip):
-    """Each domain's verifier; this host's shard of the training prompts (one source, or a
-    mixture of domains drawn by weight); the validation prompts; the reward pool."""
-    verifiers = domain_verifiers(cfg.data, cfg.reward.verifier, cfg.reward.code_isolation)
-    source = open_source(
-        cfg.data,
-        tokenizer,
-        process_index=jax.process_index(),
-        process_count=jax.process_count(),
-        skip=skip,
-        check_answers=answer_checks(cfg.data, cfg.reward.verifier),
-    )
-    validation = source.validation()[: cfg.eval.num_prompts]
-    # Thread or child-process workers, decided from all domains' sources.
-    processes = use_processes(cfg.reward, cfg.data)
-    pool = RewardPool(
-        cfg.reward.workers,
-        cfg.reward.timeout_s,
-        reward_correct=cfg.loss.reward_correct,
-        reward_incorrect=cfg.loss.reward_incorrect,
-        processes=processes,
-    )
-    cleanup.callback(pool.close)
-    return verifiers, source, validation, pool
-
-
-def _open_policy(
-    cfg: RunConfig,
-    tokenizer,
-    cleanup: contextlib.ExitStack,
-    trainer_mesh,
-    source,
-    first_step_done: threading.Event,
-    wandb_project,
-) -> _Policy:
-    """The checkpointer with its stop signals, and the policy: the newest good checkpoint, else
-    the initial policy (SFT warm-up, HF checkpoint, or init); the jitted train step."""
-    _, abstract = state_lib.abstract_train_state(cfg.model, cfg.optim, trainer_mesh, cfg.seed)
-    checkpoints = ckpt_lib.Checkpointer(
-        os.path.join(cfg.workdir, "checkpoints"),
-        save_every=cfg.checkpoint_every,
-        keep=cfg.keep_checkpoints,
-        keep_every=cfg.keep_every,
-    )
-    checkpoints.install_signal_handlers()
-    cleanup.callback(checkpoints.close)
-    cleanup.enter_context(
-        Watchdog(
-            can_exit=lambda: not first_step_done.is_set(),
-            describe=HEARTBEAT.line,
-            nothing_lost="nothing trained since the last checkpoint, so nothing to save (re-run "
-            "the same command to resume)",
-            acknowledged=lambda: checkpoints.stop_signal is not None,
-        )
-    )
-    restored = checkpoints.restore(abstract)
-    if jax.process_index() == 0:  # the first write: everything above has validated
-        rundir.write_config(cfg.workdir, cfg.to_dict())
-    tracker = cleanup.enter_context(
-        Tracker(cfg.workdir, enabled=jax.process_index() == 0, wandb_project=wandb_project)
-    )
-    if restored is None:
-        init = cfg.hf_checkpoint
-        if cfg.sft is not None:
-            init = _warm_up(cfg, cfg.sft, trainer_mesh, tokenizer, source.validation(), tracker)
-        model_cfg, graphdef, state = state_lib.create_train_state(
-            cfg.model, cfg.optim, trainer_mesh, seed=cfg.seed, hf_checkpoint=init
-        )
-        meta = {}
-    else:
-        (state, meta), model_cfg = restored, cfg.model
-        graphdef = state_lib.graphdef_of(model_cfg)
-        log.info("resumed from step %d in %s", int(state.step), cfg.workdir)
-    train_step = make_train_step(
-        graphdef,
-        abstract,
-        trainer_mesh,
-        model_cfg=model_cfg,
-        loss_cfg=cfg.loss,
-        optim_cfg=cfg.optim,
-        num_prompts=cfg.pipeline.prompts_per_step,
-        max_length=cfg.sampler.max_new_tokens,
-    )
-    return _Policy(checkpoints, tracker, restored is not None, state, meta, model_cfg, train_step)
-
-
-def _open_metrics(
-    cfg: RunConfig, cleanup: contextlib.ExitStack, tracker: Tracker, start: int, resumed: bool
-):
-    """(metrics writer, forecaster, whether the evaluation of `start` is missing), after the
-    run's opening record. Records after the restored step are superseded."""
-    main = jax.process_index() == 0
-    writer = None
-    if main:
-        metrics_lib.truncate_after(cfg.workdir, start)
-        writer = cleanup.enter_context(metrics_lib.MetricsWriter(cfg.workdir))
-    # Online forecast (process 0): each evaluation queues a refit of the sigmoid in a
-    # low-priority child process; finished forecasts are written by the trainer's thread,
-    # after the step that saw them.
-    forecaster = cleanup.enter_context(
-        Forecaster.for_run(cfg.forecast, cfg.workdir, total_steps=cfg.steps, enabled=main)
-    )
-    _record(
-        writer,
-        tracker,
-        "run",
-        start,
-        schema=metrics_lib.SCHEMA_VERSION,
-        time=time.time(),
-        resumed=resumed,
-        config=cfg.to_dict(),
-    )
-    # The base policy is evaluated at step 0; a resumed run re-evaluates its restored step only
-    # if that evaluation was due and did not survive. Host 0 knows; all hosts must agree.
-    missing = (
-        main
-        and (start == 0 or start % cfg.eval.every_steps == 0)
-        and not any(e["step"] == start for e in metrics_lib.read_metrics(cfg.workdir).of("eval"))
-    )
-    return writer, forecaster, allgather_objects(missing)[0]
-
-
-def _open_sampler(
-    cfg: RunConfig,
-    tokenizer,
-    cleanup: contextlib.ExitStack,
-    model_cfg,
-    sampler_mesh,
-    trainer_mesh,
-    schedule: Schedule,
-    source,
-    state,
-    meta: dict,
-):
-    """The engine on this host's sampler mesh, weights synced from the trainer mesh, and the
-    driver that samples ahead of the trainer in its thread; (sampling, the synced params)."""
-    host = jax.process_index()
-    engine = Engine(model_cfg, sampler_mesh, cfg.sampler, seed=cfg.seed)
-    sync = WeightSync.for_engine(trainer_mesh, engine)  # engine dtypes, bounded groups
-    feed = PromptFeed(source, tokenizer)
-    if "data" in meta:
-        feed.load_state_dict(meta["data"][host])
-    driver_kwargs = driver_token_ids(
-        cfg.sampler, tokenizer, max_forced_tokens=engine.max_forced_tokens
-    )
-    sampler_params = sync(state.params)
-    seed = cfg.seed + 7919 * host  # tickets are per host: keep hosts' samples apart
-    start = int(state.step)
-    driver = Driver(
-        engine,
-        sampler_params,
-        feed,
-        group_size=cfg.pipeline.generations_per_prompt,
-        version=start,
-        seed=seed,
-        admit=lambda version: feed.issued < schedule.limit(version),
-        max_queued_groups=schedule.window + schedule.batch,
-        **driver_kwargs,
-    )
-    rollouts = Rollouts(driver, feed, schedule).start()
-    cleanup.callback(rollouts.stop)
-    return _Sampling(engine, sync, feed, driver, driver_kwargs, seed, rollouts), sampler_params
+        return startup.record(self.writer, self.tracker, event, step, **fields)
 
 
 def _train(ctx: _Run, state, sampler_params):
@@ -627,7 +425,7 @@ def _finish(ctx: _Run, state, last: dict, stopped_by: Optional[str], fit: bool) 
     model_dir = None
     if stopped_by is None:  # finished: the policy for transformers, then the last checkpoint
         # Export first: a run that a re-run finds complete then always has its model/.
-        model_dir = _export(state.params, ctx.model_cfg, ctx.tokenizer, cfg)
+        model_dir = stages.export(state.params, ctx.model_cfg, ctx.tokenizer, cfg)
         with phase(f"saving step {int(state.step)}"):
             checkpoints.save(int(state.step), state, lambda: _meta(ctx, state))
     _write_forecasts(ctx, ctx.forecaster.finish(timeout=None if stopped_by is None else 0.0))
@@ -645,7 +443,7 @@ def _finish(ctx: _Run, state, last: dict, stopped_by: Optional[str], fit: bool) 
     )
     if fit and main and stopped_by is None:
         with phase("fitting the scaling curve"):
-            result.fit, result.fit_reason, result.domain_fits = _fit(cfg.workdir)
+            result.fit, result.fit_reason, result.domain_fits = stages.fit(cfg.workdir)
     return result
 
 
@@ -697,74 +495,3 @@ def _check_not_diverged(skipped_in_a_row: int, cfg: RunConfig, step: int, m: dic
             f"checkpoint is intact; lower OptimConfig.learning_rate={cfg.optim.learning_rate} "
             "or check the data"
         )
-
-
-def _warm_up(cfg: RunConfig, sft: SFTConfig, mesh, tokenizer, validation, tracker: Tracker) -> str:
-    """The SFT stage (reused when WORKDIR/sft is complete); returns its HF model directory."""
-    out = os.path.join(cfg.workdir, "sft")
-    if sft_lib.is_done(out):
-        return sft_lib.model_dir(out)
-    tracker.purge("sft", 0)
-    with (
-        Progress(
-            "sft",
-            sft.steps,
-            fields=SFT_FIELDS,
-            tokens_key="tokens",
-            enabled=None if jax.process_index() == 0 else False,
-        ) as bar,
-        phase("SFT warm-up", total=sft.steps, unit="steps") as shown,
-    ):
-
-        def on_step(step, metrics):
-            bar.update(step, metrics)
-            shown.update(step)
-            tracker.write({"event": "sft", "step": step, **metrics})
-
-        return sft_lib.run_sft(
-            sft,
-            cfg.model,
-            cfg.data,
-            mesh,
-            tokenizer,
-            out_dir=out,
-            seed=cfg.seed,
-            exclude=validation,
-            hf_checkpoint=cfg.hf_checkpoint,
-            logprob_chunk=sft.optim.logprob_chunk,
-            on_step=on_step,
-        )
-
-
-def _export(params, model_cfg, tokenizer, cfg: RunConfig) -> str:
-    """WORKDIR/model: the policy as an HF checkpoint (written beside, then renamed into place),
-    with the tokenizer files of the checkpoint the run started from. Collective."""
-    out = os.path.join(cfg.workdir, "model")
-    partial = out + ".partial"
-    with phase(f"exporting the final policy to {out}", announce=True):
-        if jax.process_index() == 0:
-            shutil.rmtree(partial, ignore_errors=True)
-        ckpt_lib.export_hf(
-            params, model_cfg, partial, extra_config={"eos_token_id": int(tokenizer.eos_id)}
-        )
-        if jax.process_index() == 0:
-            copy_tokenizer_files(cfg.hf_checkpoint, partial)
-            shutil.rmtree(out, ignore_errors=True)
-            os.replace(partial, out)
-    barrier("model_written")
-    return out
-
-
-def _fit(workdir: str) -> tuple[Optional[dict], Optional[str], dict]:
-    """Fit the run's own validation curve (and a mixture's per-domain curves) into
-    WORKDIR/fit; (headline, None, domain headlines) or (None, why, ...)."""
-    try:
-        analysis, files = report.fit_run_dir(workdir)
-    except (ValueError, KeyError, FileNotFoundError) as err:
-        return None, str(err), {}
-    log.info("scaling fit written to %s", os.path.dirname(files[0]))
-    return (
-        report.headline(analysis),
-        None if analysis.fit.ok else analysis.fit.reason,
-        report.domain_headlines(analysis),
-    )
