@@ -859,27 +859,44 @@ import jax.numpy as jnp
 from scalerl_jax import losses
 
 # 2 prompts x 2 generations, 4 positions; rows of one prompt need not be adjacent.
-rewards = jnp.array([1.0, -1.0, -1.0, 1.0])      # +-1 correctness per generation
+rewards = jnp.array([1.0, -1.0, -1.0, 1.0])  # +-1 correctness per generation
 prompt_index = jnp.array([0, 1, 0, 1])
-mask = jnp.array([[1, 1, 1, 0],                  # 1 = policy-sampled completion token
-                  [1, 1, 0, 0],
-                  [1, 1, 1, 1],
-                  [1, 0, 0, 0]])
+mask = jnp.array(
+    [
+        [1, 1, 1, 0],  # 1 = policy-sampled completion token
+        [1, 1, 0, 0],
+        [1, 1, 1, 1],
+        [1, 0, 0, 0],
+    ]
+)
 behaviour_logp = jnp.log(jnp.full((4, 4), 0.5))  # from the sampler
-logp_init = behaviour_logp + 0.1                 # stands in for your model's log-probs
+logp_init = behaviour_logp + 0.1  # stands in for your model's log-probs
 
 advantages, keep, adv_metrics = losses.group_advantages(
-    rewards, prompt_index, num_prompts=2, norm="batch", filter_zero_variance=True)
+    rewards, prompt_index, num_prompts=2, norm="batch", filter_zero_variance=True
+)
+
 
 @functools.partial(jax.jit, static_argnames=("objective", "aggregation"))
 def loss_fn(logp, objective="cispo", aggregation="prompt"):
-    return losses.policy_loss(objective, logp, behaviour_logp, advantages, mask * keep[:, None],
-                              prompt_index, num_prompts=2, aggregation=aggregation,
-                              ratio_cap=4.0)
+    return losses.policy_loss(
+        objective,
+        logp,
+        behaviour_logp,
+        advantages,
+        mask * keep[:, None],
+        prompt_index,
+        num_prompts=2,
+        aggregation=aggregation,
+        ratio_cap=4.0,
+    )
+
 
 (loss, metrics), grad = jax.value_and_grad(loss_fn, has_aux=True)(logp_init)
-print(f"loss={float(loss):.4f} tokens={int(metrics['tokens'])} "
-      f"cap_frac={float(metrics['cap_frac']):.2f}")
+print(
+    f"loss={float(loss):.4f} tokens={int(metrics['tokens'])} "
+    f"cap_frac={float(metrics['cap_frac']):.2f}"
+)
 """
 
 

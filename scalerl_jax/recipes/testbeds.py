@@ -135,6 +135,8 @@ def testbed_mix(**overrides) -> RunConfig:
         sft.optim.total_steps = 400
     """
     base = testbed()
+    base_sft = base.sft
+    assert base_sft is not None  # testbed() has an SFT stage
     cfg = dataclasses.replace(
         base,
         data=dataclasses.replace(
@@ -146,13 +148,12 @@ def testbed_mix(**overrides) -> RunConfig:
                 DomainConfig("code", MIX_CODE, verifier="code"),
             ),
         ),
-        # testbed() has an SFT stage.
-        sft=dataclasses.replace(  # type: ignore[type-var]
-            base.sft,
+        sft=dataclasses.replace(
+            base_sft,
             source=f"{MIX_MATH}&direct=0.7|{MIX_CODE[len('synthetic:') :]}&direct=0.7",
             steps=400,
-            optim=dataclasses.replace(base.sft.optim, total_steps=400),
-        ),  # type: ignore[union-attr]
+            optim=dataclasses.replace(base_sft.optim, total_steps=400),
+        ),
         workdir="runs/testbed-mix",
     )
     return dataclasses.replace(cfg, **overrides) if overrides else cfg

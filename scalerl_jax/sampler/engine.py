@@ -163,19 +163,21 @@ class Engine:
         slot = mesh_lib.named(mesh, "cache_batch", shape=(b,))
         slot2 = mesh_lib.named(mesh, "cache_batch", None, shape=(b, 2))
         layers = model_cfg.num_layers
-        # DecodeState and Prefix double as pytrees of the matching shardings.
-        self.state_shardings = DecodeState(
+        # DecodeState and Prefix double as pytrees of the matching shardings (so the fields
+        # hold shardings where the annotations say arrays).
+        fields: dict[str, Any] = dict(
             cache=KVCache(
                 (mesh_lib.named(mesh, *KEY_AXES, shape=kshape),) * layers,
                 (mesh_lib.named(mesh, *VALUE_AXES, shape=vshape),) * layers,
             ),
-            lengths=slot,  # type: ignore[arg-type]
+            lengths=slot,
             next_token=slot,
             active=slot,
-            rng=slot2,  # type: ignore[arg-type]
-            queue=mesh_lib.named(mesh, "cache_batch", None, shape=(b, q)),  # type: ignore[arg-type]
+            rng=slot2,
+            queue=mesh_lib.named(mesh, "cache_batch", None, shape=(b, q)),
             queue_len=slot,
-        )  # type: ignore[arg-type]
+        )
+        self.state_shardings = DecodeState(**fields)
         self._replicated = NamedSharding(mesh, PartitionSpec())
 
         st, rep = self.state_shardings, self._replicated
