@@ -71,7 +71,9 @@ def bench_peak(args, device) -> dict:
         "part": "peak",
         "device": str(device.device_kind),
         "platform": device.platform,
-        "bf16_matmul_tflops": round(flops / 1e12, 2),
+        # Significant digits, not decimals: a small smoke-run matmul on a busy CPU is well
+        # under 0.01 TFLOP/s, and the MFU below divides by this figure.
+        "bf16_matmul_tflops": float(f"{flops / 1e12:.3g}"),
         "n": args.peak_n,
         "hbm_gb_s": round(bandwidth / 1e9, 1),
         "copy_mib": args.copy_mib,
