@@ -163,8 +163,7 @@ class Engine:
         slot = mesh_lib.named(mesh, "cache_batch", shape=(b,))
         slot2 = mesh_lib.named(mesh, "cache_batch", None, shape=(b, 2))
         layers = model_cfg.num_layers
-        # DecodeState and Prefix double as pytrees of the matching shardings (so the fields
-        # hold shardings where the annotations say arrays).
+        # DecodeState and Prefix double as pytrees of shardings (where annotations say arrays).
         fields: dict[str, Any] = dict(
             cache=KVCache(
                 (mesh_lib.named(mesh, *KEY_AXES, shape=kshape),) * layers,
