@@ -79,6 +79,49 @@ def test_hand_written_backward_equals_autodiff_of_log_softmax(chunk, with_entrop
         np.testing.assert_allclose(g, w, rtol=2e-4, atol=2e-4)
 
 
+@pytest.mark.parametrize("chunk", [None, 8])
+def test_temperature_is_softmax_of_scaled_logits_values_and_gradients(chunk):
+    """At temperature tau: log_softmax(logits / tau) and its entropy, and the custom backward's
+    gradients equal autodiff of that formulation (the 1 / tau in the cotangent)."""
+    hidden, kernel, targets = _inputs(t=21)
+    tau = 0.6
+    w_lp = jax.random.normal(jax.random.PRNGKey(9), targets.shape)
+    w_ent = jax.random.normal(jax.random.PRNGKey(10), targets.shape)
+
+    def ours(h, k):
+        lp, ent = token_logprobs(h, k, targets, chunk_size=chunk, temperature=tau)
+        return jnp.sum(w_lp * lp) + jnp.sum(w_ent * ent), (lp, ent)
+
+    def ref(h, k):
+        lp, ent = _reference(h, k / tau, targets)
+        return jnp.sum(w_lp * lp) + jnp.sum(w_ent * ent), (lp, ent)
+
+    got, (lp, ent) = jax.grad(ours, argnums=(0, 1), has_aux=True)(hidden, kernel)
+    want, (ref_lp, ref_ent) = jax.grad(ref, argnums=(0, 1), has_aux=True)(hidden, kernel)
+    np.testing.assert_allclose(lp, ref_lp, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(ent, ref_ent, rtol=1e-5, atol=1e-5)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=2e-4, atol=2e-4)
+    untempered, _ = token_logprobs(hidden, kernel, targets, chunk_size=chunk)
+    assert float(jnp.abs(lp - untempered).max()) > 0.1  # the temperature changed something
+
+
+def test_temperature_matches_the_samplers_behaviour_logprob():
+    """The sampler's log-prob of the token it drew at temperature tau (no top-k / top-p) is the
+    trainer's log-prob of that token at tau: the ratio of a fresh sample is 1."""
+    from scalerl_jax.sampler.sampling import sample
+
+    hidden, kernel, _ = _inputs(b=1, t=64)
+    logits = (hidden[0] @ kernel).astype(jnp.float32)  # 64 rows, one per decode slot
+    keys = jax.random.split(jax.random.PRNGKey(3), 64)
+    for tau in (0.7, 1.3):
+        tokens, sampler_lp = sample(logits, keys, temperature=tau)
+        trainer_lp, _ = token_logprobs(hidden, kernel, tokens[None], temperature=tau)
+        np.testing.assert_allclose(trainer_lp[0], sampler_lp, rtol=1e-5, atol=1e-5)
+        at_one, _ = token_logprobs(hidden, kernel, tokens[None])
+        assert float(jnp.abs(at_one[0] - sampler_lp).max()) > 0.05
+
+
 def test_fp32_head_from_bf16_hidden_and_bf16_head_ablation():
     hidden, kernel, targets = _inputs(dtype=jnp.bfloat16)
     logp, _ = token_logprobs(hidden, kernel, targets, chunk_size=8, fp32=True)
@@ -96,6 +139,8 @@ def test_bad_shapes_are_named():
         token_logprobs(hidden, kernel[:8], targets)
     with pytest.raises(ValueError, match="targets"):
         token_logprobs(hidden, kernel, targets[:, :5])
+    with pytest.raises(ValueError, match="temperature=0"):
+        token_logprobs(hidden, kernel, targets, temperature=0)
 
 
 def _temp_bytes(t, chunk, b=2, d=64, v=4096):

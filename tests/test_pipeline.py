@@ -147,6 +147,18 @@ def test_sync_is_reproducible_and_resume_matches_an_uninterrupted_run(tmp_path):
     assert evals_a == evals_b and [s for s, _ in evals_a] == [0, 3, 6]
 
 
+def test_trainer_scores_tokens_at_the_samplers_temperature(tmp_path):
+    """In sync mode every batch is sampled by the parameters that train on it, so the trainer's
+    log-prob of each token must equal the sampler's: at temperature 0.5 too (the trainer divides
+    its logits by the sampler's temperature; scoring at 1 gave a KL of ~0.009 here)."""
+    cfg = tiny_config(tmp_path / "t", "pipeline.mode=sync", "sampler.temperature=0.5")
+    records = train_records(trainer.run(dataclasses.replace(cfg, steps=2), fit=False).workdir)
+    assert [r["step"] for r in records] == [1, 2] and records[0]["tokens"] > 0
+    for r in records:
+        assert abs(r["kl_sampler_k1"]) < 1e-4 and r["kl_sampler_k3"] < 1e-5, r
+        assert abs(r["ratio_max"] - 1) < 1e-2, r
+
+
 def test_ppo_off_policy_takes_k_steps_per_round_with_frozen_weights(tmp_path):
     result = trainer.run(tiny_config(tmp_path / "ppo", "pipeline.mode=ppo_off_policy"), fit=False)
     records = train_records(result.workdir)

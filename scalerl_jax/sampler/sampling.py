@@ -2,9 +2,10 @@
 
 Which log-prob is reported. RL needs the behaviour policy's probability of each token it actually
 sampled, so `sample` returns the fp32 log-prob under the distribution it drew from: logits divided
-by the temperature, restricted to the top-k / top-p set and renormalised over that set. With
-temperature 1 and no top-k / top-p this is exactly `log_softmax(model.logits(h))`, the trainer's
-log-prob of the same token. Two cases have no such distribution and report the untruncated one:
+by the temperature, restricted to the top-k / top-p set and renormalised over that set. Without
+top-k / top-p this is exactly `log_softmax(model.logits(h) / temperature)`, the trainer's
+log-prob of the same token (the train step scores at the sampler's temperature). Two cases have
+no such distribution and report the untruncated one:
 
 * temperature 0 (greedy) is a point mass (log-prob 0, useless for scoring), so greedy reports
   `log_softmax(logits)` at temperature 1;

@@ -25,8 +25,8 @@ import numpy as np
 from scalerl_jax.models.layers import dense
 
 
-def _logits(hidden, kernel, fp32: bool, logits_sharding):
-    """[B, C, D] x [D, V] -> fp32 logits [B, C, V]."""
+def _logits(hidden, kernel, fp32: bool, logits_sharding, temperature: float = 1.0):
+    """[B, C, D] x [D, V] -> fp32 logits [B, C, V], divided by the temperature."""
     # Mirrors Transformer.logits: an fp32 head multiplies fp32 operands (the ScaleRL fix for
     # sampler/trainer mismatch); a bf16 head (the ablation) rounds its logits to bf16.
     dt = jnp.float32 if fp32 else hidden.dtype
@@ -34,6 +34,8 @@ def _logits(hidden, kernel, fp32: bool, logits_sharding):
         hidden.astype(dt), kernel.astype(dt), preferred_element_type=jnp.float32 if fp32 else None
     )
     logits = logits.astype(jnp.float32)
+    if temperature != 1.0:  # after the fp32 cast, the same op as the sampler's
+        logits = logits / jnp.float32(temperature)
     if logits_sharding is not None:
         logits = jax.lax.with_sharding_constraint(logits, logits_sharding)
     return logits
@@ -60,32 +62,38 @@ def _stats_from_logits(logits, targets, with_entropy: bool):
     return logp, entropy, lse
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
-def _chunk_stats(kernel, hidden, targets, fp32, with_entropy, logits_sharding, keep_logits):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6, 7))
+def _chunk_stats(
+    kernel, hidden, targets, fp32, with_entropy, logits_sharding, keep_logits, temperature
+):
     """hidden [B, C, D], targets [B, C] -> (logp [B, C], entropy [B, C] or None), fp32.
 
     Hand-written backward: with logits l, p = softmax(l), lse its normaliser and H the entropy,
     d logp_t / d l = onehot(t) - p and d H / d l = -p * (l - lse + H), so the cotangent of the
     logits is one elementwise pass over exp(l - lse) given the saved [B, C] lse and H. The
     [B, C, V] logits are recomputed by one matmul (`keep_logits=False`, the chunked path: only
-    [B, C]-sized residuals) or kept from the forward pass (`keep_logits=True`, one chunk)."""
-    logits = _logits(hidden, kernel, fp32, logits_sharding)
+    [B, C]-sized residuals) or kept from the forward pass (`keep_logits=True`, one chunk).
+    With a temperature tau the logits are l = hW / tau, so the matmul's cotangent is that of l
+    divided by tau."""
+    logits = _logits(hidden, kernel, fp32, logits_sharding, temperature)
     logp, entropy, _ = _stats_from_logits(logits, targets, with_entropy)
     return logp, entropy
 
 
-def _chunk_stats_fwd(kernel, hidden, targets, fp32, with_entropy, logits_sharding, keep_logits):
-    logits = _logits(hidden, kernel, fp32, logits_sharding)
+def _chunk_stats_fwd(
+    kernel, hidden, targets, fp32, with_entropy, logits_sharding, keep_logits, temperature
+):
+    logits = _logits(hidden, kernel, fp32, logits_sharding, temperature)
     logp, entropy, lse = _stats_from_logits(logits, targets, with_entropy)
     res = (kernel, hidden, targets, lse, entropy, logits if keep_logits else None)
     return (logp, entropy), res
 
 
-def _chunk_stats_bwd(fp32, with_entropy, logits_sharding, keep_logits, res, cts):
+def _chunk_stats_bwd(fp32, with_entropy, logits_sharding, keep_logits, temperature, res, cts):
     kernel, hidden, targets, lse, entropy, logits = res
     g_logp, g_ent = cts
     if logits is None:
-        logits = _logits(hidden, kernel, fp32, logits_sharding)
+        logits = _logits(hidden, kernel, fp32, logits_sharding, temperature)
     shifted = logits - lse[..., None]  # log p
     probs = jnp.exp(shifted)
     vocab = jax.lax.broadcasted_iota(jnp.int32, logits.shape, 2)
@@ -93,6 +101,8 @@ def _chunk_stats_bwd(fp32, with_entropy, logits_sharding, keep_logits, res, cts)
     g_logits = g_logp[..., None] * (onehot - probs)
     if with_entropy and g_ent is not None:
         g_logits = g_logits - g_ent[..., None] * probs * (shifted + entropy[..., None])
+    if temperature != 1.0:
+        g_logits = g_logits / jnp.float32(temperature)
     if logits_sharding is not None:
         g_logits = jax.lax.with_sharding_constraint(g_logits, logits_sharding)
     # Transposes of the forward einsum in its dtype: a bf16 head's backward runs in bf16 too.
@@ -121,6 +131,7 @@ def token_logprobs(
     fp32: bool = True,
     with_entropy: bool = True,
     logits_sharding=None,
+    temperature: float = 1.0,
 ) -> tuple[jax.Array, Optional[jax.Array]]:
     """log pi(targets) and the policy entropy at every position.
 
@@ -130,7 +141,9 @@ def token_logprobs(
     and small models). T need not be a multiple of chunk_size: the tail is zero-padded and the
     padded positions are dropped from the result. `logits_sharding` (optional, for use under
     jit on a mesh): the sharding of each [B, chunk, V] logits block, e.g. rows over the batch
-    axes and V over `tensor`, so the partitioner never replicates a block.
+    axes and V over `tensor`, so the partitioner never replicates a block. `temperature` (> 0):
+    the distribution softmax(logits / temperature), the one a sampler at that temperature draws
+    from, so that RL's ratio compares the trainer and the sampler on the same distribution.
     """
     if hidden.ndim != 3 or kernel.ndim != 2 or targets.shape != hidden.shape[:2]:
         raise ValueError(
@@ -141,9 +154,14 @@ def token_logprobs(
         raise ValueError(
             f"token_logprobs: hidden size {hidden.shape[2]} != kernel rows {kernel.shape[0]}"
         )
+    if not temperature > 0:
+        raise ValueError(f"token_logprobs: temperature={temperature} must be > 0")
+    temperature = float(temperature)
     b, t, d = hidden.shape
     if chunk_size is None or chunk_size >= t:
-        return _chunk_stats(kernel, hidden, targets, fp32, with_entropy, logits_sharding, True)
+        return _chunk_stats(
+            kernel, hidden, targets, fp32, with_entropy, logits_sharding, True, temperature
+        )
     if chunk_size <= 0:
         raise ValueError(f"token_logprobs: chunk_size={chunk_size} must be > 0 or None")
     n = -(-t // chunk_size)
@@ -155,7 +173,9 @@ def token_logprobs(
     ts = targets.reshape(b, n, chunk_size).swapaxes(0, 1)
 
     def step(carry, xs):
-        return carry, _chunk_stats(kernel, *xs, fp32, with_entropy, logits_sharding, False)
+        return carry, _chunk_stats(
+            kernel, *xs, fp32, with_entropy, logits_sharding, False, temperature
+        )
 
     _, (logp, entropy) = jax.lax.scan(step, None, (hs, ts))
 

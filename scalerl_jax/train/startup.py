@@ -151,6 +151,8 @@ def open_policy(
         optim_cfg=cfg.optim,
         num_prompts=cfg.pipeline.prompts_per_step,
         max_length=cfg.sampler.max_new_tokens,
+        # The ratio's denominator was drawn at the sampler's temperature (greedy reports at 1).
+        temperature=cfg.sampler.temperature or 1.0,
     )
     return Policy(checkpoints, tracker, restored is not None, state, meta, model_cfg, train_step)
 

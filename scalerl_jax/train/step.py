@@ -163,6 +163,7 @@ def make_train_step(
     num_prompts: int,
     max_length: Optional[int] = None,
     donate: bool = True,
+    temperature: float = 1.0,
 ):
     """Build `train_step(state, batch) -> (state, metrics)`, jitted once.
 
@@ -171,6 +172,12 @@ def make_train_step(
     divisor (Dr.GRPO: the max completion length; default T). Log-probs are computed in chunks
     of `optim_cfg.logprob_chunk` positions (None: all at once). The objective gets exactly the
     settings it reads (`loss_cfg.objective_hparams()`, plus aggregation and entropy_coef).
+    temperature: the sampler's (its greedy 0 reports log-probs at 1, so pass 1 then): the
+    trainer's log-probs and entropy are those of softmax(logits / temperature), the distribution
+    the behaviour log-probs come from, so the ratio measures the policy's change and not the
+    temperature. The sampler's top-k / top-p renormalisation is not mirrored: with either set,
+    the sampler's log-prob of a kept token is higher by minus the log of the kept mass, and the
+    ratio reads that as lag.
 
     TIS here. The step has the sampler's log-probs (the batch's behaviour_logp) and the current
     trainer's, but no trainer log-probs at the parameters that sampled the batch (the sampler
@@ -220,6 +227,7 @@ def make_train_step(
                 chunk_size=logprob_chunk,
                 fp32=model_cfg.fp32_head,
                 logits_sharding=logits_sh,
+                temperature=temperature,
             )
             if not loss_cfg.entropy_coef:
                 entropy = sg(entropy)  # metric only: no backward through it
