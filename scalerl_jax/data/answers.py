@@ -24,6 +24,7 @@ import re
 from typing import Callable
 
 from scalerl_jax.config import ANSWER_FORMATS, COMPLETION_FORMATS, ConfigError
+from scalerl_jax.rewards.math_extract import last_boxed  # plain text: no SymPy
 
 GSM8K_MARK = "####"
 # An integer or decimal, optionally negative, with or without comma thousands separators
@@ -50,8 +51,6 @@ def gsm8k_answer(text: str) -> str:
 
 def boxed_answer(text: str) -> str:
     """The content of the last \\boxed{...} (the innermost of nested boxes)."""
-    from scalerl_jax.rewards.math import last_boxed  # sympy and math-verify: only when used
-
     got = last_boxed(text)
     if got is None:
         raise ValueError("the last \\boxed{ is not closed")

@@ -37,7 +37,7 @@ from typing import Any, Optional, Union
 
 from scalerl_jax.config import ConfigError
 from scalerl_jax.rewards import _inside
-from scalerl_jax.rewards.math import strip_thinking
+from scalerl_jax.rewards.math_extract import strip_thinking
 from scalerl_jax.rewards.sandbox import ISOLATIONS, HARNESS, RUNNER, Process, resolve_mode
 
 STATUSES = ("ok", "wrong", "timeout", "crash", "memory", "blocked", "skipped")

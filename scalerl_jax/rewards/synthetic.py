@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from scalerl_jax.rewards.math import strip_thinking
+from scalerl_jax.rewards.math_extract import strip_thinking  # no SymPy for exact match
 
 
 def extract_final(completion: str, require_close: bool = False) -> Optional[str]:
