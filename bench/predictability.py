@@ -150,6 +150,8 @@ def main(argv=None) -> int:
             f,
             indent=2,
         )
+    if rows:
+        print("wrote", plot_half_fits(rows, args, os.path.join(args.out, "halffit.png")))
     return 0
 
 
@@ -225,6 +227,45 @@ def half_fit(workdir: str, seed: int, args, kind: str = "1x") -> dict:
     if whole.ok:
         row.update(A=float(whole.A), B=float(whole.B), C_mid=float(whole.C_mid))
     return row
+
+
+def plot_half_fits(rows: list, args, path: str) -> str:
+    """One panel per run: its evaluations (filled up to half the compute, open after), the
+    sigmoid fitted on the first half (solid there, dashed beyond) and its prediction of the last
+    evaluation against the observed value."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(3.4 * len(rows), 3.4), dpi=110)
+    FigureCanvasAgg(fig)
+    axes = np.atleast_1d(fig.subplots(1, len(rows), sharey=True))
+    for ax, row in zip(axes, rows):
+        curve, _ = load_curve([row["workdir"]], x_key=args.x)
+        half = row["half_compute"]
+        fit = fit_curve(curve, FitSpec(fit_start=args.fit_start * 2 * half, fit_end=half))
+        seen = curve.x <= half
+        ax.scatter(curve.x[seen] / 1e12, curve.y[seen], s=12, color="C0", zorder=3)
+        ax.scatter(curve.x[~seen] / 1e12, curve.y[~seen], s=12, fc="none", ec="C0", zorder=3)
+        if fit.ok:
+            xs = np.linspace(curve.x[curve.x > 0].min(), curve.x.max(), 200)
+            ys = fit.predict(xs)
+            ax.plot(xs[xs <= half] / 1e12, ys[xs <= half], color="C1", lw=1.8)
+            ax.plot(xs[xs > half] / 1e12, ys[xs > half], color="C1", lw=1.8, ls="--")
+            ax.plot(row["final_x"] / 1e12, row["predicted"], "D", color="C1", ms=6, zorder=4)
+        ax.axvline(half / 1e12, color="0.5", lw=0.8, ls=":")
+        error = "no fit" if row["error"] is None else f"error {row['error']:+.3f}"
+        ax.set_title(f"seed {row['seed']}, {row['kind']}: {error}", fontsize=9)
+        ax.set_xlabel("compute (TFLOPs)")
+        ax.grid(True, alpha=0.25)
+    axes[0].set_ylabel("validation pass rate")
+    fig.suptitle(
+        "fitted on the first half of the compute (filled points, solid line); "
+        "diamond: predicted last evaluation",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    fig.savefig(path)
+    return path
 
 
 def half_fit_table(rows: list) -> str:

@@ -55,6 +55,8 @@ def test_half_fit_predicts_a_sigmoids_end_from_its_first_half(bench, tmp_path):
     assert row["rise"] > 0.02 and row["A"] == pytest.approx(0.75, abs=0.03)
     table = bench.half_fit_table([row])
     assert "within 0.02: 1/1" in table and f"{row['error']:+.3f}" in table
+    png = bench.plot_half_fits([row], args, str(tmp_path / "halffit.png"))
+    assert os.path.getsize(png) > 10_000
 
 
 def test_forecast_check_counts_misses_no_fit_and_wrong_stable(bench, tmp_path):
