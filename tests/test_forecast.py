@@ -10,7 +10,13 @@ from scalerl_jax.config import ConfigError, ForecastConfig
 from scalerl_jax.metrics import read_metrics
 from scalerl_jax.progress import Progress, forecast_text
 from scalerl_jax.scaling import report, sigmoid_law
-from scalerl_jax.scaling.forecast import Forecaster, forecast, is_stable, required_compute
+from scalerl_jax.scaling.forecast import (
+    Forecaster,
+    forecast,
+    is_stable,
+    projected_budget,
+    required_compute,
+)
 from test_pipeline import tiny_config as pipeline_tiny_config
 
 FIELDS = (
@@ -64,6 +70,22 @@ def test_required_compute_inverts_the_law():
     assert required_compute(0.4, A, B, C_mid, R0) == pytest.approx(C_mid)  # half the gain
     assert required_compute(0.1, A, B, C_mid, R0) == 0.0
     assert required_compute(0.6, A, B, C_mid, R0) is None
+
+
+def test_projected_budget_follows_the_recent_compute_per_step():
+    # Compute per step grows (completions lengthen): 1 per step for 30 steps, then 2.
+    steps = np.arange(0, 61, 10)
+    xs = np.where(steps <= 30, steps, 30 + 2 * (steps - 30)).astype(float)
+    # At step 60 the last third (steps 40-60) ran at 2 per step: 90 + 2 x 60 left = 210. The
+    # average since step 0 (1.5 per step) would say 180.
+    assert projected_budget(steps, xs, 120) == pytest.approx(210.0)
+    assert projected_budget(steps[:4], xs[:4], 120) == pytest.approx(120.0)  # constant rate
+    # Only the evaluation before the last in the window: its rate; one point: the average.
+    assert projected_budget([0, 30, 45], [0.0, 30.0, 60.0], 90) == pytest.approx(150.0)
+    assert projected_budget([20], [40.0], 100) == pytest.approx(200.0)
+    assert projected_budget([0], [0.0], 100) is None  # before step 1
+    assert projected_budget([0, 10], [0.0, 0.0], 100) is None  # no compute counted yet
+    assert projected_budget([0, 10], [0.0, 5.0], 10) == pytest.approx(5.0)  # at the end
 
 
 @pytest.fixture(scope="module")

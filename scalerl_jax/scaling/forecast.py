@@ -177,11 +177,25 @@ def _to_target(target: float, fit, boot) -> dict:
     return out
 
 
-def projected_budget(x_now: float, step: int, total_steps: int) -> Optional[float]:
-    """The x the run will reach at `total_steps` at its rate so far (None before step 1)."""
-    if step <= 0 or total_steps <= 0 or not x_now > 0:
+def projected_budget(steps, xs, total_steps: int) -> Optional[float]:
+    """The x the run will reach at `total_steps`: x now plus the remaining steps at the recent
+    compute per step (from the evaluations in the last third of the steps so far, else the one
+    before). Not the average since step 0: RL lengthens completions, so a step's compute grows,
+    and on the testbed the average underestimated the run's total by 12-24% at a quarter of it.
+    `steps` ascending, `xs` the x of each; None before step 1 or without compute yet."""
+    steps, xs = np.asarray(steps, np.float64), np.asarray(xs, np.float64)
+    if not len(steps) or total_steps <= 0:
         return None
-    return float(x_now) * total_steps / step
+    step, x_now = steps[-1], xs[-1]
+    if step <= 0 or not x_now > 0:
+        return None
+    earlier = np.flatnonzero(steps < step)
+    if not len(earlier):
+        return float(x_now * total_steps / step)
+    recent = earlier[steps[earlier] >= step * 2 / 3]
+    j = recent[0] if len(recent) else earlier[-1]
+    rate = max((x_now - xs[j]) / (step - steps[j]), 0.0)
+    return float(x_now + rate * max(total_steps - step, 0))
 
 
 class ProcessRunner:
@@ -325,7 +339,7 @@ class Forecaster:
         y = np.array([self._points[s][1] for s in steps])
         budget, source = self.budget, "config"
         if budget is None:
-            budget, source = projected_budget(xy[0], step, self.total_steps), "projected"
+            budget, source = projected_budget(steps, x, self.total_steps), "projected"
         job = _Job(step, x, y, budget, source)
         with self._lock:
             if self._pending is not None:
