@@ -46,8 +46,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from scalerl_jax import recipes  # noqa: E402
-from scalerl_jax.metrics import read_metrics  # noqa: E402
+from scalerl_jax.metrics import eval_xy, read_metrics  # noqa: E402
 from scalerl_jax.scaling import FitSpec, fit_curve  # noqa: E402
+from scalerl_jax.scaling.forecast import forecast, is_stable, projected_budget  # noqa: E402
 from scalerl_jax.scaling.report import load_curve  # noqa: E402
 
 FORECAST_SHARES = (0.25, 0.5, 0.75)
@@ -86,6 +87,12 @@ def main(argv=None) -> int:
     p.add_argument("--compare-steps", type=int, default=180)
     p.add_argument("--eval-every", type=int, default=18)
     p.add_argument(
+        "--replay",
+        action="store_true",
+        help="check the forecasts this checkout's forecaster makes from each run's "
+        "evaluations instead of those the run wrote (runs made before a forecaster change)",
+    )
+    p.add_argument(
         "--x",
         default="compute.flops",
         help="compute axis (FLOPs by default: on a shared machine device-hours "
@@ -113,17 +120,27 @@ def main(argv=None) -> int:
         half_fit(run(f"long-seed{s}", s, 2 * args.steps), s, args, kind="2x")
         for s in args.long_seeds
     ]
-    checks = [
-        dict(seed=r["seed"], kind=r["kind"], final=r["final"], **c)
+    runs = [
+        (r["seed"], r["kind"], r["workdir"], args.steps * (2 if r["kind"] == "2x" else 1))
         for r in rows
-        for c in forecast_checks(r["workdir"], r["final_x"], r["final"])
     ]
-    for s in args.coverage_seeds:
-        workdir = run(f"short-seed{s}", s, args.coverage_steps, every=args.coverage_eval_every)
+    runs += [
+        (
+            s,
+            "short",
+            run(f"short-seed{s}", s, args.coverage_steps, every=args.coverage_eval_every),
+            args.coverage_steps,
+        )
+        for s in args.coverage_seeds
+    ]
+    checks = []
+    for seed, kind, workdir, steps in runs:
         curve, _ = load_curve([workdir], x_key=args.x)
+        final_x, final = float(curve.x[-1]), float(curve.y[-1])
+        records = replay_forecasts(workdir, steps, args.x) if args.replay else None
         checks += [
-            dict(seed=s, kind="short", final=float(curve.y[-1]), **c)
-            for c in forecast_checks(workdir, float(curve.x[-1]), float(curve.y[-1]))
+            dict(seed=seed, kind=kind, final=final, **c)
+            for c in forecast_checks(workdir, final_x, final, records)
         ]
     comparison = None
     if args.compare:
@@ -299,11 +316,40 @@ def half_fit_table(rows: list) -> str:
     return "\n".join(lines)
 
 
-def forecast_checks(workdir: str, final_x: float, final_y: float) -> list:
+def replay_forecasts(workdir: str, total_steps: int, x_key: str, n_boot: int = 100) -> list:
+    """The forecast records this checkout's forecaster makes from the run's evaluations: at each
+    one, what the trainer computes there (`forecast` on the points so far, the budget projected
+    the same way, the bootstrap seeded by the step, `stable` from the forecasts before it). For
+    runs made before a forecaster change; the trainer may also skip an evaluation whose refit
+    was superseded, which a replay does not."""
+    log = read_metrics(workdir)
+    x, y = eval_xy(log, x_key, "pass_rate")
+    steps = sorted({r["step"] for r in log.of("eval")})
+    records, history = [], []
+    for i, step in enumerate(steps):
+        budget = projected_budget(steps[: i + 1], x[: i + 1], total_steps)
+        rec = forecast(
+            x[: i + 1],
+            y[: i + 1],
+            budget=budget,
+            target=None,
+            n_boot=n_boot,
+            seed=step,
+            x_key=x_key,
+        )
+        history.append(rec["A"] if rec["ok"] else None)
+        records.append({"step": step, **rec, "stable": is_stable(history)})
+    return records
+
+
+def forecast_checks(workdir: str, final_x: float, final_y: float, records=None) -> list:
     """The run's online forecast (its `forecast` records) at 25/50/75% of its compute: the first
     forecast whose data reach that share, its predicted final pass rate and 95% interval, whether
-    the interval holds the observed last evaluation, and whether it was flagged `stable`."""
-    records = [r for r in read_metrics(workdir).of("forecast") if r.get("x_max")]
+    the interval holds the observed last evaluation, and whether it was flagged `stable`.
+    `records`: forecast records to check instead of the run's own (`replay_forecasts`)."""
+    if records is None:
+        records = read_metrics(workdir).of("forecast")
+    records = [r for r in records if r.get("x_max")]
     out = []
     for share in FORECAST_SHARES:
         rec = next((r for r in records if r["x_max"] >= share * final_x), None)

@@ -99,6 +99,28 @@ def test_forecast_check_counts_misses_no_fit_and_wrong_stable(bench, tmp_path):
     assert "no fit: too few points" in table
 
 
+def test_replay_makes_the_trainers_forecast_at_each_evaluation(bench, tmp_path):
+    from scalerl_jax.scaling.forecast import forecast
+
+    # Compute per step grows with the step, as completions lengthen.
+    steps = np.arange(0, 100, 9)
+    flops = 1e10 * steps * (1 + steps / 100)
+    rates = [0.25] + [_sigmoid(c) for c in flops[1:]]
+    workdir = _write_run(tmp_path / "run", list(zip(steps.tolist(), flops.tolist(), rates)))
+    records = bench.replay_forecasts(workdir, 180, "compute.flops", n_boot=20)
+    assert [r["step"] for r in records] == list(steps)
+    assert not records[0]["ok"] and records[-1]["ok"]
+    last = records[-1]
+    # The budget from the recent compute per step, beyond the average's projection.
+    assert last["budget"] > flops[-1] * 180 / steps[-1]
+    again = forecast(
+        flops, rates, budget=last["budget"], target=None, n_boot=20, seed=99, x_key="compute.flops"
+    )
+    assert again["at_budget_lo"] == pytest.approx(last["at_budget_lo"])
+    checks = bench.forecast_checks(workdir, 2.5 * flops[-1], 0.7, records)
+    assert [c["share"] for c in checks] == [0.25]  # the data reach 25% of that compute only
+
+
 def test_recipe_overrides_scale_the_papers_batch_to_the_testbed(bench):
     from scalerl_jax import recipes
 

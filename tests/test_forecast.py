@@ -9,7 +9,7 @@ import pytest
 from scalerl_jax.config import ConfigError, ForecastConfig
 from scalerl_jax.metrics import read_metrics
 from scalerl_jax.progress import Progress, forecast_text
-from scalerl_jax.scaling import report, sigmoid_law
+from scalerl_jax.scaling import Curve, FitSpec, fit_curve, report, sigmoid_law
 from scalerl_jax.scaling.forecast import (
     Forecaster,
     forecast,
@@ -41,6 +41,7 @@ FIELDS = (
     "at_budget",
     "at_budget_lo",
     "at_budget_hi",
+    "at_budget_free_r0",
     "target",
     "compute_to_target",
     "compute_to_target_lo",
@@ -121,6 +122,22 @@ def test_forecast_fields_on_a_known_curve(known_curve):
     few = forecast(x[:3], y[:3], budget=10.0, target=0.5, n_boot=100)
     assert not few["ok"] and "too few points" in few["reason"] and few["A"] is None
     assert set(few) == set(high)
+
+
+def test_interval_at_the_budget_holds_the_free_r0_fits_too(known_curve):
+    """The interval at the budget is the envelope of the measured-R0 and the free-R0 fits'
+    prediction intervals; the point forecast stays the measured-R0 fit's."""
+    x, y = known_curve
+    x, y = x[:9], y.copy()[:9]
+    y[0] -= 0.03  # a first evaluation below the curve the run then follows (a slow start)
+    f = forecast(x, y, budget=6000.0, target=None, n_boot=100, seed=3)
+    free = forecast(x, y, budget=6000.0, target=None, n_boot=100, seed=3, spec=FitSpec(r0="free"))
+    assert f["ok"] and f["at_budget_free_r0"] == pytest.approx(free["at_budget"])
+    assert f["at_budget_lo"] <= free["at_budget_lo"] < free["at_budget_hi"] <= f["at_budget_hi"]
+    measured = fit_curve(Curve("c", x, y), FitSpec())
+    assert f["at_budget"] == pytest.approx(float(measured.predict(6000.0)))
+    assert f["at_budget"] != pytest.approx(free["at_budget"], abs=1e-3)  # two different fits
+    assert f["at_budget_lo"] <= f["at_budget"] <= f["at_budget_hi"]
 
 
 def sleepy(seconds, calls):

@@ -31,7 +31,7 @@ class ForecastConfig:
     validation points so far, in a background child process, and a `forecast` record is written.
 
     budget: the compute (in `x_key` units) to predict the pass rate at; None: the compute the
-    run will have spent at its last step, extrapolated from the compute per step so far.
+    run will have spent at its last step, extrapolated from the recent compute per step.
     target: a pass rate whose required compute is forecast; None: not forecast.
     n_boot: bootstrap resamples for the intervals (0: point estimates only).
     """
