@@ -62,9 +62,10 @@ Common metrics: ``tokens``, ``sequences``, ``prompts`` (when prompt_index is giv
 max over counted tokens of the ratio the objective uses), ``kl`` / ``entropy`` when given
 (aggregated like the loss), plus the objective's clip/cap fractions (token fractions).
 
-This module holds the objectives and the `policy_loss` dispatch, ~600 lines because each
-objective's docstring states its formula and its relation to TRL/verl; the frame they share
-(input checks and sanitising, TIS weight, KL/entropy terms, aggregation) is ``rl/loss_parts.py``.
+This module holds CISPO, GSPO, REINFORCE+TIS and the `policy_loss` dispatch; the PPO-clip family
+(PPO-clip, GRPO, DAPO, and the clipped surrogate GSPO reuses) is ``rl/ppo_clip.py``, re-exported
+here; the frame every objective shares (input checks and sanitising, TIS weight, KL/entropy
+terms, aggregation) is ``rl/loss_parts.py``.
 """
 
 from __future__ import annotations
@@ -93,6 +94,13 @@ from scalerl_jax.rl.loss_parts import (
     sg,
     tis_weight,
     weighted,
+)
+from scalerl_jax.rl.ppo_clip import (
+    check_clip,
+    clipped_surrogate,
+    dapo_loss,
+    grpo_loss,
+    ppo_clip_loss,
 )
 
 __all__ = [
@@ -186,207 +194,6 @@ def cispo_loss(
     )
 
 
-def _clipped_surrogate(ratio, adv, counted, eps_low, eps_high, dual_clip):
-    """PPO's pessimistic per-token loss max(-rho*A, -clip(rho, 1-lo, 1+hi)*A) (+ dual clip)."""
-    unclipped = -adv * ratio
-    clipped = -adv * jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high)
-    loss = jnp.maximum(unclipped, clipped)
-    low = (ratio < 1.0 - eps_low) & (adv < 0)
-    high = (ratio > 1.0 + eps_high) & (adv > 0)
-    metrics = {
-        "clip_frac_low": masked_mean(low, counted),
-        "clip_frac_high": masked_mean(high, counted),
-        "clip_frac": masked_mean(low | high, counted),
-    }
-    if dual_clip is not None:
-        # Dual clip (Ye et al. 2020; verl's clip_ratio_c): for A < 0 the loss is also bounded by
-        # -c*A, so a huge ratio on a bad token cannot blow up the update.
-        bound = -adv * dual_clip
-        dual = (adv < 0) & (bound < loss)
-        loss = jnp.where(dual, bound, loss)
-        metrics["dual_clip_frac"] = masked_mean(dual, counted)
-    else:
-        metrics["dual_clip_frac"] = jnp.float32(0.0)
-    return loss, metrics
-
-
-def _check_clip(name_low, low, name_high, high, dual_clip):
-    if not 0 <= low < 1:
-        raise ValueError(f"{name_low}={low}: must be in [0, 1)")
-    if not high >= 0:
-        raise ValueError(f"{name_high}={high}: must be >= 0")
-    if dual_clip is not None and not dual_clip > 1:
-        raise ValueError(f"dual_clip={dual_clip}: must be > 1")
-
-
-def ppo_clip_loss(
-    logp,
-    behaviour_logp,
-    advantages,
-    mask,
-    prompt_index=None,
-    *,
-    aggregation: str,
-    num_prompts: Optional[int] = None,
-    max_length: Optional[int] = None,
-    weights=None,
-    clip_eps_low: float = 0.2,
-    clip_eps_high: float = 0.2,
-    dual_clip: Optional[float] = None,
-    tis_cap: Optional[float] = None,
-    old_logp=None,
-    ref_logp=None,
-    kl_coef: float = 0.0,
-    kl_estimator: str = "k3",
-    entropy=None,
-    entropy_coef: float = 0.0,
-):
-    """PPO-clip per token: ``max(-rho*A, -clip(rho, 1 - clip_eps_low, 1 + clip_eps_high)*A)``.
-
-    The eps are offsets from 1 (verl's clip_ratio_low/high, TRL's epsilon/epsilon_high). With
-    ``dual_clip=c`` (> 1) tokens with A < 0 are further bounded: ``min(that, -c*A)`` (verl).
-    With ``tis_cap`` (see the module docstring) rho is ``pi_theta / pi_old`` and the clipped
-    term is multiplied by the TIS weight (verl applies it after the dual clip too).
-    Metrics: ``clip_frac_low`` (rho < 1-lo and A < 0), ``clip_frac_high`` (rho > 1+hi and A > 0),
-    ``clip_frac`` (either: tokens whose gradient clipping zeroed), ``dual_clip_frac``.
-    """
-    _check_clip("clip_eps_low", clip_eps_low, "clip_eps_high", clip_eps_high, dual_clip)
-    check_tis(tis_cap, old_logp, "ppo_clip_loss")
-    b = prepare(
-        logp,
-        behaviour_logp,
-        advantages,
-        mask,
-        prompt_index,
-        num_prompts,
-        aggregation,
-        max_length,
-        weights,
-        old_logp=old_logp,
-        ref_logp=ref_logp,
-        entropy=entropy,
-    )
-    denominator, tis_w, metrics = tis_weight(b, old_logp, tis_cap)
-    rho = jnp.exp(log_ratio(b.logp, denominator))
-    pg_tok, clip_metrics = _clipped_surrogate(
-        rho, b.advantages, b.counted, clip_eps_low, clip_eps_high, dual_clip
-    )
-    metrics.update(clip_metrics)
-    metrics.update(ratio_metrics(rho, b.counted))
-    return finish(
-        b,
-        weighted(pg_tok, tis_w),
-        metrics,
-        ref_logp=ref_logp,
-        kl_coef=kl_coef,
-        kl_estimator=kl_estimator,
-        entropy=entropy,
-        entropy_coef=entropy_coef,
-    )
-
-
-def grpo_loss(
-    logp,
-    behaviour_logp,
-    advantages,
-    mask,
-    prompt_index=None,
-    *,
-    aggregation: str,
-    num_prompts: Optional[int] = None,
-    max_length: Optional[int] = None,
-    weights=None,
-    clip_eps_low: float = 0.2,
-    clip_eps_high: Optional[float] = None,
-    dual_clip: Optional[float] = None,
-    tis_cap: Optional[float] = None,
-    old_logp=None,
-    ref_logp=None,
-    kl_coef: float = 0.0,
-    kl_estimator: str = "k3",
-    entropy=None,
-    entropy_coef: float = 0.0,
-):
-    """GRPO (DeepSeekMath): symmetric PPO-clip, ``clip(rho, 1 - clip_eps_low, 1 + clip_eps_low)``;
-    the paper aggregates by 'sequence' and uses k3 KL. ``clip_eps_high`` is None (symmetric) or
-    must equal ``clip_eps_low``; an asymmetric clip is `dapo_loss`. See `ppo_clip_loss`."""
-    if clip_eps_high is not None and clip_eps_high != clip_eps_low:
-        raise ValueError(
-            f"objective='grpo' clips symmetrically but clip_eps_low={clip_eps_low} "
-            f"!= clip_eps_high={clip_eps_high}; use 'dapo'"
-        )
-    check_tis(tis_cap, old_logp, "objective='grpo'")
-    return ppo_clip_loss(
-        logp,
-        behaviour_logp,
-        advantages,
-        mask,
-        prompt_index,
-        aggregation=aggregation,
-        num_prompts=num_prompts,
-        max_length=max_length,
-        weights=weights,
-        clip_eps_low=clip_eps_low,
-        clip_eps_high=clip_eps_low,
-        dual_clip=dual_clip,
-        tis_cap=tis_cap,
-        old_logp=old_logp,
-        ref_logp=ref_logp,
-        kl_coef=kl_coef,
-        kl_estimator=kl_estimator,
-        entropy=entropy,
-        entropy_coef=entropy_coef,
-    )
-
-
-def dapo_loss(
-    logp,
-    behaviour_logp,
-    advantages,
-    mask,
-    prompt_index=None,
-    *,
-    aggregation: str,
-    num_prompts: Optional[int] = None,
-    max_length: Optional[int] = None,
-    weights=None,
-    clip_eps_low: float = 0.2,
-    clip_eps_high: float = 0.28,
-    dual_clip: Optional[float] = None,
-    tis_cap: Optional[float] = None,
-    old_logp=None,
-    ref_logp=None,
-    kl_coef: float = 0.0,
-    kl_estimator: str = "k3",
-    entropy=None,
-    entropy_coef: float = 0.0,
-):
-    """DAPO clip-higher: PPO-clip with eps_low 0.2, eps_high 0.28 (ScaleRL's DAPO baseline: 0.26);
-    DAPO aggregates by 'token'. See `ppo_clip_loss`."""
-    check_tis(tis_cap, old_logp, "objective='dapo'")
-    return ppo_clip_loss(
-        logp,
-        behaviour_logp,
-        advantages,
-        mask,
-        prompt_index,
-        aggregation=aggregation,
-        num_prompts=num_prompts,
-        max_length=max_length,
-        weights=weights,
-        clip_eps_low=clip_eps_low,
-        clip_eps_high=clip_eps_high,
-        dual_clip=dual_clip,
-        tis_cap=tis_cap,
-        old_logp=old_logp,
-        ref_logp=ref_logp,
-        kl_coef=kl_coef,
-        kl_estimator=kl_estimator,
-        entropy=entropy,
-        entropy_coef=entropy_coef,
-    )
-
-
 def gspo_loss(
     logp,
     behaviour_logp,
@@ -426,7 +233,7 @@ def gspo_loss(
 
     Metrics: ``ratio_mean``/``ratio_max`` are of s_i over counted tokens; clip fractions as PPO's.
     """
-    _check_clip("gspo_eps_low", gspo_eps_low, "gspo_eps_high", gspo_eps_high, None)
+    check_clip("gspo_eps_low", gspo_eps_low, "gspo_eps_high", gspo_eps_high, None)
     check_tis(tis_cap, old_logp, "objective='gspo'")
     b = prepare(
         logp,
@@ -446,7 +253,7 @@ def gspo_loss(
     n = jnp.maximum(b.counted.sum(axis=1), 1).astype(jnp.float32)
     seq_log_ratio = log_ratio(jnp.sum(b.logp - denominator, axis=1) / n, 0.0)
     s = jnp.exp(sg(seq_log_ratio)[:, None] + b.logp - sg(b.logp))
-    pg_tok, clip_metrics = _clipped_surrogate(
+    pg_tok, clip_metrics = clipped_surrogate(
         s, b.advantages, b.counted, gspo_eps_low, gspo_eps_high, None
     )
     del clip_metrics["dual_clip_frac"]

@@ -51,9 +51,9 @@ read with `get` / iteration. An exception in the driver thread (bad prompt, mode
 callback error) stops the loop and is re-raised, as `DriverError` from the original, by the next
 `get`, iteration, `update_params` or `join` in the caller.
 
-One responsibility keeps this module whole at ~600 lines: the loop above, whose steps (refill,
-generate, interruptions, rewinds, group assembly, weight swaps) all read and update the same
-per-slot bookkeeping of one `Driver`; a split would pass that state across modules.
+One responsibility keeps this module whole: the loop above, whose steps (refill, generate,
+interruptions, rewinds, group assembly, weight swaps) all read and update the same per-slot
+bookkeeping of one `Driver`; what it is fed and the records it keeps are `sampler/work.py`.
 """
 
 from __future__ import annotations
@@ -68,12 +68,14 @@ import jax
 import numpy as np
 
 from scalerl_jax.config import SamplerConfig
-from scalerl_jax.sampler.engine import COMPILED_FIELDS, Engine
+from scalerl_jax.sampler.engine import Engine
 from scalerl_jax.sampler.types import Completion, Group
 from scalerl_jax.sampler.work import (
+    DRIVER_COUNTS,
     GroupWork,
     Prompt,
     Sample,
+    check_driver_args,
     driver_token_ids,
     prefill_buckets,
     sample_seed,
@@ -142,43 +144,8 @@ class Driver:
         dispatch_ahead: Optional[bool] = None,
     ):
         cfg = engine.cfg if cfg is None else cfg
-        if group_size < 1:
-            raise ValueError(f"group_size={group_size} must be >= 1")
-        differ = [
-            f"{name}={getattr(cfg, name)!r} (engine: {getattr(engine.cfg, name)!r})"
-            for name in COMPILED_FIELDS
-            if getattr(cfg, name) != getattr(engine.cfg, name)
-        ]
-        if differ:
-            raise ValueError(
-                f"Driver cfg differs from its Engine's SamplerConfig in fields compiled into the "
-                f"engine: {', '.join(differ)}; the engine would sample with its own. Build an "
-                f"Engine with this SamplerConfig, or take these fields from engine.cfg "
-                f"(dataclasses.replace(engine.cfg, <driver-side fields>))"
-            )
+        check_driver_args(engine, cfg, group_size, think_close_ids, phrase_ids)
         self._phrase = [int(t) for t in phrase_ids]
-        if not cfg.interruptions:
-            unread = [
-                name
-                for name, ids in (("think_close_ids", think_close_ids), ("phrase_ids", phrase_ids))
-                if len(ids)
-            ]
-            if unread:
-                raise ValueError(
-                    f"{' and '.join(unread)} given but SamplerConfig.interruptions "
-                    "is False: the driver reads them only to interrupt"
-                )
-        if cfg.interruptions:
-            if not self._phrase:
-                raise ValueError(
-                    "SamplerConfig.interruptions is on but phrase_ids is empty: "
-                    "pass the encoded interruption_phrase"
-                )
-            if len(self._phrase) > engine.max_forced_tokens:
-                raise ValueError(
-                    f"phrase_ids has {len(self._phrase)} tokens > engine "
-                    f"max_forced_tokens={engine.max_forced_tokens}"
-                )
         self.engine, self.cfg, self.group_size = engine, cfg, group_size
         self._eos = frozenset(int(t) for t in eos_ids)
         self._close = [int(t) for t in think_close_ids]
@@ -210,27 +177,7 @@ class Driver:
         self._stop = threading.Event()
         self._finished = threading.Event()
         self._error: Optional[BaseException] = None
-        self.stats: dict[str, float] = dict.fromkeys(
-            (
-                "prompts",
-                "groups",
-                "completions",
-                "finish_eos",
-                "finish_interrupted",
-                "finish_truncated",
-                "interrupted",
-                "truncated_prompts",
-                "prefills",
-                "prefill_calls",
-                "generate_calls",
-                "decode_steps",
-                "slot_steps",
-                "tokens",
-                "forced_tokens",
-                "weight_updates",
-            ),
-            0,
-        )
+        self.stats: dict[str, float] = dict.fromkeys(DRIVER_COUNTS, 0)
         self.stats.update(time_generate=0.0, time_prefill=0.0, time_host=0.0, time_idle=0.0)
 
     @classmethod

@@ -1,7 +1,8 @@
 """The sampler driver's units of work, apart from the loop that drives them: what it is fed
-(`Prompt`, and the token ids `driver_token_ids` reads from a tokenizer), the records it keeps
-per prompt (`GroupWork`) and per sample (`Sample`), and the pure functions that bucket a prompt
-(`prefill_buckets`) and seed a sample (`sample_seed`)."""
+(`Prompt`, the token ids `driver_token_ids` reads from a tokenizer, and `check_driver_args`,
+which holds a driver's arguments against its engine), the records it keeps per prompt
+(`GroupWork`) and per sample (`Sample`) and the counters it reports (`DRIVER_COUNTS`), and the
+pure functions that bucket a prompt (`prefill_buckets`) and seed a sample (`sample_seed`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,27 @@ from typing import Any, NamedTuple, Optional, Sequence
 import numpy as np
 
 from scalerl_jax.config import SamplerConfig
+from scalerl_jax.sampler.engine import COMPILED_FIELDS
+
+# Driver.stats: these counts, then the seconds spent in generate / prefill / host work / idle.
+DRIVER_COUNTS = (
+    "prompts",
+    "groups",
+    "completions",
+    "finish_eos",
+    "finish_interrupted",
+    "finish_truncated",
+    "interrupted",
+    "truncated_prompts",
+    "prefills",
+    "prefill_calls",
+    "generate_calls",
+    "decode_steps",
+    "slot_steps",
+    "tokens",
+    "forced_tokens",
+    "weight_updates",
+)
 
 
 class Prompt(NamedTuple):
@@ -18,6 +40,49 @@ class Prompt(NamedTuple):
     tokens: Sequence[int]
     metadata: dict = {}
     ticket: Optional[int] = None  # admission number: seeds its samples; None: the Driver counts
+
+
+def check_driver_args(engine, cfg: SamplerConfig, group_size: int, think_close_ids, phrase_ids):
+    """ValueError naming the argument when a Driver's would not work with its `engine`: a
+    group size below 1, a `cfg` that differs from the engine's in a field compiled into it, or
+    interruption token ids that do not match `cfg.interruptions` / the engine's forced-token
+    queue."""
+    if group_size < 1:
+        raise ValueError(f"group_size={group_size} must be >= 1")
+    differ = [
+        f"{name}={getattr(cfg, name)!r} (engine: {getattr(engine.cfg, name)!r})"
+        for name in COMPILED_FIELDS
+        if getattr(cfg, name) != getattr(engine.cfg, name)
+    ]
+    if differ:
+        raise ValueError(
+            f"Driver cfg differs from its Engine's SamplerConfig in fields compiled into the "
+            f"engine: {', '.join(differ)}; the engine would sample with its own. Build an "
+            f"Engine with this SamplerConfig, or take these fields from engine.cfg "
+            f"(dataclasses.replace(engine.cfg, <driver-side fields>))"
+        )
+    if not cfg.interruptions:
+        unread = [
+            name
+            for name, ids in (("think_close_ids", think_close_ids), ("phrase_ids", phrase_ids))
+            if len(ids)
+        ]
+        if unread:
+            raise ValueError(
+                f"{' and '.join(unread)} given but SamplerConfig.interruptions "
+                "is False: the driver reads them only to interrupt"
+            )
+        return
+    if not len(phrase_ids):
+        raise ValueError(
+            "SamplerConfig.interruptions is on but phrase_ids is empty: "
+            "pass the encoded interruption_phrase"
+        )
+    if len(phrase_ids) > engine.max_forced_tokens:
+        raise ValueError(
+            f"phrase_ids has {len(phrase_ids)} tokens > engine "
+            f"max_forced_tokens={engine.max_forced_tokens}"
+        )
 
 
 def driver_token_ids(cfg: SamplerConfig, tokenizer, *, max_forced_tokens: int) -> dict:
