@@ -177,7 +177,7 @@ def _free_r0_envelope(curve, spec: FitSpec, budget: float, n_boot: int, seed: in
     fit = fit_curve(curve, free_spec)
     if not fit.ok:
         return {"at_budget_free_r0": None}
-    boot = bootstrap_fit(curve, free_spec, fit, n_boot=n_boot, seed=seed, band_x=[budget])
+    boot = bootstrap_fit(curve, free_spec, fit, n_boot=n_boot, seed=seed, band_x=np.array([budget]))
     if not np.isfinite(boot.pred_lo).all():
         return {"at_budget_free_r0": None}
     return {
