@@ -12,6 +12,7 @@ from typing import Optional, Sequence
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import LogFormatterSciNotation, LogLocator, NullFormatter
 
 from scalerl_jax.scaling.bootstrap import Bootstrap
 from scalerl_jax.scaling.compare import Extrapolation
@@ -38,6 +39,22 @@ def _save(fig: Figure, path: str) -> str:
     fig.tight_layout()
     fig.savefig(path)
     return path
+
+
+def log_x(ax) -> None:
+    """A log compute axis. Over one to three decades matplotlib labels every minor tick and the
+    labels overlap: there the minor ticks are at 2x and 5x, labelled; wider, decades only."""
+    ax.set_xscale("log")
+    lo, hi = ax.get_xlim()
+    if not (lo > 0 and hi / lo >= 10):
+        return
+    if hi / lo < 1000:
+        ax.xaxis.set_minor_locator(LogLocator(base=10, subs=(2.0, 5.0)))
+        ax.xaxis.set_minor_formatter(
+            LogFormatterSciNotation(labelOnlyBase=False, minor_thresholds=(3, 3))
+        )
+    else:
+        ax.xaxis.set_minor_formatter(NullFormatter())
 
 
 def axis_label(key: str) -> str:
@@ -189,7 +206,7 @@ def run_figure(
                     "alpha": 0.9,
                 },
             )
-    ax.set_xscale("log")
+    log_x(ax)
     ax.set_xlabel(axis_label(curve.x_key))
     ax.set_ylabel(axis_label(curve.y_key))
     seeds = f" ({len(curve.seeds)} seeds pooled)" if len(curve.seeds) > 1 else ""
@@ -303,7 +320,7 @@ def compare_figure(
             eff.plot(
                 xs, log_f(fit.predict(xs), fit.A, fit.R0), color=st["color"], ls=st["ls"], lw=1.8
             )
-    ax.set_xscale("log")
+    log_x(ax)
     ax.set_xlabel(axis_label(curves[0].x_key))
     ax.set_ylabel(axis_label(curves[0].y_key))
     ax.set_title("scaling curves (thin lines: asymptotes A, labelled right)", fontsize=10)
@@ -328,7 +345,7 @@ def compare_figure(
                 annotation_clip=False,
                 arrowprops={"arrowstyle": "-", "color": color, "lw": 0.6},
             )
-    eff.set_xscale("log")
+    log_x(eff)
     eff.set_xlabel(axis_label(curves[0].x_key))
     eff.set_ylabel("ln((A - R) / (R - R0))")
     eff.set_title(
@@ -385,7 +402,7 @@ def plot_allocation(path: str, rec, x_key: str, y_key: str = "pass_rate") -> str
             label=f"{opt.candidate.label}: {opt.predicted:.3f} at budget",
         )
     ax.axvline(rec.budget, color="0.3", lw=0.8, ls="-.")
-    ax.set_xscale("log")
+    log_x(ax)
     ax.set_xlabel(axis_label(x_key))
     ax.set_ylabel(axis_label(y_key))
     best = rec.best
