@@ -1,19 +1,15 @@
 """bench/accelerator.py (the one-call accelerator figures) runs end to end on the CPU at a tiny
 shape, so a session lent a GPU spends its minutes measuring, not debugging."""
 
-import importlib.util
 import math
 import os
+from _scripts import load_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_accelerator_bench_reports_every_part_on_a_tiny_model():
-    spec = importlib.util.spec_from_file_location(
-        "accelerator_bench", os.path.join(ROOT, "bench", "accelerator.py")
-    )
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script("bench/accelerator.py", "accelerator_bench")
     out = bench.main(
         [
             "--preset",

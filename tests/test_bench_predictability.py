@@ -4,24 +4,19 @@ fit, `stable` while wrong), and a recipe's paper batch is scaled to the testbed'
 the runs themselves are the benchmark."""
 
 import argparse
-import importlib.util
 import json
 import os
 
 import numpy as np
 import pytest
+from _scripts import load_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location(
-        "predictability_bench", os.path.join(ROOT, "bench", "predictability.py")
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench/predictability.py", "predictability_bench")
 
 
 def _write_run(workdir, evals, forecasts=()):

@@ -1,21 +1,18 @@
 """bench/real_model.py (SmolLM2 against transformers and tunix) and bench/gpu_gsm8k.py (the
 prepared GPU run) work end to end at tiny sizes on the CPU: fields, not speeds."""
 
-import importlib.util
 import json
 import math
 import os
 
 import pytest
+from _scripts import load_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _load(name):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "bench", f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(f"bench/{name}.py", name)
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,5 @@
 """experiments/fit.py on run directories written here with MetricsWriter and ComputeMeter."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -12,13 +11,10 @@ import pytest
 
 from scalerl_jax.metrics import ComputeMeter, MetricsWriter
 from scalerl_jax.scaling import sigmoid_law
+from _scripts import load_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_spec = importlib.util.spec_from_file_location(
-    "experiments_fit", os.path.join(ROOT, "experiments", "fit.py")
-)
-fit_cli = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(fit_cli)
+fit_cli = load_script("experiments/fit.py", "experiments_fit")
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

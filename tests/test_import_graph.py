@@ -1,21 +1,16 @@
 """The package's import graph: layers respected, no cycle (tools/import_graph.py), and the
 child processes' entry points import nothing heavy."""
 
-import importlib.util
 import os
 import subprocess
 import sys
+from _scripts import load_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location(
-        "import_graph", os.path.join(ROOT, "tools", "import_graph.py")
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("tools/import_graph.py", "import_graph")
 
 
 def test_no_upward_edge_and_no_cycle():

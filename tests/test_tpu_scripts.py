@@ -1,7 +1,6 @@
 """tpu/: the gcloud commands for a pod (create, setup, launch, logs, relaunch), the dry runs of
 tpu/pod.sh, the scripts the workers run, and the relaunch loop against a fake gcloud."""
 
-import importlib.util
 import json
 import os
 import shutil
@@ -12,6 +11,7 @@ import textwrap
 import time
 
 import pytest
+from _scripts import load_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TPU = os.path.join(ROOT, "tpu")
@@ -19,10 +19,7 @@ POD_SH = os.path.join(TPU, "pod.sh")
 
 
 def _load(name):
-    spec = importlib.util.spec_from_file_location(f"tpu_{name}", os.path.join(TPU, f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(f"tpu/{name}.py", f"tpu_{name}")
 
 
 C = _load("commands")
