@@ -48,7 +48,7 @@ sys.path.insert(0, ROOT)
 from scalerl_jax import recipes  # noqa: E402
 from scalerl_jax.metrics import eval_xy, read_metrics  # noqa: E402
 from scalerl_jax.scaling import FitSpec, fit_curve  # noqa: E402
-from scalerl_jax.scaling.forecast import forecast, is_stable, projected_budget  # noqa: E402
+from scalerl_jax.scaling.forecast import forecast, forecast_budget, is_stable  # noqa: E402
 from scalerl_jax.scaling.report import load_curve  # noqa: E402
 
 FORECAST_SHARES = (0.25, 0.5, 0.75)
@@ -327,11 +327,12 @@ def replay_forecasts(workdir: str, total_steps: int, x_key: str, n_boot: int = 1
     steps = sorted({r["step"] for r in log.of("eval")})
     records, history = [], []
     for i, step in enumerate(steps):
-        budget = projected_budget(steps[: i + 1], x[: i + 1], total_steps)
+        budget, budget_range, _ = forecast_budget(None, steps[: i + 1], x[: i + 1], total_steps)
         rec = forecast(
             x[: i + 1],
             y[: i + 1],
             budget=budget,
+            budget_range=budget_range,
             target=None,
             n_boot=n_boot,
             seed=step,

@@ -27,9 +27,9 @@ Every line has
     further keys (e.g. "num_prompts") may follow.
 `forecast` (scaling/forecast.py; after an eval, once its background refit is done; "step" is
 that eval's): "ok", "reason", "x_key", "n_points", "x_max", "A"/"B"/"C_mid" each with "_lo" and
-"_hi", "R0", "interval", "budget", "budget_source", "at_budget" (+ "_lo", "_hi"), "target",
-"compute_to_target" (+ "_lo", "_hi"), "stable", "superseded", "fit_s"; null where the points
-support no value. Curve readers use `eval` records only.
+"_hi", "R0", "interval", "budget" (+ "_lo", "_hi"), "budget_source", "at_budget" (+ "_lo", "_hi"),
+"target", "compute_to_target" (+ "_lo", "_hi"), "stable", "superseded", "fit_s"; null where the
+points support no value. Curve readers use `eval` records only.
 
 Resume supersedes: a run killed at step 13 whose last checkpoint is step 10 had written
 records for steps 11-13 that the resumed run writes again. Right after restoring checkpoint

@@ -106,12 +106,22 @@ def test_replay_makes_the_trainers_forecast_at_each_evaluation(bench, tmp_path):
     assert [r["step"] for r in records] == list(steps)
     assert not records[0]["ok"] and records[-1]["ok"]
     last = records[-1]
-    # The budget from the recent compute per step, beyond the average's projection.
-    assert last["budget"] > flops[-1] * 180 / steps[-1]
+    # The budget projected as the trainer does: from the recent compute per step, beyond the
+    # average's projection, up to the rate's trend (exact here: compute is quadratic in steps).
+    assert last["budget_lo"] > flops[-1] * 180 / steps[-1]
+    assert last["budget_hi"] == pytest.approx(1e10 * 180 * (1 + 180 / 100))
     again = forecast(
-        flops, rates, budget=last["budget"], target=None, n_boot=20, seed=99, x_key="compute.flops"
+        flops,
+        rates,
+        budget=last["budget"],
+        budget_range=(last["budget_lo"], last["budget_hi"]),
+        target=None,
+        n_boot=20,
+        seed=99,
+        x_key="compute.flops",
     )
     assert again["at_budget_lo"] == pytest.approx(last["at_budget_lo"])
+    assert again["at_budget_hi"] == pytest.approx(last["at_budget_hi"])
     checks = bench.forecast_checks(workdir, 2.5 * flops[-1], 0.7, records)
     assert [c["share"] for c in checks] == [0.25]  # the data reach 25% of that compute only
 

@@ -37,6 +37,8 @@ FIELDS = (
     "C_mid_hi",
     "R0",
     "budget",
+    "budget_lo",
+    "budget_hi",
     "budget_source",
     "at_budget",
     "at_budget_lo",
@@ -78,15 +80,31 @@ def test_projected_budget_follows_the_recent_compute_per_step():
     steps = np.arange(0, 61, 10)
     xs = np.where(steps <= 30, steps, 30 + 2 * (steps - 30)).astype(float)
     # At step 60 the last third (steps 40-60) ran at 2 per step: 90 + 2 x 60 left = 210. The
-    # average since step 0 (1.5 per step) would say 180.
-    assert projected_budget(steps, xs, 120) == pytest.approx(210.0)
-    assert projected_budget(steps[:4], xs[:4], 120) == pytest.approx(120.0)  # constant rate
+    # average since step 0 (1.5 per step) would say 180. The last half's rates (2, 2, 2) have
+    # no trend, so the range is that one value.
+    assert projected_budget(steps, xs, 120) == pytest.approx((210.0, 210.0, 210.0))
+    assert projected_budget(steps[:4], xs[:4], 120)[0] == pytest.approx(120.0)  # constant rate
     # Only the evaluation before the last in the window: its rate; one point: the average.
-    assert projected_budget([0, 30, 45], [0.0, 30.0, 60.0], 90) == pytest.approx(150.0)
-    assert projected_budget([20], [40.0], 100) == pytest.approx(200.0)
+    assert projected_budget([0, 30, 45], [0.0, 30.0, 60.0], 90)[0] == pytest.approx(150.0)
+    assert projected_budget([20], [40.0], 100) == pytest.approx((200.0, 200.0, 200.0))
     assert projected_budget([0], [0.0], 100) is None  # before step 1
     assert projected_budget([0, 10], [0.0, 0.0], 100) is None  # no compute counted yet
-    assert projected_budget([0, 10], [0.0, 5.0], 10) == pytest.approx(5.0)  # at the end
+    assert projected_budget([0, 10], [0.0, 5.0], 10) == pytest.approx((5.0, 5.0, 5.0))  # at the end
+
+
+def test_projected_budget_range_reaches_a_growing_rate():
+    """A compute per step that keeps growing linearly (x quadratic in steps): the range's high
+    end, the rate's trend carried on, is the exact total; the low end, the recent rate held,
+    falls short; the middle is their geometric mean. A falling rate adds nothing above."""
+    steps = np.arange(0, 91, 9)
+    x = lambda s: 5.0 * s + 0.05 * s**2  # noqa: E731 - rate 5 + 0.1 s
+    lo, mid, hi = projected_budget(steps, x(steps.astype(float)), 360)
+    assert hi == pytest.approx(x(360.0))
+    assert lo < 0.8 * x(360.0)
+    assert mid == pytest.approx((lo * hi) ** 0.5)
+    falling = 50.0 * steps - 0.05 * steps**2.0
+    lo, mid, hi = projected_budget(steps, falling, 360)
+    assert lo == mid == hi
 
 
 @pytest.fixture(scope="module")
@@ -140,9 +158,30 @@ def test_interval_at_the_budget_holds_the_free_r0_fits_too(known_curve):
     assert f["at_budget_lo"] <= f["at_budget"] <= f["at_budget_hi"]
 
 
+def test_interval_at_a_projected_budget_holds_both_ends_of_its_range(known_curve):
+    """A projected budget is a range: the interval holds an evaluation at either end (for this
+    increasing curve: from the low end's lower edge to the high end's upper edge); the point
+    forecast stays at the budget."""
+    x, y = known_curve
+    common = dict(target=None, n_boot=100, seed=3)
+    ranged = forecast(x, y, budget=6000.0, budget_range=(4000.0, 9000.0), **common)
+    at_lo = forecast(x, y, budget=4000.0, **common)
+    at_hi = forecast(x, y, budget=9000.0, **common)
+    at_mid = forecast(x, y, budget=6000.0, **common)
+    assert ranged["at_budget"] == pytest.approx(at_mid["at_budget"])
+    assert ranged["at_budget_lo"] == pytest.approx(at_lo["at_budget_lo"])
+    assert ranged["at_budget_hi"] == pytest.approx(at_hi["at_budget_hi"])
+    assert ranged["at_budget_lo"] < at_mid["at_budget_lo"] < at_mid["at_budget_hi"]
+    assert at_mid["at_budget_hi"] < ranged["at_budget_hi"]
+    assert (ranged["budget_lo"], ranged["budget_hi"]) == (4000.0, 9000.0)
+    assert (at_mid["budget_lo"], at_mid["budget_hi"]) == (6000.0, 6000.0)
+    with pytest.raises(ValueError, match="budget_range=.*must hold budget=6000"):
+        forecast(x, y, budget=6000.0, budget_range=(7000.0, 9000.0), **common)
+
+
 def sleepy(seconds, calls):
     def run(x, y, **kwargs):
-        calls.append((len(x), kwargs["budget"]))
+        calls.append((len(x), kwargs["budget"], kwargs["budget_range"]))
         time.sleep(seconds)
         return {"ok": True, "A": 0.5 + 0.001 * len(x), "A_lo": 0.49, "A_hi": 0.52}
 
@@ -169,7 +208,9 @@ def test_forecaster_never_blocks_and_counts_superseded_jobs():
     assert [d["step"] for d in done] == [0, 20] and f.superseded == 1
     assert all(d["superseded"] == 1 for d in done)
     # The third job saw all three points; its budget is projected from compute per step.
-    assert calls == [(1, None), (3, pytest.approx(20 * 0.5 * 100 / 20))]
+    # (A constant rate: the projection's range is that one value.)
+    total = pytest.approx(20 * 0.5 * 100 / 20)
+    assert calls == [(1, None, None), (3, total, (total, total))]
     assert done[1]["budget_source"] == "projected" and done[1]["fit_s"] >= 0.4
     f._thread.join(2)
     assert not f._thread.is_alive()  # finish() stopped the worker
