@@ -6,6 +6,7 @@ spaced up to 8 x C_mid, noise 0.005 (mean@16 over 1,000 prompts plus training wo
 to a noisy step-0 measurement.
 """
 
+import re
 import warnings
 
 import numpy as np
@@ -268,3 +269,17 @@ def test_record_breaking_filter():
     curve = _curve("c", noise=0.01, seed=11)
     fit = fit_curve(curve, FitSpec(record_breaking=True))
     assert fit.ok and fit.n_points < int((curve.x > 0).sum())
+
+
+def test_a_fit_stopped_while_improving_says_where_it_was():
+    """A testbed run's 8 evaluations at a quarter of its compute (bench/out/predictability,
+    short-seed6), still rising with no bend: the default polish stops while A is still
+    climbing, and the reason shows that A; with more polish A reaches its bound."""
+    x = [0.0, 1.609e11, 2.945e11, 4.489e11, 6.104e11, 7.741e11, 9.486e11, 1.133e12]
+    y = [0.2406, 0.2562, 0.2844, 0.3069, 0.3262, 0.3538, 0.3856, 0.4113]
+    curve = Curve("seed6", np.array(x), np.array(y))
+    stopped = fit_curve(curve)
+    assert not stopped.ok and "still improving" in stopped.reason
+    assert re.search(r"at A = 0\.\d{3}, C_mid = ", stopped.reason), stopped.reason
+    polished = fit_curve(curve, FitSpec(polish_steps=200))
+    assert not polished.ok and "A <= 1 bound" in polished.reason

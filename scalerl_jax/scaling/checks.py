@@ -137,7 +137,9 @@ def fit_reasons(
                 rmse_before - rmse > CONVERGE_RTOL * rmse + CONVERGE_ATOL,
                 lambda i: (
                     f"optimiser still improving at the end (RMSE {rmse_before[i]:.5f} -> "
-                    f"{rmse[i]:.5f} over the last polish steps); raise polish_steps"
+                    f"{rmse[i]:.5f} over the last polish steps, at A = {A[i]:.3f}, "
+                    f"C_mid = {C[i]:.3g}); raise polish_steps (an A still climbing to 1 is "
+                    f"one the data do not identify)"
                 ),
             ),
         ]
