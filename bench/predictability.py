@@ -72,7 +72,7 @@ def main(argv=None) -> int:
         "--coverage-seeds",
         type=int,
         nargs="*",
-        default=[3, 4, 5, 6, 7],
+        default=list(range(3, 18)),
         help="more seeds for the forecast check, --coverage-steps long",
     )
     p.add_argument("--coverage-steps", type=int, default=180)
