@@ -4,6 +4,7 @@ the Python installation stays importable for nobody, and a PEP 578 audit hook. L
 the weak mode only; standard library only.
 """
 
+import contextlib
 import os
 import sys
 
@@ -26,7 +27,9 @@ def unshare():
     for flags in attempts:
         if libc.unshare(flags) == 0:
             if flags & CLONE_NEWUSER:
-                try:
+                # A failed mapping is not an error: unmapped ids still work, the process runs
+                # as the overflow id.
+                with contextlib.suppress(OSError):
                     for name, text in (
                         ("setgroups", "deny"),
                         ("uid_map", f"{uid} {uid} 1"),
@@ -34,8 +37,6 @@ def unshare():
                     ):
                         with open(f"/proc/self/{name}", "w") as f:
                             f.write(text)
-                except OSError:
-                    pass  # unmapped ids still work: the process runs as the overflow id
             return None
         error = f"unshare(0x{flags:x}): {os.strerror(ctypes.get_errno())}"
     return error
