@@ -33,7 +33,7 @@ limits = SandboxLimits() if mode == "before" else SandboxLimits(isolation=mode)
 run_tests("def f():\n    pass\n", ["assert f() is None"], limits)  # probes, imports
 start, failed = time.perf_counter(), 0
 for r in rows:
-    spec = {"test": r["test"], "entry_point": r["entry_point"]}
+    spec = {"test": r["test"], "entry_point": r["entry_point"], "prompt": r["prompt"]}
     failed += not run_tests(r["prompt"] + r["canonical_solution"], spec, limits).all_passed
 print(json.dumps({"ms": 1000 * (time.perf_counter() - start) / len(rows), "failed": failed}))
 """

@@ -434,7 +434,7 @@ def test_humaneval_canonical_solutions_pass_and_wrong_ones_fail():
     assert len(rows) == 164
     failed, accepted = [], []
     for i, row in enumerate(rows):
-        spec = {"test": row["test"], "entry_point": row["entry_point"]}
+        spec = {"test": row["test"], "entry_point": row["entry_point"], "prompt": row["prompt"]}
         result = run_tests(row["prompt"] + row["canonical_solution"], spec)
         if not result.all_passed:
             failed.append((row["task_id"], result.outcomes))

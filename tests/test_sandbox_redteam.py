@@ -21,6 +21,7 @@ import pytest
 from scalerl_jax.rewards import SandboxLimits, extract_code, run_tests, verify_code
 from scalerl_jax.rewards.code import outputs_match
 from scalerl_jax.rewards.sandbox import bwrap_status, owner_tag
+from scalerl_jax.rewards.sandbox_policy import UID_RANGE
 
 STRONG = SandboxLimits(timeout_s=3.0, cpu_s=3.0, total_timeout_s=8.0)
 WEAK = SandboxLimits(timeout_s=3.0, cpu_s=3.0, total_timeout_s=8.0, isolation="weak")
@@ -122,9 +123,11 @@ def test_a_test_that_catches_exceptions_cannot_hide_a_crash():
     spec = {"test_list": ["try:\n    r = f(1)\nexcept BaseException:\n    r = 2\nassert r == 2"]}
     result = run_tests("import os\ndef f(x):\n    os._exit(0)\n", spec, STRONG)
     assert result.passed == 0 and result.counts == {"crash": 1}, result
-    # an exception the program raises is raised in the test as the same builtin type
+    # an exception the program raises is one failure, never the builtin type the test expects
+    # (issue 34: the test must not see the program's control flow)
     spec = {"test_list": ["try:\n    f(-1)\nexcept ValueError:\n    pass\nelse:\n    assert False"]}
-    assert run_tests("def f(x):\n    raise ValueError('negative')\n", spec, STRONG).all_passed
+    result = run_tests("def f(x):\n    raise ValueError('negative')\n", spec, STRONG)
+    assert result.counts == {"crash": 1} and "ValueError" in result.outcomes[0].detail, result
 
 
 @pytest.mark.parametrize(
@@ -261,7 +264,7 @@ def test_escapes_are_blocked(tmp_path):
     uid, caps = out.split("uid ")[1].split()[0], out.split("caps ")[1].split()[0]
     assert int(caps, 16) == 0, out
     if os.geteuid() == 0:
-        assert uid == "65534", out  # never root's uid
+        assert int(uid) in UID_RANGE, out  # never root's uid: one of the sandboxes' own
     assert "setuid_root refused" in out, out
     assert seconds < 8.0
 

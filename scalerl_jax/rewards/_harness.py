@@ -2,17 +2,27 @@
 `python -I -S _harness.py`, started by `rewards/sandbox.py` in a sandbox of its own; never
 imported.
 
-The test code runs here, never in the candidate's process. Every name the test uses that the
-test does not define itself (`candidate`'s function, helpers of the program such as HumanEval's
-`poly`) is a proxy: calling it sends the arguments to the candidate's process through the trusted
-side, and what comes back is plain data decoded by `_inside` (no object of the candidate's, so no
-`__eq__` that is always true). Asserts then compare builtin values with builtin `==`. An
-exception the candidate raised is raised here as the builtin exception of the same name (so a
-test expecting `ValueError` still works); its timeouts and crashes end the test.
+The test code runs here, never in the candidate's process, and its verdict depends only on code
+that the trusted side supplied and on plain data:
 
-Protocol, one JSON line each way: stdin gets the job (`setup`, `tests`), then `{"run": i}`; this
-process answers with `{"op": "call", ...}` lines (each followed on stdin by the candidate's
-answer) and ends each test with `{"verdict": status, "detail": text}`.
+* Trusted code first: the setup (MBPP `test_setup_code`, imports; HumanEval's prompt, whose
+  helpers such as `poly` or `encode_cyclic` the tests call) runs here, from the test
+  specification's text. A name it defines is never taken from the candidate.
+* The candidate's functions are proxies: calling one sends the arguments to the candidate's
+  process through the trusted side and returns what comes back, decoded by `_inside` into
+  builtin values (no object of the candidate's, so no `__eq__` that is always true, no iterator
+  or generator whose protocol it runs). A HumanEval spec takes only its entry point from the
+  candidate; MBPP asserts take every other name the test uses, a function as a proxy and
+  anything else as its value, decoded, at the time the program was loaded.
+* Whatever goes wrong on the candidate's side (an exception it raised, a timeout, a crash, a
+  value that is not data) is one failure, `CandidateFailed`: a BaseException no test expects by
+  name (so no `except ValueError`, and no StopIteration that would silently end a test's
+  `map` or generator), and kept in `_FAILURES` so that the test fails even if it catches
+  everything.
+
+Protocol, one JSON line each way: stdin gets the job (`setup`, `tests`, `entry`), then
+`{"run": i}`; this process answers with `{"op": "names" | "call", ...}` lines (each followed on
+stdin by the candidate's answer) and ends each test with `{"verdict": status, "detail": text}`.
 """
 
 import builtins
@@ -33,8 +43,8 @@ def _send(msg):
 
 
 class CandidateFailed(BaseException):
-    """The candidate's process timed out, crashed or ran out of memory. The first one of a test
-    is also kept in `_FAILURES`, so the test fails even if its code catches everything."""
+    """Anything that went wrong on the candidate's side. The first one of a test is kept in
+    `_FAILURES`, so the test fails even if its code catches everything."""
 
     def __init__(self, status, detail):
         super().__init__(detail)
@@ -43,6 +53,23 @@ class CandidateFailed(BaseException):
 
 
 _FAILURES: list[CandidateFailed] = []
+
+
+def _ask(msg):
+    """Send one request for the candidate; its answer, or CandidateFailed."""
+    _send(msg)
+    try:
+        answer = _inside.loads(_stdin.readline())
+    except _inside.WireError as e:
+        raise CandidateFailed("crash", f"unreadable answer: {e}") from None
+    status = answer.get("status")
+    if status == "ok":
+        return answer
+    detail = answer.get("detail", answer.get("message", ""))
+    if status == "raised":
+        status = "crash"  # the program's exception: one kind of failure, whatever its name
+    status = status if status in ("timeout", "memory", "blocked") else "crash"
+    raise CandidateFailed(status, str(detail)[:300] if type(detail) is str else "")
 
 
 def _proxy(name):
@@ -55,21 +82,30 @@ def _proxy(name):
                 "kwargs": _inside.encode(dict(kwargs)),
             }
         except _inside.WireError as e:
-            raise CandidateFailed("unsupported", f"argument of {name}(): {e}") from None
-        _send(encoded)
-        answer = _inside.loads(_stdin.readline())
-        status = answer.get("status")
-        if status == "ok":
-            return _inside.decode(answer.get("value"))
-        if status == "raised":
-            kind = getattr(builtins, str(answer.get("type")), None)
-            if not (isinstance(kind, type) and issubclass(kind, Exception)):
-                kind = RuntimeError
-            raise kind(str(answer.get("message", ""))[:300])
-        raise CandidateFailed(str(status), str(answer.get("detail", ""))[:300])
+            raise CandidateFailed("crash", f"argument of {name}(): {e}") from None
+        try:
+            return _inside.decode(_ask(encoded).get("value"))
+        except _inside.WireError as e:
+            raise CandidateFailed("wrong", f"unreadable value from {name}(): {e}") from None
 
     call.__name__ = name
     return call
+
+
+def _program_names(names):
+    """{name: proxy or decoded value} for those of `names` the program defines at module level."""
+    answer = _ask({"op": "names", "names": sorted(names)})
+    out = {}
+    functions, values = answer.get("functions"), answer.get("values")
+    for name in names:
+        if type(functions) is list and name in functions:
+            out[name] = _proxy(name)
+        elif type(values) is dict and name in values:
+            try:
+                out[name] = _inside.decode(values[name])
+            except _inside.WireError as e:
+                raise CandidateFailed("wrong", f"unreadable value of {name}: {e}") from None
+    return out
 
 
 def _global_names(code):
@@ -80,18 +116,23 @@ def _global_names(code):
     return names
 
 
-def _run(setup, test):
+def _run(setup, test, entry):
     env = {"__name__": "__test__", "__builtins__": builtins}
     try:
         exec(compile(setup, "<setup>", "exec"), env)
         compiled = compile(test, "<test>", "exec")
     except BaseException as e:  # noqa: BLE001 - a broken test row
         return "crash", f"the test does not run: {type(e).__name__}: {e}"
-    for name in _global_names(compiled):
-        if name not in env and not hasattr(builtins, name):
-            env[name] = _proxy(name)
     del _FAILURES[:]
     try:
+        if entry:  # HumanEval: the entry point is the program's, even over the prompt's stub
+            env[entry] = _proxy(entry)
+        else:
+            wanted = {
+                n for n in _global_names(compiled) if n not in env and not hasattr(builtins, n)
+            }
+            if wanted:
+                env.update(_program_names(wanted))
         exec(compiled, env)
         if _FAILURES:
             raise _FAILURES[0]
@@ -100,9 +141,10 @@ def _run(setup, test):
     except CandidateFailed as e:
         e = _FAILURES[0] if _FAILURES else e
         return e.status, str(e)
-    except _inside.WireError as e:
-        return "wrong", f"unreadable value from the program: {e}"
-    except BaseException as e:  # noqa: BLE001 - raised by the program or by the test on it
+    except NameError as e:
+        hint = " (a helper the test calls must come from tests.prompt)" if entry else ""
+        return "crash", f"NameError: {e}{hint}"
+    except BaseException as e:  # noqa: BLE001 - raised by the test on the program's values
         return "crash", f"{type(e).__name__}: {e}"
     return "ok", ""
 
@@ -114,7 +156,7 @@ def main():
     sys.dont_write_bytecode = True
     for line in _stdin:
         i = _inside.loads(line)["run"]
-        status, detail = _run(job["setup"], job["tests"][i])
+        status, detail = _run(job["setup"], job["tests"][i], job.get("entry", ""))
         _send({"verdict": status, "detail": detail[:300]})
 
 

@@ -10,6 +10,12 @@ tagged: `{"$t": [...]}` tuple, `{"$s": [...]}` set, `{"$fs": [...]}` frozenset, 
 ...]}` dict (any hashable keys), `{"$b": "hex"}` bytes, `{"$c": [re, im]}` complex, `{"$f":
 "inf"}` non-finite float. Plain JSON objects never appear on the wire, so no tag can be faked by a
 string key. Hand-written: pickle would run code on decode, and no JSON library keeps these types.
+
+Decoding is bounded before anything is built: a message's size (`loads`' limit), the digits of an
+integer and the characters of a float (checked by `json` before converting, so a megabyte of
+digits is never turned into an int, which is quadratic), the nesting depth, the number of values
+in one decoded value, and the members of a set or keys of a dict that share a hash (colliding
+integers such as multiples of 2**61 - 1 would make building the set quadratic).
 """
 
 import json
@@ -17,6 +23,10 @@ import math
 import os
 
 MAX_DEPTH = 64  # nesting of a value on the wire; deeper is refused on both sides
+MAX_ITEMS = 1 << 17  # values (scalars and containers) in one decoded value
+MAX_INT_DIGITS = 4300  # Python's default int-from-text limit, whatever this process set
+MAX_FLOAT_CHARS = 400
+MAX_SAME_HASH = 16  # set members / dict keys with one hash value
 _SCALARS = (type(None), bool, int, str)
 
 
@@ -50,15 +60,35 @@ def encode(value, depth=0):
     raise WireError(f"a value of type {t.__name__} is not plain data")
 
 
-def decode(obj, depth=0):
-    """The value `encode` made. Builds only builtin types; WireError on anything unexpected."""
+def decode(obj):
+    """The value `encode` made. Builds only builtin types, at most MAX_ITEMS values; WireError
+    on anything unexpected or over a limit."""
+    return _decode(obj, 0, [MAX_ITEMS])
+
+
+def _hashable_few_collisions(items):
+    counts = {}
+    for item in items:
+        try:
+            h = hash(item)
+        except TypeError as e:  # an unhashable member of a set or key of a dict
+            raise WireError(str(e)) from None
+        counts[h] = counts.get(h, 0) + 1
+        if counts[h] > MAX_SAME_HASH:
+            raise WireError(f"more than {MAX_SAME_HASH} members with one hash value")
+
+
+def _decode(obj, depth, budget):
     if depth > MAX_DEPTH:
         raise WireError(f"nesting deeper than {MAX_DEPTH}")
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise WireError(f"more than {MAX_ITEMS} values")
     t = type(obj)
     if t in _SCALARS or t is float:
         return obj
     if t is list:
-        return [decode(v, depth + 1) for v in obj]
+        return [_decode(v, depth + 1, budget) for v in obj]
     if t is not dict or len(obj) != 1:
         raise WireError(f"malformed value of type {t.__name__}")
     ((tag, body),) = obj.items()
@@ -71,21 +101,30 @@ def decode(obj, depth=0):
             raise WireError("malformed bytes") from None
     if type(body) is not list:
         raise WireError(f"malformed {tag!r} value")
-    items = [decode(v, depth + 1) for v in body]
-    try:
-        if tag == "$t":
-            return tuple(items)
-        if tag == "$s":
-            return set(items)
-        if tag == "$fs":
-            return frozenset(items)
-        if tag == "$d" and all(type(kv) is list and len(kv) == 2 for kv in items):
-            return {k: v for k, v in items}
-        if tag == "$c" and len(items) == 2 and all(type(x) is float for x in items):
-            return complex(*items)
-    except TypeError as e:  # an unhashable member of a set or key of a dict
-        raise WireError(str(e)) from None
+    items = [_decode(v, depth + 1, budget) for v in body]
+    if tag == "$t":
+        return tuple(items)
+    if tag in ("$s", "$fs"):
+        _hashable_few_collisions(items)
+        return set(items) if tag == "$s" else frozenset(items)
+    if tag == "$d" and all(type(kv) is list and len(kv) == 2 for kv in items):
+        _hashable_few_collisions([k for k, _ in items])
+        return {k: v for k, v in items}
+    if tag == "$c" and len(items) == 2 and all(type(x) is float for x in items):
+        return complex(*items)
     raise WireError(f"malformed {tag!r} value")
+
+
+def _parse_int(text):
+    if len(text) > MAX_INT_DIGITS + 1:
+        raise WireError(f"an integer of more than {MAX_INT_DIGITS} digits")
+    return int(text)
+
+
+def _parse_float(text):
+    if len(text) > MAX_FLOAT_CHARS:
+        raise WireError(f"a number of more than {MAX_FLOAT_CHARS} characters")
+    return float(text)
 
 
 def loads(line, limit=None):
@@ -94,7 +133,7 @@ def loads(line, limit=None):
     if limit is not None and len(line) > limit:
         raise WireError(f"message over {limit} bytes")
     try:
-        msg = json.loads(line)
+        msg = json.loads(line, parse_int=_parse_int, parse_float=_parse_float)
     except (ValueError, RecursionError) as e:
         raise WireError(f"unreadable message ({type(e).__name__})") from None
     if type(msg) is not dict:

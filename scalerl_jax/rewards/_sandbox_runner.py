@@ -129,8 +129,26 @@ def _stdio_child(job, compiled):
         os._exit(EXIT_NO_RESULT)
 
 
+def _names(env, req):
+    """Which of the names asked for the loaded program defines: functions (called through the
+    trusted side) and values (sent as data; one that is not data is left out)."""
+    functions, values = [], {}
+    for name in req.get("names", ()):
+        if type(name) is str and name in env:
+            if callable(env[name]):
+                functions.append(name)
+            else:
+                try:
+                    values[name] = _inside.encode(env[name])
+                except (_inside.WireError, RecursionError):
+                    pass
+    return {"status": "ok", "functions": functions, "values": values}
+
+
 def _call(env, req):
     """One call of a loaded program: {"status": "ok", "value"} or how it failed."""
+    if req.get("op") == "names":
+        return _names(env, req)
     name = req.get("fn")
     fn = env.get(name) if type(name) is str else None
     if fn is None and isinstance(env.get("Solution"), type):  # LeetCode-style classes
@@ -185,7 +203,9 @@ class Child:
     def __init__(self, job, target, compiled, stdin_text=None):
         self.job, self.cap = job, job["limits"]["max_output_bytes"]
         if stdin_text is not None:
-            in_fd = os.memfd_create("stdin")
+            # an unlinked file in the sandbox's tmpfs (memfd_create is denied by the seccomp
+            # filter: its memory would escape the limits)
+            in_fd = os.open(job["workdir"], os.O_TMPFILE | os.O_RDWR, 0o600)
             _inside.write_all(in_fd, stdin_text.encode())
             os.lseek(in_fd, 0, os.SEEK_SET)
         else:
@@ -362,7 +382,7 @@ def serve(job, compiled_or_error):
             session = Child(job, _session_child, compiled_or_error)
             status, reason = session.read_status()
             answer = _answer(session, status, reason)
-        elif op == "call":
+        elif op in ("call", "names"):
             if session is None or not session.alive:
                 answer = _inside.dumps({"status": "crash", "detail": "the program has ended"})
             elif not session.send(line if line.endswith(b"\n") else line + b"\n"):

@@ -3,36 +3,39 @@
 Test formats (`parse_tests`): stdin/stdout pairs (APPS / TACO / CodeContests,
 `{"inputs": [...], "outputs": [...]}`), call-based (`{"fn_name": "f", "inputs": [[args...]],
 "outputs": [...]}`), assert-based (MBPP `{"test_list": [...], "test_setup_code": ...}` or a plain
-list of asserts; HumanEval `{"test": "def check(candidate): ...", "entry_point": "f"}`).
+list of asserts; HumanEval `{"test": "def check(candidate): ...", "entry_point": "f", "prompt":
+"..."}`, whose prompt defines the helpers some tests call: it runs as trusted code, and only the
+entry point comes from the program).
 
 Who decides a verdict. The program runs in its own sandboxed process (`_sandbox_runner.py`,
 isolation modes in `rewards/sandbox.py`) and only plain data comes out of it: its stdout text, or
 a call's return value in `_inside`'s wire format. This module compares that data with the
 expected outputs, which never enter the sandbox. Assert-based tests run in a separate harness
 process (`_harness.py`, sandboxed too) whose calls of the program's functions are relayed here to
-the program's process and answered with decoded plain data. So no object, exit code, patched
-module, written pipe or forged report of the program can make a test pass: a pass is a comparison
-made by code the program cannot reach.
+the program's process and answered with decoded plain data; the program's exceptions reach a
+test as one failure, never by name. So no object, exit code, patched module, written pipe,
+forged report or raised exception of the program can make a test pass: a pass is a comparison
+made by code the program cannot reach. Every step on this side has a deadline and a cost linear
+in capped input (non-blocking writes, bounded reads and decoding, a comparison without
+backtracking): `run_tests` returns within `total_timeout_s` and a small constant, whatever the
+program does to its processes.
 
 Comparison (`outputs_match`, `values_match`): whitespace-insensitive tokens; integers compare
 exactly, also when the program writes a float for an integer answer (`12.0` = 12, `1000.5` is
 not 1000); a number written with a decimal point or exponent in the expected output is matched
 within 1e-6 (relative, or absolute below 1), in exact decimal arithmetic (no digit limit, no
 overflow to inf).
-
-One responsibility keeps it whole at ~500 lines: the verdict on a program's tests, from
-parsing them through the sandboxed runs to the comparison of what comes out.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import decimal
 import json
 import math
-import re
 import time
 from collections import Counter
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Any, Optional, Union
 
 from scalerl_jax.config import ConfigError
@@ -42,6 +45,9 @@ from scalerl_jax.rewards.sandbox import ISOLATIONS, HARNESS, RUNNER, Process, re
 
 STATUSES = ("ok", "wrong", "timeout", "crash", "memory", "blocked", "skipped")
 FLOAT_TOL = Decimal("1e-6")
+# Exact decimal arithmetic that never raises: the widest exponents, no trap (an unreadable number
+# is a NaN, which compares unequal; a result past the exponent range is infinite, never close).
+_DECIMAL = decimal.Context(prec=60, Emax=decimal.MAX_EMAX, Emin=decimal.MIN_EMIN, traps=[])
 MAX_CODE_CHARS = 100_000  # a longer program is not run (completions have no length cap)
 
 
@@ -129,8 +135,8 @@ class TestSpec:
     mode: str
     inputs: tuple
     expected: tuple = ()
-    fn_name: str = ""
-    setup: str = ""
+    fn_name: str = ""  # "call": the function called; "assert": the only name the program gives
+    setup: str = ""  # "assert": trusted source run before each test (imports, HumanEval's prompt)
 
     __test__ = False
 
@@ -180,7 +186,10 @@ def parse_tests(tests: Union[dict, list]) -> TestSpec:
             )
         if not isinstance(entry, str) or not entry.isidentifier():
             raise ValueError(f"tests.entry_point: expected a function name, got {entry!r:.80}")
-        return TestSpec("assert", (f"{test}\ncheck({entry})\n",))
+        prompt = tests.get("prompt") or ""
+        if not isinstance(prompt, str):
+            raise ValueError(f"tests.prompt: expected the problem's source, got {prompt!r:.80}")
+        return TestSpec("assert", (f"{test}\ncheck({entry})\n",), fn_name=entry, setup=prompt)
     keys = ("inputs", "outputs") if "inputs" in tests else ("input", "output")
     if keys[0] not in tests or keys[1] not in tests:
         raise ValueError(
@@ -225,52 +234,86 @@ def check_tests(reference: str) -> None:
 
 
 # ----------------------------------------------------------------------------- comparison
-_NUMBER_RE = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
-_INTEGER_RE = re.compile(r"[-+]?\d+")
+def _ascii_digits(text: str) -> bool:
+    return text.isascii() and text.isdigit()
+
+
+def _number_kind(token: str) -> Optional[str]:
+    """The kind of a token: "int" (digits, an optional sign), "decimal" (a point or an
+    exponent) or None (not a number). Linear in the token, with str methods: a backtracking
+    regex here was quadratic on one long run of digits."""
+    body = token[1:] if token[:1] in ("+", "-") else token
+    mantissa, exponent, found = body, "", False
+    for sep in "eE":
+        if sep in body:
+            mantissa, _, exponent = body.partition(sep)
+            found = True
+            break
+    if found and not _ascii_digits(exponent[1:] if exponent[:1] in ("+", "-") else exponent):
+        return None
+    whole, dot, frac = mantissa.partition(".")
+    if not (whole or frac) or not all(_ascii_digits(p) for p in (whole, frac) if p):
+        return None
+    return "int" if not (dot or found) else "decimal"
 
 
 def _numbers_close(got: Decimal, expected: Decimal) -> bool:
-    """Within FLOAT_TOL relative, or absolute for |expected| < 1; exact decimal arithmetic."""
-    return abs(got - expected) <= FLOAT_TOL * max(abs(expected), Decimal(1))
+    """Within FLOAT_TOL relative, or absolute for |expected| < 1; exact decimal arithmetic
+    (`_DECIMAL`: no overflow, no exception)."""
+    with decimal.localcontext(_DECIMAL):
+        diff = abs(got - expected)
+        return diff.is_finite() and diff <= FLOAT_TOL * max(abs(expected), Decimal(1))
 
 
 def _tokens_equal(a: str, b: str) -> bool:
     """`a` written by the program, `b` expected."""
     if a == b:
         return True
-    if not (_NUMBER_RE.fullmatch(a) and _NUMBER_RE.fullmatch(b)):
+    kind = _number_kind(b)
+    if kind is None or _number_kind(a) is None:
         return False
-    try:
-        x, y = Decimal(a), Decimal(b)
-    except InvalidOperation:  # an exponent beyond Decimal's range
-        return False
-    if _INTEGER_RE.fullmatch(b):  # "007" == "7", "12.0" == "12", but never a tolerance
+    with decimal.localcontext(_DECIMAL):
+        x, y = Decimal(a), Decimal(b)  # exact; NaN for an exponent beyond any range
+    if kind == "int":  # "007" == "7", "12.0" == "12", but never a tolerance
         return x == y
     return _numbers_close(x, y)
 
 
 def outputs_match(got: str, expected: str) -> bool:
-    """Whitespace-insensitive token comparison (number rules in the module docstring)."""
+    """Whitespace-insensitive token comparison (number rules in the module docstring). Linear
+    in the two texts; never raises on what the program wrote."""
     a, b = got.split(), expected.split()
-    return len(a) == len(b) and all(_tokens_equal(x, y) for x, y in zip(a, b))
+    try:
+        return len(a) == len(b) and all(_tokens_equal(x, y) for x, y in zip(a, b))
+    except (ArithmeticError, ValueError):
+        return False
 
 
 def values_match(got: Any, expected: Any) -> bool:
     """A decoded return value against the expected JSON value: lists and tuples element-wise,
     an integer expected exactly (a float equal to it is accepted), a float within the
-    tolerance, bools never numbers."""
+    tolerance, bools never numbers. Never raises on what the program returned."""
+    try:
+        return _values_match(got, expected)
+    except (ArithmeticError, ValueError, TypeError, RecursionError):
+        return False
+
+
+def _values_match(got: Any, expected: Any) -> bool:
     if isinstance(got, bool) or isinstance(expected, bool):
         return got is expected
     if isinstance(got, (int, float)) and isinstance(expected, (int, float)):
-        if not (math.isfinite(got) and math.isfinite(expected)):
-            return got == expected
         if isinstance(expected, int):
-            return got == expected  # int vs float in Python compares exactly
+            return got == expected  # int vs float in Python compares exactly, never overflows
+        if not (math.isfinite(expected) and (isinstance(got, int) or math.isfinite(got))):
+            return got == expected
         return _numbers_close(Decimal(got), Decimal(expected))
     if isinstance(got, (list, tuple)) and isinstance(expected, list):
-        return len(got) == len(expected) and all(map(values_match, got, expected))
+        return len(got) == len(expected) and all(map(_values_match, got, expected))
     if isinstance(got, dict) and isinstance(expected, dict):
-        return got.keys() == expected.keys() and all(values_match(got[k], expected[k]) for k in got)
+        return got.keys() == expected.keys() and all(
+            _values_match(got[k], expected[k]) for k in got
+        )
     return type(got) is type(expected) and got == expected
 
 
@@ -322,17 +365,22 @@ def _decode_value(answer: dict) -> tuple[bool, Any]:
         return False, None
 
 
+def _short(value: Any, n: int = 300) -> str:
+    """A text field of a message from a sandboxed process, capped (anything else: empty)."""
+    return value[:n] if type(value) is str else ""
+
+
 def _outcome(answer: Optional[dict], what: str = "") -> TestOutcome:
     """A TestOutcome for a failed answer of the program's process (None: it did not answer)."""
     if answer is None:
         return TestOutcome(
             "timeout" if what == "timeout" else "crash", what or "the sandbox stopped answering"
         )
-    status = str(answer.get("status"))
-    detail = str(answer.get("detail", answer.get("message", "")))[:300]
+    status = _short(answer.get("status"))
+    detail = _short(answer.get("detail", answer.get("message", "")))
     if status == "raised":
-        return TestOutcome("crash", f"{answer.get('type')}: {detail}"[:300])
-    output = str(answer.get("stdout", ""))
+        return TestOutcome("crash", f"{_short(answer.get('type'))}: {detail}"[:300])
+    output = _short(answer.get("stdout", ""), 1 << 20)
     if status == "output":
         return TestOutcome("wrong", detail, output)
     return TestOutcome(status if status in STATUSES else "crash", detail, output)
@@ -361,11 +409,12 @@ class _Run:
         max_line = 6 * limits.max_output_bytes + 4096  # JSON escaping of the capped output
         tmpfs = limits.tmpfs_mb << 20
         self.harness = None
-        self.program = Process(RUNNER, mode, {"code": code, "limits": lim}, tmpfs, max_line)
+        self.program = Process(
+            RUNNER, mode, {"code": code, "limits": lim}, tmpfs, max_line, self.deadline
+        )
         if spec.mode == "assert":
-            self.harness = Process(
-                HARNESS, mode, {"setup": spec.setup, "tests": list(spec.inputs)}, tmpfs, max_line
-            )
+            job = {"setup": spec.setup, "tests": list(spec.inputs), "entry": spec.fn_name}
+            self.harness = Process(HARNESS, mode, job, tmpfs, max_line, self.deadline)
         hello = self.program.read(self.deadline)
         if hello is not None and "fatal" in hello:
             raise RuntimeError(f"the code sandbox could not start: {hello['fatal']}")
@@ -383,7 +432,9 @@ class _Run:
             answer = self.program.request({"op": "stdio", "stdin": spec.inputs[i]}, deadline)
             if answer is None or answer.get("status") != "ok":
                 return self._failed(answer, deadline)
-            out = str(answer.get("stdout", ""))
+            out = answer.get("stdout", "")
+            if type(out) is not str or len(out) > self.limits.max_output_bytes:
+                return TestOutcome("wrong", "no stdout, or over max_output_bytes")
             if not outputs_match(out, spec.expected[i]):
                 return TestOutcome(
                     "wrong", f"expected {spec.expected[i][:60]!r}, got {out[:60]!r}", out
@@ -433,7 +484,7 @@ class _Run:
         """Relay the harness's calls to the program until the harness gives its verdict."""
         msg = harness.request({"run": i}, deadline)
         while msg is not None and "verdict" not in msg:
-            if msg.get("op") != "call":
+            if msg.get("op") not in ("call", "names"):
                 harness.broken = True
                 return TestOutcome("crash", "the test harness sent an unknown message")
             answer = self.program.request(msg, deadline)
@@ -442,8 +493,8 @@ class _Run:
             msg = harness.request(answer, deadline)
         if msg is None:
             return self._failed(None, deadline)
-        status = str(msg["verdict"])
-        return TestOutcome(status if status in STATUSES else "crash", str(msg.get("detail", "")))
+        status = _short(msg["verdict"])
+        return TestOutcome(status if status in STATUSES else "crash", _short(msg.get("detail")))
 
     @property
     def broken(self) -> bool:

@@ -7,13 +7,15 @@ site-packages, this directory's scripts and `/etc/ld.so.cache`; a fresh /proc of
 namespace (no other process, so no `/proc/<pid>/mem` or `/ns/net` of the caller); a minimal /dev;
 a size-limited tmpfs as /tmp, cwd and HOME; the root remounted read-only. No network interface
 but a loopback that is down, and no filesystem socket of the host is visible. Started as root,
-bubblewrap keeps CAP_SETUID/CAP_SETGID only, and the process drops to uid/gid 65534 with no
-groups before it reads the program (`_inside.drop_privileges`): the candidate never has root's
-uid or any capability, and cannot regain them (no-new-privileges). Started as another user, the
-sandbox runs in a new user namespace (which needs unprivileged user namespaces) with that user's
-uid and no capabilities outside, and cannot create further user namespaces. `--die-with-parent`
-plus the PID namespace: killing bubblewrap ends every process of the sandbox; the tmpfs goes with
-them, so nothing is left on disk.
+bubblewrap keeps CAP_SETUID/CAP_SETGID only, and the process drops to a uid of its own
+(`sandbox_policy.UidLease`; no groups) before it reads the program (`_inside.drop_privileges`):
+the candidate never has root's uid or any capability, and cannot regain them
+(no-new-privileges). Started as another user, the sandbox runs in a new user namespace of its
+own (which needs unprivileged user namespaces) with that user's uid and no capabilities
+outside. In both cases a seccomp filter (`sandbox_policy.seccomp_bpf`) refuses namespaces
+(so no nested user namespace), keyrings, ptrace, mounts, bpf and memory no limit counts.
+`--die-with-parent` plus the PID namespace: killing bubblewrap ends every process of the
+sandbox; the tmpfs goes with them, so nothing is left on disk.
 
 **weak** (only where the caller accepts it: `SandboxLimits.isolation="best"` without bubblewrap,
 or `"weak"`): a plain `python -I -S` process in a fresh temporary directory, which tries network
@@ -22,7 +24,10 @@ installation is world-readable, installs a PEP 578 audit hook in each child, and
 subreaper so that `close` finds and kills every descendant, setsid or not. The audit hook binds
 only Python-level calls: a program aimed at it can read and write what the trainer's uid can.
 
-In both modes the verdict is decided outside (rewards/code.py), from plain data.
+In both modes the verdict is decided outside (rewards/code.py), from plain data, and every step
+of this side has a deadline: writes to a sandboxed process are non-blocking (a process that
+stops reading, or is stopped, cannot hold the caller), reads stop at the deadline and at
+`max_line` bytes, and `close` waits a bounded time.
 
 Hand-written around bubblewrap because nothing on PyPI drives it; nsjail is an alternative with
 the same layers but needs a config language of its own.
@@ -34,7 +39,7 @@ import contextlib
 import fcntl
 import functools
 import os
-import selectors
+import select
 import shutil
 import signal
 import site
@@ -46,12 +51,12 @@ import time
 from typing import IO, Optional, cast
 
 from scalerl_jax.rewards import _inside
+from scalerl_jax.rewards.sandbox_policy import UidLease, seccomp_bpf
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RUNNER = os.path.join(HERE, "_sandbox_runner.py")
 HARNESS = os.path.join(HERE, "_harness.py")
 ISOLATIONS = ("strong", "best", "weak")
-NOBODY = 65534
 _SITE_PACKAGES = tuple(os.path.realpath(p) for p in site.getsitepackages() if os.path.isdir(p))
 _PYTHON = os.path.realpath(sys.executable)
 _ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
@@ -87,9 +92,11 @@ def _read_only_paths() -> list[str]:
     return sorted(p for p in paths if not any(p != q and p.startswith(q + os.sep) for q in paths))
 
 
-def _bwrap_args(tmpfs_bytes: int) -> list[str]:
+def _bwrap_args(tmpfs_bytes: int, seccomp_fd: int) -> list[str]:
     args = [
         "bwrap",
+        "--seccomp",
+        str(seccomp_fd),
         "--unshare-ipc",
         "--unshare-pid",
         "--unshare-net",
@@ -125,10 +132,27 @@ def _bwrap_args(tmpfs_bytes: int) -> list[str]:
             args += ["--perms", "0755", "--dir", p]
             made.add(p)
         args += ["--ro-bind", path, path]
-    args += ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/", "--chdir", "/tmp"]
+    # /dev read-only: its tmpfs (and /dev/shm in it) would be memory no limit counts
+    args += ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev", "--remount-ro", "/"]
+    args += ["--chdir", "/tmp"]
     for key, value in {**_ENV, "HOME": "/tmp", "TMPDIR": "/tmp"}.items():
         args += ["--setenv", key, value]
     return args
+
+
+@contextlib.contextmanager
+def _seccomp_fd():
+    """The filter on a pipe's read end, for one bubblewrap start (`pass_fds` keeps its number)."""
+    r, w = os.pipe()
+    try:
+        os.write(w, seccomp_bpf())  # a few hundred bytes: below the pipe's buffer
+        os.close(w)
+        w = -1
+        yield r
+    finally:
+        for fd in (r, w):
+            if fd >= 0:
+                os.close(fd)
 
 
 @functools.lru_cache(maxsize=None)
@@ -138,9 +162,14 @@ def bwrap_status() -> tuple[bool, str]:
     process with a real start."""
     if shutil.which("bwrap") is None:
         return False, "bubblewrap (bwrap) is not installed: apt-get install bubblewrap"
-    cmd = _bwrap_args(1 << 20) + [_PYTHON, "-I", "-S", "-c", "pass"]
     try:
-        proc = subprocess.run(cmd, capture_output=True, timeout=30, cwd="/")
+        seccomp_bpf()
+    except RuntimeError as e:
+        return False, f"no seccomp filter: {e}"
+    try:
+        with _seccomp_fd() as fd:
+            cmd = _bwrap_args(1 << 20, fd) + [_PYTHON, "-I", "-S", "-c", "pass"]
+            proc = subprocess.run(cmd, capture_output=True, timeout=30, cwd="/", pass_fds=(fd,))
     except (OSError, subprocess.TimeoutExpired) as e:
         return False, f"bwrap did not start: {e}"
     if proc.returncode != 0:
@@ -170,13 +199,14 @@ def describe(isolation: str) -> str:
     mode = resolve_mode(isolation)
     if mode == "bwrap":
         who = (
-            "uid 65534, no capabilities"
+            "a uid of its own per sandbox, no capabilities"
             if os.geteuid() == 0
-            else (f"uid {os.geteuid()} in a user namespace, no capabilities")
+            else (f"uid {os.geteuid()} in a user namespace of its own, no capabilities")
         )
         return (
             f"code sandbox: bubblewrap (mount, PID, network, IPC, UTS namespaces; read-only "
-            f"system; tmpfs /tmp; {who})"
+            f"system; tmpfs /tmp; {who}; seccomp: no namespaces, keyrings, ptrace, mounts, "
+            f"memfd/shm)"
         )
     return (
         "code sandbox: WEAK mode (rlimits, audit hook, network/PID namespaces where allowed; "
@@ -228,83 +258,112 @@ def _remove_tree(path: str) -> None:
 class Process:
     """One sandboxed script (the runner or the harness) and its line protocol. `request` and
     `read` return None when the process does not answer by the deadline or answers garbage; the
-    caller treats that as the test's failure and closes the process."""
+    caller treats that as the test's failure and closes the process. Nothing here blocks past a
+    deadline: `send` writes without blocking (a stopped or non-reading process only runs out the
+    deadline), `read` stops at `max_line` bytes."""
 
-    def __init__(self, script: str, mode: str, job: dict, tmpfs_bytes: int, max_line: int):
+    def __init__(
+        self, script: str, mode: str, job: dict, tmpfs_bytes: int, max_line: int, deadline: float
+    ):
         self.mode, self.max_line = mode, max_line
-        self.workdir = None
-        if mode == "bwrap":
-            cmd = _bwrap_args(tmpfs_bytes) + [_PYTHON, "-I", "-S", script, owner_tag()]
-            cwd, env = "/", {}
-            job = {
-                **job,
-                "weak": False,
-                "workdir": "/tmp",
-                "drop_to": NOBODY if os.geteuid() == 0 else None,
-            }
-        else:
-            self.workdir = tempfile.mkdtemp(prefix="scalerl-sandbox-")
-            cmd = [_PYTHON, "-I", "-S", script, owner_tag()]
-            cwd, env = self.workdir, {**_ENV, "HOME": self.workdir, "TMPDIR": self.workdir}
-            job = {**job, "weak": True, "workdir": self.workdir, "drop_to": None}
-        self.proc = subprocess.Popen(
-            cmd,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            cwd=cwd,
-            env=env,
-            start_new_session=True,
-            close_fds=True,
-        )
+        self.workdir: Optional[str] = None
+        self.lease: Optional[UidLease] = None
+        with contextlib.ExitStack() as stack:
+            if mode == "bwrap":
+                seccomp = stack.enter_context(_seccomp_fd())
+                cmd = _bwrap_args(tmpfs_bytes, seccomp) + [_PYTHON, "-I", "-S", script]
+                cwd, env, pass_fds = "/", {}, [seccomp]
+                if os.geteuid() == 0:
+                    self.lease = UidLease()
+                job = {
+                    **job,
+                    "weak": False,
+                    "workdir": "/tmp",
+                    "drop_to": self.lease.uid if self.lease is not None else None,
+                }
+            else:
+                self.workdir = tempfile.mkdtemp(prefix="scalerl-sandbox-")
+                cmd = [_PYTHON, "-I", "-S", script]
+                cwd, env = self.workdir, {**_ENV, "HOME": self.workdir, "TMPDIR": self.workdir}
+                pass_fds = []
+                job = {**job, "weak": True, "workdir": self.workdir, "drop_to": None}
+            try:
+                self.proc = subprocess.Popen(
+                    cmd + [owner_tag()],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.DEVNULL,
+                    cwd=cwd,
+                    env=env,
+                    start_new_session=True,
+                    pass_fds=pass_fds,
+                )
+            except BaseException:
+                if self.lease is not None:
+                    self.lease.release()
+                raise
         # Both pipes exist: they were asked for above.
         self.stdin = cast(IO[bytes], self.proc.stdin)
         self.stdout = cast(IO[bytes], self.proc.stdout)
-        self.buf, self.broken = b"", False
-        self.sel = selectors.DefaultSelector()
-        self.sel.register(self.stdout, selectors.EVENT_READ)
-        self.send({**job, "site_packages": list(_SITE_PACKAGES)})
+        os.set_blocking(self.stdin.fileno(), False)
+        self.buf, self.scanned, self.broken = bytearray(), 0, False
+        if not self.send({**job, "site_packages": list(_SITE_PACKAGES)}, deadline):
+            self.broken = True
 
-    def send(self, msg: dict) -> bool:
-        try:
-            _inside.write_all(self.stdin.fileno(), _inside.dumps(msg))
-            return True
-        except OSError:
-            return False
+    def send(self, msg: dict, deadline: float) -> bool:
+        """Write one message by `deadline`; False if the process did not take it."""
+        data = memoryview(_inside.dumps(msg))
+        fd = self.stdin.fileno()
+        while data:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([], [fd], [], remaining)[1]:
+                return False
+            try:
+                data = data[os.write(fd, data) :]
+            except BlockingIOError:
+                continue
+            except OSError:
+                return False
+        return True
 
     def read(self, deadline: float) -> Optional[dict]:
         """The next message, or None (and `broken` from then on: a late answer must never be
         taken for the answer to a later request)."""
-        while not self.broken and b"\n" not in self.buf:
+        fd = self.stdout.fileno()
+        while not self.broken:
+            end = self.buf.find(b"\n", self.scanned)
+            if end >= 0:
+                line = bytes(self.buf[:end])
+                del self.buf[: end + 1]
+                self.scanned = 0
+                try:
+                    return _inside.loads(line, self.max_line)
+                except _inside.WireError:
+                    break
+            self.scanned = len(self.buf)
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or len(self.buf) > self.max_line or not self.sel.select(remaining):
-                self.broken = True
+            if remaining <= 0 or self.scanned > self.max_line:
                 break
-            chunk = os.read(self.stdout.fileno(), 1 << 16)
+            if not select.select([fd], [], [], remaining)[0]:
+                break
+            chunk = os.read(fd, 1 << 16)
             if not chunk:
-                self.broken = True
                 break
             self.buf += chunk
-        if self.broken:
-            return None
-        line, self.buf = self.buf.split(b"\n", 1)
-        try:
-            return _inside.loads(line, self.max_line)
-        except _inside.WireError:
-            self.broken = True
-            return None
+        self.broken = True
+        return None
 
     def request(self, msg: dict, deadline: float) -> Optional[dict]:
-        if self.broken or not self.send(msg):
+        if self.broken or not self.send(msg, deadline):
             self.broken = True
             return None
         return self.read(deadline)
 
     def close(self) -> None:
-        """Kill the process and everything it started; remove its directory. In the bwrap mode
-        killing bubblewrap ends its PID namespace; in the weak mode the runner is a subreaper,
-        so every descendant is in its tree, and the tree is killed from the leaves' side until
-        it is empty."""
+        """Kill the process and everything it started; remove its directory; give its uid back.
+        In the bwrap mode killing bubblewrap ends its PID namespace; in the weak mode the runner
+        is a subreaper, so every descendant is in its tree, and the tree is killed from the
+        leaves' side until it is empty."""
         if self.mode == "weak":
             for _ in range(100):
                 pids = _descendants(self.proc.pid)
@@ -316,10 +375,13 @@ class Process:
                 time.sleep(0.001)
         with contextlib.suppress(OSError):
             os.killpg(self.proc.pid, signal.SIGKILL)  # before the reap: the id is still ours
-        self.proc.wait()
-        self.sel.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):  # SIGKILLed: only the kernel waits
+            self.proc.wait(timeout=5.0)
+        reaped = self.proc.returncode is not None
         for stream in (self.stdin, self.stdout):
             with contextlib.suppress(OSError):
                 stream.close()
         if self.workdir is not None:
             _remove_tree(self.workdir)
+        if self.lease is not None and reaped:  # else its uid stays leased while it lives
+            self.lease.release()
