@@ -25,6 +25,8 @@ setup(
         "pyarrow>=15",
         "tqdm>=4.66",
         "tensorboardX>=2.6",  # writes TensorBoard event files without TensorFlow
+        # the code sandbox's seccomp filter (rewards/sandbox_policy.py), over libseccomp2
+        "pyseccomp>=0.1.2",
     ],
     extras_require={
         # huggingface_hub downloads `--hf-checkpoint ORG/NAME` (models/fetch.py).

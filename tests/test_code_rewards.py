@@ -16,12 +16,11 @@ from scalerl_jax.rewards.code import (
     SandboxLimits,
     check_tests,
     extract_code,
-    outputs_match,
     parse_tests,
     run_tests,
-    values_match,
     verify_code,
 )
+from scalerl_jax.rewards.code_compare import outputs_match, values_match
 from scalerl_jax.rewards.sandbox import SandboxUnavailable, bwrap_status, owner_tag
 from test_sandbox_redteam import _gone  # tests/ is on sys.path (rootdir conftest)
 

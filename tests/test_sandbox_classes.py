@@ -13,7 +13,7 @@ import pytest
 
 from scalerl_jax.rewards import SandboxLimits, run_tests, verify_code
 from scalerl_jax.rewards import _inside
-from scalerl_jax.rewards.code import outputs_match, values_match
+from scalerl_jax.rewards.code_compare import outputs_match, values_match
 from scalerl_jax.rewards.sandbox import bwrap_status
 
 LIMITS = SandboxLimits(timeout_s=2.0, cpu_s=2.0, total_timeout_s=4.0)
@@ -397,3 +397,19 @@ def test_verify_code_never_raises_on_program_output():
         verify_code(printing, '{"inputs": [""], "outputs": ["-9e999999 1.5 1e-999999999"]}')
         is False
     )
+
+
+def test_a_standard_module_the_test_uses_is_the_harnesss_own():
+    spec = {"test_list": ["assert math.isclose(f(2), 0.5)"]}
+    assert run_tests("import math\ndef f(x):\n    return 1 / x\n", spec, LIMITS).all_passed
+    fake = "class math:\n    isclose = staticmethod(lambda a, b: True)\ndef f(x):\n    return 0\n"
+    assert _timed(fake, spec).passed == 0
+
+
+def test_a_humaneval_prompt_is_part_of_the_spec():
+    from scalerl_jax.rewards.code import parse_tests
+
+    spec = parse_tests({"entry_point": "f", "test": HELPER_TEST, "prompt": HELPER_PROMPT})
+    assert spec.setup == HELPER_PROMPT and spec.fn_name == "f"
+    with pytest.raises(ValueError, match="tests.prompt"):
+        parse_tests({"entry_point": "f", "test": HELPER_TEST, "prompt": ["def double"]})

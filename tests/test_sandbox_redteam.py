@@ -19,7 +19,7 @@ import time
 import pytest
 
 from scalerl_jax.rewards import SandboxLimits, extract_code, run_tests, verify_code
-from scalerl_jax.rewards.code import outputs_match
+from scalerl_jax.rewards.code_compare import outputs_match
 from scalerl_jax.rewards.sandbox import bwrap_status, owner_tag
 from scalerl_jax.rewards.sandbox_policy import UID_RANGE
 

@@ -12,8 +12,9 @@ that the trusted side supplied and on plain data:
   process through the trusted side and returns what comes back, decoded by `_inside` into
   builtin values (no object of the candidate's, so no `__eq__` that is always true, no iterator
   or generator whose protocol it runs). A HumanEval spec takes only its entry point from the
-  candidate; MBPP asserts take every other name the test uses, a function as a proxy and
-  anything else as its value, decoded, at the time the program was loaded.
+  candidate; MBPP asserts take every other name the test uses (but a standard module's, which
+  is imported here), a function as a proxy and anything else as its value, decoded, at the
+  time the program was loaded.
 * Whatever goes wrong on the candidate's side (an exception it raised, a timeout, a crash, a
   value that is not data) is one failure, `CandidateFailed`: a BaseException no test expects by
   name (so no `except ValueError`, and no StopIteration that would silently end a test's
@@ -131,6 +132,12 @@ def _run(setup, test, entry):
             wanted = {
                 n for n in _global_names(compiled) if n not in env and not hasattr(builtins, n)
             }
+            for name in wanted & sys.stdlib_module_names:  # `math.isclose` without an import
+                try:
+                    env[name] = __import__(name)
+                except ImportError:
+                    pass
+            wanted -= set(env)
             if wanted:
                 env.update(_program_names(wanted))
         exec(compiled, env)
