@@ -256,6 +256,7 @@ calls = {
     "mount": lambda: libc.mount(b"none", b"/tmp", b"tmpfs", 0, None),
     "ptrace": lambda: libc.ptrace(16, 1, 0, 0),
     "shmget": lambda: libc.shmget(0, 1 << 20, 0o1600),
+    "msgget": lambda: libc.msgget(0, 0o1600),
     "memfd_create": lambda: libc.memfd_create(b"x", 0),
     "add_key": lambda: libc.syscall(nr["add_key"], b"user", b"answer", b"42", 2, -4),
     "keyctl": lambda: libc.syscall(nr["keyctl"], 0, -4, 0),
@@ -289,7 +290,7 @@ def test_the_filter_refuses_what_a_program_never_needs():
     assert lines.pop("fork_ok") == "True", result  # forks still work
     assert lines.pop("unshare_cli").split()[0] != "0", result  # no nested user namespace
     assert lines.pop("clone3").split() == ["-1", "ENOSYS"], result  # libc falls back to clone
-    assert len(lines) == 16, result
+    assert len(lines) == 17, result
     for name, outcome in lines.items():
         assert outcome.split() == ["-1", "EPERM"], (name, outcome)
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import functools
+import math
 import os
 import select
 import shutil
@@ -306,6 +307,10 @@ class Process:
         self.stdin = cast(IO[bytes], self.proc.stdin)
         self.stdout = cast(IO[bytes], self.proc.stdout)
         os.set_blocking(self.stdin.fileno(), False)
+        # poll, not select: a trainer may hold more than 1024 descriptors
+        self.writable, self.readable = select.poll(), select.poll()
+        self.writable.register(self.stdin.fileno(), select.POLLOUT)
+        self.readable.register(self.stdout.fileno(), select.POLLIN)
         self.buf, self.scanned, self.broken = bytearray(), 0, False
         if not self.send({**job, "site_packages": list(_SITE_PACKAGES)}, deadline):
             self.broken = True
@@ -316,7 +321,7 @@ class Process:
         fd = self.stdin.fileno()
         while data:
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or not select.select([], [fd], [], remaining)[1]:
+            if remaining <= 0 or not self.writable.poll(math.ceil(remaining * 1000)):
                 return False
             try:
                 data = data[os.write(fd, data) :]
@@ -344,7 +349,7 @@ class Process:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or self.scanned > self.max_line:
                 break
-            if not select.select([fd], [], [], remaining)[0]:
+            if not self.readable.poll(math.ceil(remaining * 1000)):
                 break
             chunk = os.read(fd, 1 << 16)
             if not chunk:

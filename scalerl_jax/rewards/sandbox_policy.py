@@ -14,9 +14,9 @@ program never needs: creating or entering namespaces (unshare, setns, clone with
 flag; clone3 answers ENOSYS, so that libc falls back to clone, whose flags a filter can read),
 keyrings, tracing or reading other processes, mounts, bpf, perf events, userfaultfd, io_uring,
 kernel modules and clocks, and memory that no limit counts (memfd_create, memfd_secret, System
-V shared memory); a foreign architecture's system calls kill the process. Built with libseccomp's
-Python bindings (`seccomp`, Debian's python3-seccomp, or `pyseccomp` from PyPI, the same API
-over ctypes); the filter is exported as BPF once per process.
+V shared memory and message queues); a foreign architecture's system calls kill the process.
+Built with libseccomp's Python bindings (`seccomp`, Debian's python3-seccomp, or `pyseccomp`
+from PyPI, the same API over ctypes); the filter is exported as BPF once per process.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ DENIED = {  # refused with EPERM, by group
     "delete_module reboot swapon swapoff acct quotactl quotactl_fd syslog name_to_handle_at "
     "open_by_handle_at lookup_dcookie fanotify_init iopl ioperm modify_ldt uselib vhangup "
     "settimeofday clock_settime clock_adjtime adjtimex personality",
-    "memory outside every limit": "memfd_create memfd_secret shmget",
+    "memory outside every limit": "memfd_create memfd_secret shmget msgget",
 }
 
 
