@@ -8,9 +8,10 @@ per line and answers each with one line on stdout:
   input; answer its stdout (capped) and how it ended.
 * `{"op": "load"}`: start a fresh child that runs the program as module `solution` and stays,
   then `{"op": "call", "fn": name, "args": [...], "kwargs": {...}}` calls a function of it
-  (arguments and result in `_inside`'s wire format) and `{"op": "unload"}` ends it. One test's
-  calls go to one child; the next test gets a new one. The wall-clock limit `timeout_s` counts
-  from `load` over all the calls of the test.
+  (arguments and result in `_inside`'s wire format), `{"op": "names", "names": [...]}` says
+  which of those names the program defines (functions by name, other values as data), and
+  `{"op": "unload"}` ends it. One test's calls go to one child; the next test gets a new one.
+  The wall-clock limit `timeout_s` counts from `load` over all the calls of the test.
 
 Nothing here decides a verdict: the trusted side compares what comes out with the expected
 outputs, which never enter this process. A program that takes over this process can only choose
@@ -434,8 +435,9 @@ def main():
         _prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans stay in our tree, for the final kill
         _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     info.update(namespaces=namespaces or not job["weak"], uid=os.getuid())
-    # RLIMIT_NPROC counts every task of the uid (concurrent sandboxes share it): allow
-    # `max_processes` beyond the current count. It does not bind root (weak mode as root).
+    # RLIMIT_NPROC counts every task of the uid (in the strong mode a uid or user namespace of
+    # this sandbox's own; in the weak mode shared): allow `max_processes` beyond the current
+    # count. It does not bind root (weak mode as root).
     lim = job["limits"]
     lim["nproc"] = lim["max_processes"] + (0 if os.geteuid() == 0 else _tasks_of_uid(os.getuid()))
     try:
