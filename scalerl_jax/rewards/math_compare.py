@@ -273,7 +273,7 @@ def compare(p: str, g: str, depth: int = 0) -> Optional[bool]:
     letter = _choice(g, whole=True)
     if letter is not None:
         return _choice(p, whole=False) == letter
-    if "\\begin" not in p and _JUXTAPOSED_RE.search(p):
+    if "\\begin" not in p and _JUXTAPOSED_RE.search(re.sub(r"_\{[^{}]*\}|_\w", "_", p)):
         return False  # "2 \quad 3", "12 \; 5": two numbers, not their product (nor 125)
     if p.replace(" ", "") == g.replace(" ", ""):
         return True
