@@ -318,6 +318,12 @@ TRAILING_TEXT = [
     ("5", "So $\\boxed{5}$ is wrong."),
     ("5", "$\\boxed{5}$ approximately"),
     ("5", "$\\boxed{5} \\pm 1$"),
+    ("5", "\\boxed{5} \\text{ (or 6)}"),
+    # ... or before it, in its sentence: alternatives that the last number alone would hide
+    ("6", "I think 5 or 6"),
+    ("6", "it is between 5 and 6"),
+    ("6", "either 5 or\n6"),
+    ("6", "maybe 6"),
 ]
 
 
@@ -333,6 +339,7 @@ def test_prose_and_units_after_an_answer_stay_right():
     assert verify_math("The total is 18 dollars.", "18")
     assert verify_math("She has 28 percent", "28\\%")
     assert verify_math("Final Answer: Jane started 3 hours ago. I hope it is correct.", "3")
+    assert verify_math("the number is not 10, it is 1,000.99", "1000.99")  # a correction
 
 
 # A box inside a box never hides the text around it.

@@ -469,3 +469,18 @@ def test_pool_rejects_bad_arguments():
     pool.close()
     with pytest.raises(RuntimeError, match="after close"):
         pool.score(_eq_verifier, [("a", "a")])
+
+
+def test_math_references_are_checked_at_load_time():
+    # A malformed reference is a bad row (skipped and counted with its reason), not a prompt
+    # whose every completion scores as wrong.
+    from scalerl_jax.data.prompts import parse_records
+    from scalerl_jax.rewards.verifiers import ANSWER_CHECKS
+
+    assert ANSWER_CHECKS["math"] == "scalerl_jax.rewards.math:check_reference"
+    records = [("line 1", {"q": "a", "a": "\\boxed{or"}), ("line 2", {"q": "b", "a": "5"})]
+    rows, stats = parse_records(
+        iter(records), "q", "a", id_field=None, check_answer=check_reference
+    )
+    assert [r.answer for r in rows] == ["5"]
+    assert stats.bad_examples[0][0] == "line 1" and "not closed" in stats.bad_examples[0][1]

@@ -183,7 +183,7 @@ _TAIL_RE = re.compile(
 # What may not follow a box in its sentence: an alternative, a hedge, a verdict on it, a
 # relation or an operation that continues it.
 _BOX_QUALIFIER_RE = re.compile(
-    r"(?:\s|\$|\\[)\]]|\\text\{|\*)*(?:(?:or|not|nor|either|approx\w*|about|around|maybe"
+    r"(?:\s|\$|\\[)\]]|\\text\{|\*|\()*(?:(?:or|not|nor|either|approx\w*|about|around|maybe"
     r"|perhaps|possibly|probably|roughly|nearly|almost|at\s+(?:least|most)|was|were|isn\W?t"
     r"|(?:is|are)(?!\s+(?:the|our|my)\s+(?:final\s+|correct\s+)?(?:answer|solution|result)s?\b)"
     r"|seems?|but|if|unless|except|plus|minus|times|and\s*\$?\s*[-\d\\])(?![a-zA-Z])"
@@ -211,6 +211,11 @@ _ANSWER_RE = re.compile(r"(?:final\s+)?answer\s*(?:is|:)\s*:?", re.IGNORECASE)
 _HEDGE_WORDS_RE = re.compile(
     r"\b(?:or|not|either|maybe|perhaps|approximately|about|around"
     r"|roughly|nearly|between)\b",
+    re.IGNORECASE,
+)
+_ALTERNATIVES_BEFORE_RE = re.compile(
+    r"\b(?:or|either|maybe|perhaps|approximately|about|around|roughly|nearly|almost|between"
+    r"|probably|possibly)\b",
     re.IGNORECASE,
 )
 _WORD_RE = re.compile(r"(?<![\\a-zA-Z])[a-zA-Z]{2,}")
@@ -336,6 +341,9 @@ def standalone_number(text: str) -> Optional[str]:
         return None
     if not ends_answer(after):
         return None  # "5 or 6", "5 approximately", "1,250 pears": words that hedge or qualify
+    sentence = re.split(r"[.!?]\s|\n\s*\n", before[-MAX_PHRASE_CHARS:])[-1]
+    if _ALTERNATIVES_BEFORE_RE.search(sentence):
+        return None  # "I think 5 or 6", "between 5 and 6", "maybe 6" (but "not 10, it's 12")
     return m.group(0).strip()
 
 
