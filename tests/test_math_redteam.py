@@ -522,3 +522,20 @@ def test_worked_solution_references():
     assert verify_math(boxed("3, 2"), "We find \\boxed{2} and \\boxed{3}.")
     assert not verify_math(boxed("3"), "\\boxed{2} and \\boxed{3}")
     assert verify_math("\\boxed{2} and \\boxed{3}", "2, 3")
+
+
+def test_tree_bounds_hold_without_the_text_screen():
+    # Past `within_limits`, the parser and the exact evaluation bound every power from the
+    # expression tree before computing it (nested powers multiply their exponents).
+    from scalerl_jax.rewards.math_numbers import compare_scalars
+
+    t0 = time.perf_counter()
+    for answer, reference in [
+        ("((x^{99})^{99})^{99}", "x^{970299}"),
+        ("(10^{10})^{10^{10}}", "7"),
+        ("(1+\\sqrt{2})^{1000}", "7"),
+        ("2^{2^{2^{10}}}", "7"),
+    ]:
+        assert compare_scalars(answer, reference) is not True, answer
+    assert compare_scalars("((2^{10})^{10})^{10}", "2^{1000}") is True  # exact, and small
+    assert time.perf_counter() - t0 < 2.0

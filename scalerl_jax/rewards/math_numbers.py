@@ -153,17 +153,29 @@ def _numbers_equal(p, g, p_text: str, g_text: str) -> bool:
     return _relative(pv, gv, 1e-6)  # a decimal for 1/3, pi, sqrt(2)
 
 
+POINT_BITS = 21  # |coordinate| of the random integer points
+MAX_EXACT_BITS = 1 << 20  # bound on any value's size while evaluating at a point exactly
+
+
+def _exact_bits(expr) -> float:
+    """An upper bound on the bits of any value met while evaluating `expr` exactly at a point,
+    from the tree alone (nested powers multiply: (x^100)^100 is 10^4 * POINT_BITS); inf when
+    `expr` is no rational function (a function, a constant, a non-integer exponent)."""
+    if expr.is_Symbol:
+        return POINT_BITS
+    if expr.is_Rational:
+        return max(abs(expr.p).bit_length(), expr.q.bit_length(), 1)
+    if expr.is_Pow and expr.args[1].is_Integer:
+        return _exact_bits(expr.args[0]) * max(abs(int(expr.args[1])), 1)
+    if expr.is_Add or expr.is_Mul:  # over rationals a sum's denominators multiply, too
+        return sum(_exact_bits(a) for a in expr.args) + len(expr.args)
+    return float("inf")
+
+
 def _rational_function(expr) -> bool:
-    """Rationals and symbols under + * and integer powers: exactly computable at rational
-    points."""
-    return all(
-        node.is_Symbol
-        or node.is_Rational
-        or node.is_Add
-        or node.is_Mul
-        or (node.is_Pow and node.args[1].is_Integer)
-        for node in sympy.preorder_traversal(expr)
-    )
+    """Rationals and symbols under + * and integer powers, small enough to evaluate exactly at
+    integer points (`_exact_bits` <= MAX_EXACT_BITS, bounded before anything is computed)."""
+    return _exact_bits(expr) <= MAX_EXACT_BITS
 
 
 def _exact_at(expr, point: dict):
@@ -176,7 +188,7 @@ def _rational_points(symbols, rng: random.Random):
     """Random integer points (fresh randomness: a wrong identity cannot be built to vanish
     at them; a true one holds at every point)."""
     for _ in range(8):
-        yield {s: sympy.Integer(rng.randint(-(2**20), 2**20)) for s in symbols}
+        yield {s: sympy.Integer(rng.randint(-(2**POINT_BITS), 2**POINT_BITS)) for s in symbols}
 
 
 def _points(symbols, complex_plane: bool, rng: random.Random) -> dict:
