@@ -1,7 +1,10 @@
 """Scalar answers compared as numbers or expressions (`compare_scalars`), through
 `sympy_safe`, which never executes model text.
 
-Number rules: an exact reference (no decimal point) is matched exactly when it has a finite
+Number rules: an exact reference (no decimal point) is matched by an exact answer only when
+the two are proved equal (`proved_equal`: SymPy's evaluation, a minimal polynomial, or
+simplification to 0, at a bounded size), never for being close (`e^{\\pi\\sqrt{163}}` is
+within 1e-12 of an integer). A decimal answer matches it exactly when the reference has a finite
 decimal form (an integer, 1/8, also written as \\sqrt{4}): `1000000.0` matches 1000000;
 `1000000.9`, `123456800.0` and `1.8446744e19` (for 2^64) do not. A reference without one (1/3,
 \\pi) accepts a decimal within 1e-6 relative. A decimal reference is itself an approximation: a
@@ -10,7 +13,9 @@ value that rounds to it (the exact form or a longer decimal). Tolerances are rel
 absolute floor: 0 matches only 0, and 0.0 is not 10^-7. A percentage matches its number and its
 fraction (`12\\%` = 12 = 0.12, as in the MATH data where both forms occur); degrees and units are
 dropped (`90^\\circ` = 90); a decimal comma matches the decimal point when it is no thousands
-group (`1,22` = 1.22).
+group (`1,22` = 1.22); numbers in a base (`1010_2`) match the same base and value. Expressions
+with variables: rational functions exactly at random integer points, others at points and then
+by a proof.
 """
 
 from __future__ import annotations
@@ -198,9 +203,10 @@ def _points(symbols, complex_plane: bool, rng: random.Random) -> dict:
 
 
 def _identity(p, g, p_text: str, g_text: str) -> Optional[bool]:
-    """Expressions with the same variables: True when they agree at 3 random points, False when
-    they differ at one, None when undecided (undefined or overflowing at most points). Real
-    points first; then points on the complex unit circle, where x^9999 stays finite."""
+    """Expressions with the same variables. Rational functions: exact values at 3 random integer
+    points (True when equal at all, False when different at one). Others: False when they differ
+    at a point (real points, then the complex unit circle, where x^9999 stays finite); when they
+    agree at 3, True only if `proved_equal`. None when undecided."""
     symbols = sorted(p.free_symbols, key=str)
     if _rational_function(p) and _rational_function(g):
         agreed = 0
