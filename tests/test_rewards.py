@@ -27,7 +27,7 @@ from scalerl_jax.rewards import (
     verify_exact,
     verify_math,
 )
-from scalerl_jax.rewards.math import check_reference, reference_problem
+from scalerl_jax.rewards.math import check_reference, reference_answer, reference_problem
 
 # (completion, expected extracted answer)
 EXTRACTION = [
@@ -249,7 +249,8 @@ _COMPOSED = st.lists(st.one_of(_SNIPPETS, _MATHY), max_size=8).map("".join)
 def test_verify_never_raises_never_evaluates(completion, reference):
     with _NoEval() as guard:
         result = verify_math(completion, reference)
-        equal_self = is_equivalent(reference, reference)
+        answer = reference_answer(reference)  # the reference itself, or its last boxes
+        equal_self = answer is not None and is_equivalent(answer, reference)
         problem = reference_problem(reference)
         parse_math(completion)
     assert isinstance(result, bool)
@@ -290,6 +291,20 @@ def test_wellformed_references_equal_themselves(reference):
     assert reference_problem(reference) is None
     check_reference(reference)
     assert is_equivalent(reference, reference)
+
+
+@pytest.mark.parametrize(
+    "solution,answer",
+    [
+        ("So $x = 2$, hence the answer is $\\boxed{\\frac{1}{2}}$.", "\\frac{1}{2}"),
+        ("First \\boxed{3}; checking again, \\boxed{5}.", "5"),
+        ("The roots are $\\boxed{1}$ and $\\boxed{-2}$.", "1, -2"),
+        ("\\boxed{1} papers and \\boxed{2} bins", "1, 2"),
+    ],
+)
+def test_worked_solution_references_are_their_last_boxes(solution, answer):
+    assert reference_problem(solution) is None and reference_answer(solution) == answer
+    assert is_equivalent(answer, solution) and verify_math(solution, solution)
 
 
 def test_no_eval_guard_catches_parse_expr():

@@ -34,7 +34,7 @@ is no fallback that reads less than was written). Pipeline (`verify_math`):
 
 References go through the same steps; a reference that is a worked solution is its last group
 of boxes. `reference_problem` says why a reference cannot be compared (and `check_reference`
-raises it at load time): every other reference equals itself.
+raises it at load time): for every other reference, its answer (`reference_answer`) equals it.
 
 Hand-written parts: the extraction and structural rules (math-verify's are too lenient for a
 reward: set vs tuple, last number of any expression, last value of a chain, hedges accepted)
@@ -73,6 +73,7 @@ __all__ = [
     "last_boxed",
     "normalize_answer",
     "parse_math",
+    "reference_answer",
     "reference_problem",
     "strip_thinking",
     "to_reward",
@@ -84,8 +85,9 @@ __all__ = [
 _ALTERNATIVES_RE = re.compile(r"(?<![A-Za-z\\])(?:or|and)(?![A-Za-z])")
 
 
-def _reference_answer(gold: str) -> Optional[str]:
-    """The answer a reference states: a worked solution's last group of boxes, else the text."""
+def reference_answer(gold: str) -> Optional[str]:
+    """The answer a reference states: a worked solution's last group of boxes, else the text;
+    None when that box is unclosed or empty."""
     if "\\boxed" not in gold and "\\fbox" not in gold:
         return gold
     got = final_boxed(gold)
@@ -111,24 +113,26 @@ def _equivalent(pred: str, gold: str) -> bool:
 def is_equivalent(pred: Optional[str], gold: str) -> bool:
     """Whether an extracted answer equals the reference answer (None: undecided is False).
     Boxes left in `pred` count as their content. Never raises."""
-    answer = _reference_answer(gold)
+    answer = reference_answer(gold)
     if pred is None or answer is None:
         return False
     return _equivalent(flatten_boxes(pred), answer)
 
 
 def reference_problem(gold: str) -> Optional[str]:
-    """Why `gold` cannot be a reference answer, or None: then `is_equivalent(gold, gold)`."""
+    """Why `gold` cannot be a reference answer, or None: then its answer equals it
+    (`is_equivalent(reference_answer(gold), gold)`; for a gold without boxes, that is
+    `is_equivalent(gold, gold)`)."""
     if not isinstance(gold, str) or not gold.strip():
         return "the reference answer is empty"
-    answer = _reference_answer(gold)
+    answer = reference_answer(gold)
     if answer is None:
         return "the reference's last \\boxed{ is not closed, or is empty"
     if not within_limits(answer):
         return "the reference answer is beyond the size limits (math_limits.within_limits)"
     if not normalize_answer(answer):
         return "nothing is left of the reference answer once normalised"
-    if not is_equivalent(gold, gold):
+    if not is_equivalent(answer, gold):
         return "the comparator cannot read the reference answer (it matches nothing)"
     return None
 
