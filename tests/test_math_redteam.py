@@ -319,6 +319,10 @@ TRAILING_TEXT = [
     ("5", "$\\boxed{5}$ approximately"),
     ("5", "$\\boxed{5} \\pm 1$"),
     ("5", "\\boxed{5} \\text{ (or 6)}"),
+    ("5", "\\boxed{5}\\text{?}"),
+    ("5", boxed("\\text{5 or 6}")),
+    ("5", "Answer: **5** or 6"),
+    ("5", "The answer is $5$ or $6$"),
     # ... or before it, in its sentence: alternatives that the last number alone would hide
     ("6", "I think 5 or 6"),
     ("6", "it is between 5 and 6"),

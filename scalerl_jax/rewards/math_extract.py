@@ -192,7 +192,7 @@ _BOX_QUALIFIER_RE = re.compile(
     r"|perhaps|possibly|probably|roughly|nearly|almost|at\s+(?:least|most)|was|were|isn\W?t"
     r"|(?:is|are)(?!\s+(?:the|our|my)\s+(?:final\s+|correct\s+)?(?:answer|solution|result)s?\b)"
     r"|seems?|but|if|unless|except|plus|minus|times|and\s*\$?\s*[-\d\\])(?![a-zA-Z])"
-    r"|[=<>+\-*/^_!±≈≤≥≠|]|\\(?:approx|pm|mp|le|ge|leq|geq|ne|neq|neg|lt|gt|sim|cdot|times"
+    r"|[=<>+\-*/^_!?±≈≤≥≠|]|\\(?:approx|pm|mp|le|ge|leq|geq|ne|neq|neg|lt|gt|sim|cdot|times"
     r"|div|to|implies|Rightarrow|rightarrow|not|boxed|fbox|lor|vee)(?![a-zA-Z])|\d)",
     re.IGNORECASE,
 )
