@@ -23,13 +23,13 @@ test: $(STAMP)
 FAST_TESTS = $(shell sed -e '/^\#/d' -e '/^$$/d' tests/fast.txt)
 test-fast: $(STAMP)
 	@echo "pytest: the $(words $(FAST_TESTS)) quick tests of tests/fast.txt"
-	@$(PY) -m pytest -q $(FAST_TESTS)
+	@SCALERL_HYPOTHESIS=ci $(PY) -m pytest -q $(FAST_TESTS)
 
 # test-fast under coverage, then the package modules none of whose functions ran.
 test-fast-coverage: $(STAMP)
 	rm -f .coverage .coverage.*
 	@echo "coverage run -m pytest: the $(words $(FAST_TESTS)) quick tests of tests/fast.txt"
-	@$(PY) -m coverage run -m pytest -q $(FAST_TESTS)
+	@SCALERL_HYPOTHESIS=ci $(PY) -m coverage run -m pytest -q $(FAST_TESTS)
 	$(PY) -m coverage combine -q
 	$(PY) tools/check_fast_coverage.py
 

@@ -182,7 +182,7 @@ from scalerl_jax.rewards.math import verify_math
 t0 = time.perf_counter()
 pool = RewardPool({workers}, 60.0, processes=True)
 t1 = time.perf_counter()
-item = ("\\\\boxed{{\\\\binom{{10}}{{3}}}}", "120")  # decided by math-verify: loads its parser
+item = ("\\\\boxed{{\\\\binom{{10}}{{3}}}}", "120")  # parsed by our own grammar
 first = pool.score(verify_math, [item] * {workers}).seconds
 second = pool.score(verify_math, [item] * {workers}).seconds
 pool.close()

@@ -15,6 +15,15 @@ import pytest  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
+# Hypothesis: under CI (and `make test-fast`, which sets SCALERL_HYPOTHESIS=ci) the examples are
+# derandomised and no local example database is read or written, so a run never depends on what
+# an earlier run on this clone found. Findings become @example cases in the tests.
+from hypothesis import settings  # noqa: E402
+
+settings.register_profile("ci", derandomize=True, database=None)
+if os.environ.get("CI") or os.environ.get("SCALERL_HYPOTHESIS") == "ci":
+    settings.load_profile("ci")
+
 
 def smollm2_gguf() -> tuple:
     """(the fetched SmolLM2-135M-Instruct GGUF, None) or (None, why it is absent). Absent with

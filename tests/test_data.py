@@ -430,7 +430,9 @@ def test_gsm8k_answer_format_refuses_what_it_cannot_read(text, why):
 def test_boxed_answer_format():
     read = answer_reader("boxed")
     assert read(r"So $x = 2$, and the answer is $\boxed{\frac{1}{2}}$.") == r"\frac{1}{2}"
-    assert read(r"First \boxed{3}, then \boxed{x = \boxed{5}}") == "5"
+    # Inner boxes are flattened (they hide nothing); joined boxes state one list.
+    assert read(r"First \boxed{3}, then \boxed{x = \boxed{5}}") == "x = 5"
+    assert read(r"so $\boxed{2}$ and $\boxed{3}$.") == "2, 3"
     for text, why in (
         (r"no box here", "no \\\\boxed"),
         (r"\boxed{12", "not closed"),

@@ -298,3 +298,248 @@ def test_extraction_reads_final_sentences_and_box_groups():
     assert extract_answer("first \\boxed{3}, finally \\boxed{4}") == "4"  # a correction
     assert extract_answer("Therefore $x \\geq 5$ is the solution.") == "x \\geq 5"
     assert extract_answer("so x \\geq 5") is None  # not 5
+
+
+# ---- Issue 34: deny by default. Each class: answers that must be wrong, and honest controls.
+# Text after a final number (or box) that changes, hedges or judges it.
+TRAILING_TEXT = [
+    ("5", "The result: 5 or 6"),
+    ("5", "so we get 5 approximately"),
+    ("5", "5 is wrong"),
+    ("5", "I get 5, not 6"),
+    ("5", "the count is 5 (maybe 6)"),
+    ("5", "Answer: 5 is a guess"),
+    ("5", "Final answer: $5$ approximately."),
+    ("5", boxed("5 \\text{ is wrong}")),
+    ("5", boxed("5 \\text{ approximately}")),
+    ("5", boxed("5 \\text{ at least}")),
+    ("5", boxed("5\\text{ (not sure)}")),
+    ("5", "So $\\boxed{5}$ or $6$."),
+    ("5", "So $\\boxed{5}$ is wrong."),
+    ("5", "$\\boxed{5}$ approximately"),
+    ("5", "$\\boxed{5} \\pm 1$"),
+    ("5", "\\boxed{5} \\text{ (or 6)}"),
+    ("5", "\\boxed{5}\\text{?}"),
+    ("5", boxed("\\text{5 or 6}")),
+    ("5", "Answer: **5** or 6"),
+    ("5", "The answer is $5$ or $6$"),
+    # ... or before it, in its sentence: alternatives that the last number alone would hide
+    ("6", "I think 5 or 6"),
+    ("6", "it is between 5 and 6"),
+    ("6", "either 5 or\n6"),
+    ("6", "maybe 6"),
+]
+
+
+@pytest.mark.parametrize("reference,completion", TRAILING_TEXT)
+def test_text_after_an_answer_makes_it_wrong(reference, completion):
+    assert not verify_math(completion, reference)
+
+
+def test_prose_and_units_after_an_answer_stay_right():
+    assert verify_math("Thus there are $\\boxed{2}$ distinct possible values for $B$.", "2")
+    assert verify_math("So the area is \\(\\boxed{189}\\) square centimeters.", "189")
+    assert verify_math("Therefore, $\\boxed{\\text{Evelyn}}$ is our answer.", "\\text{Evelyn}")
+    assert verify_math("The total is 18 dollars.", "18")
+    assert verify_math("She has 28 percent", "28\\%")
+    assert verify_math("Final Answer: Jane started 3 hours ago. I hope it is correct.", "3")
+    assert verify_math("the number is not 10, it is 1,000.99", "1000.99")  # a correction
+
+
+# A box inside a box never hides the text around it.
+NESTED_BOXES = [
+    ("4", "3 \\text{ or } \\boxed{4}"),
+    ("4", "\\boxed{3} \\text{ or } \\boxed{4}"),
+    ("4", "3, \\boxed{4}"),
+    ("4", "x = 3 \\boxed{4}"),
+    ("4", "\\boxed{4} \\ne \\boxed{3}"),
+]
+
+
+@pytest.mark.parametrize("reference,answer", NESTED_BOXES)
+def test_nested_boxes_hide_nothing(reference, answer):
+    assert not verify_math(boxed(answer), reference)
+
+
+def test_nested_boxes_that_state_one_answer_stay_right():
+    assert verify_math(boxed("\\boxed{7}"), "7")
+    assert verify_math(boxed("x = \\boxed{5}"), "5")
+
+
+# Relations: both sides are read; a side missing or a relation not modelled is wrong.
+RELATIONS = [
+    ("5", "\\approx 5"),
+    ("5", "\\sim 5"),
+    ("5", "x \\to 5"),
+    ("5", "5 \\implies 6"),
+    ("5", "5 < 6"),
+    ("5", "x \\ge 5"),
+    ("5", "5 = 6"),
+    ("6", "5 = 6"),
+    ("5", "x = 5 < 6"),
+    ("5", "5 \\in S"),
+    ("5", "5 \\equiv 2 \\pmod 3"),
+    ("x = 5", "x = 5 ="),
+    ("B", "(B) \\text{ is wrong}"),
+]
+
+
+@pytest.mark.parametrize("reference,answer", RELATIONS)
+def test_relations_are_read_on_both_sides(reference, answer):
+    assert not verify_math(boxed(answer), reference)
+
+
+def test_true_relations_stay_right():
+    assert verify_math(boxed("x = 5"), "5")
+    assert verify_math(boxed("2 + 3 = 5"), "5")
+    assert verify_math(boxed("= \\frac{10}{9}"), "\\frac{10}{9}")
+    assert verify_math(boxed("5 > x"), "x < 5")
+
+
+# Subscripts: a base is compared as a base; any other subscript is not understood.
+@pytest.mark.parametrize(
+    "reference,answer",
+    [
+        ("1010_2", "1010"),
+        ("1010_2", "10"),
+        ("10", "1010_2"),
+        ("5", "5_3"),
+        ("12_8", "12_{10}"),
+        ("5", "x_5"),
+        ("101_2", "12_2"),  # not a base-2 numeral
+    ],
+)
+def test_subscripts_are_not_ignored(reference, answer):
+    assert not verify_math(boxed(answer), reference)
+
+
+def test_numbers_in_a_base_compare_as_numbers_in_that_base():
+    assert verify_math(boxed("1010_2"), "1010_2")
+    assert verify_math(boxed("1010_{2}"), "1010_2")
+    assert verify_math(boxed("5_{10}"), "5")
+
+
+# Juxtapositions: two numbers, or a number and a fraction, are no product and no sum.
+@pytest.mark.parametrize(
+    "reference,answer",
+    [
+        ("\\frac{3}{2}", "3\\frac{1}{2}"),  # a mixed number is 7/2, never 3 * 1/2
+        ("4", "3\\frac{1}{2} + \\frac{1}{2}"),
+        ("5", "2 \\, 3"),
+        ("23", "2 3"),
+        ("\\frac{7}{2}", "1 + 2\\frac{1}{2}"),
+    ],
+)
+def test_juxtapositions_are_no_sum_or_product(reference, answer):
+    assert not verify_math(boxed(answer), reference)
+
+
+# Small differences: no rounding to a fixed number of decimals, with or without variables.
+@pytest.mark.parametrize(
+    "reference,answer",
+    [
+        ("0", "0.0000001"),
+        ("0", "10^{-7}"),
+        ("x", "x + 10^{-10}"),
+        ("x", "1.0000000001x"),
+        ("2x+1", "2x + 1.000000000001"),
+        ("y = 2x + 1", "y = 2x + 1.0000000001"),
+        ("1", "1 + 10^{-30}"),
+        ("1", "1 + 10^{-40}\\pi"),
+    ],
+)
+def test_small_differences_are_not_rounded_away(reference, answer):
+    assert not verify_math(boxed(answer), reference)
+
+
+# Exactness: an exact reference is matched only by an answer proved equal to it.
+@pytest.mark.parametrize(
+    "reference,answer",
+    [
+        ("262537412640768744", "e^{\\pi\\sqrt{163}}"),  # within 1e-12 of the integer
+        ("5", "0\\pi + 5 + 10^{-30}"),
+        ("5", "\\frac{5e}{e} + 10^{-25}"),
+        ("5", "5.0000001 \\cdot \\frac{\\pi}{\\pi}"),
+        ("5", "0 \\cdot \\pi + 5.0000001"),
+        ("2", "\\sqrt{4.000000001}"),
+        ("3", "\\log_2 8.0000001"),
+        ("1", "\\sin^2 x + \\cos^2 x + 10^{-30}"),
+    ],
+)
+def test_exactness_is_proved_not_approximated(reference, answer):
+    assert not verify_math(boxed(answer), reference)
+
+
+def test_exact_forms_proved_equal_stay_right():
+    for reference, answer in [
+        ("2\\sqrt{3}", "\\sqrt{12}"),
+        ("3", "\\log_2 8"),
+        ("0", "\\sin(\\pi)"),
+        ("\\frac{\\sqrt{6}+\\sqrt{2}}{4}", "\\frac{\\sqrt{2+\\sqrt{3}}}{2}"),
+        ("1", "\\sin^2 x + \\cos^2 x"),
+        ("5", "0\\pi + 5"),  # exactly 5: the decoration is proved away
+        ("\\frac{\\pi}{3}", "\\pi/3"),
+        ("x+1", "\\frac{x^2-1}{x-1}"),
+    ]:
+        assert verify_math(boxed(answer), reference), (reference, answer)
+
+
+# Towers and nested powers: refused or bounded before anything computes them.
+TOWERS = [
+    "2^(2^(2^10))",
+    "(10^10)^(10^10)",
+    "{(10^{10})}^{(10^{10})}",
+    "(9^9)^{(9^9)}",
+    "((((2^2)^2)^2)^2)^2^2",
+    "(2^{64})^{(2^{64})}",
+    "\\binom{1000}{500}^{1000}",
+    "(x^{10})^{10^{10}}",
+    "(x+1)^{(10^{10})}",
+    "(1+\\sqrt{2})^{(2^{20})}",
+]
+
+
+@pytest.mark.parametrize("answer", TOWERS)
+def test_towers_return_fast(answer):
+    t0 = time.perf_counter()
+    for reference in ("7", "65536", "x"):
+        assert not verify_math(boxed(answer), reference)
+    assert time.perf_counter() - t0 < 1.0, answer
+
+
+def test_towers_pass_through_the_killable_pool():
+    items = [(boxed(a), "7") for a in TOWERS] + [(boxed("2^{10}"), "1024")]
+    with RewardPool(num_workers=1, timeout_s=5.0, processes=True) as pool:
+        res = pool.score(verify_math, items)
+    assert res.num_timeouts == 0 and res.num_errors == 0, res.error_example
+    assert res.correct.tolist() == [False] * len(TOWERS) + [True]
+
+
+# References: a worked solution is its last group of boxes; several boxes state one list.
+def test_worked_solution_references():
+    solution = (
+        "First $x = \\boxed{3}$ is not it. Checking again, $2x = 10$, so the answer is "
+        "$\\boxed{5}$."
+    )
+    assert verify_math(boxed("5"), solution) and not verify_math(boxed("3"), solution)
+    assert verify_math(boxed("2, 3"), "\\boxed{2} and \\boxed{3}")
+    assert verify_math(boxed("3, 2"), "We find \\boxed{2} and \\boxed{3}.")
+    assert not verify_math(boxed("3"), "\\boxed{2} and \\boxed{3}")
+    assert verify_math("\\boxed{2} and \\boxed{3}", "2, 3")
+
+
+def test_tree_bounds_hold_without_the_text_screen():
+    # Past `within_limits`, the parser and the exact evaluation bound every power from the
+    # expression tree before computing it (nested powers multiply their exponents).
+    from scalerl_jax.rewards.math_numbers import compare_scalars
+
+    t0 = time.perf_counter()
+    for answer, reference in [
+        ("((x^{99})^{99})^{99}", "x^{970299}"),
+        ("(10^{10})^{10^{10}}", "7"),
+        ("(1+\\sqrt{2})^{1000}", "7"),
+        ("2^{2^{2^{10}}}", "7"),
+    ]:
+        assert compare_scalars(answer, reference) is not True, answer
+    assert compare_scalars("((2^{10})^{10})^{10}", "2^{1000}") is True  # exact, and small
+    assert time.perf_counter() - t0 < 2.0

@@ -85,7 +85,9 @@ CASES = [
     ("1000", boxed("1{,}000"), True),
     ("1000", boxed("1\\,000"), True),
     ("10000", boxed("10 000"), True),
-    ("1250", "we get 10 apples and then 1,250 pears", True),
+    # deny by default: words after a final number that are no unit may qualify it
+    ("1250", "we get 10 apples and then 1,250 pears", False),
+    ("1250", "we get 10 apples and then 1,250 in total.", True),
     ("1250", boxed("1,205"), False),
     # ---- units and degrees
     ("90", boxed("90^\\circ"), True),

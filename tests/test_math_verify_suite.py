@@ -8,14 +8,14 @@ passed when not the defaults (`match_types`, `precision`, `strict`,
 `allow_set_relation_comp`). Tests that assert no triple (parser configuration, timeouts,
 string extraction) have no rows.
 
-How a row is run: the prediction is the completion; the reference is the gold as written,
-except where Math-Verify's test gives a whole solution as the gold (a \\boxed, over 200
-characters, or several lines): then the answer extracted from it, as a dataset's reference
-would hold.
+How a row is run: the prediction is the completion; the reference is the gold as written
+(a boxed worked solution included: the verifier reads its last group of boxes), except where
+Math-Verify's test gives an unboxed whole solution as the gold (over 200 characters, or several
+lines): then the answer extracted from it, as a dataset's reference would hold.
 
 `EXCLUDED` lists the rows whose expected verdict we believe is wrong for a reward (a hedge
 accepted, a false equation accepted, an approximation of an exact answer accepted), each with
-its reason; they are left out of the denominator. Of the rest, agreement must be >= 95% with no
+its reason; they are left out of the denominator. Of the rest, agreement must be >= 98% with no
 false positive (an answer Math-Verify's tests call wrong that we accept). `pytest -s` prints
 the figure and the disagreements.
 """
@@ -58,6 +58,10 @@ EXCLUDED = {
         "asserted with strict=False; under the default (row [0]) f(y) is not f(x)"
     ),
     "test_yujianll.py::test_string_extraction[9]": "1 + 1/e is not 1 - 1/e",
+    "test_numina_cases.py::test_numina_cases[24]": (
+        "a malformed gold (its \\boxed{ is never closed): refused as a reference with that reason "
+        "(math.reference_problem), so it matches nothing"
+    ),
 }
 
 
@@ -67,7 +71,8 @@ def _rows():
 
 
 def _reference(gold: str) -> str:
-    if "\\boxed" in gold or len(gold) > 200 or "\n" in gold.strip():
+    # A boxed gold goes as written: the verifier reads a worked solution's last boxes itself.
+    if "\\boxed" not in gold and (len(gold) > 200 or "\n" in gold.strip()):
         return extract_answer(gold) or gold
     return gold
 
@@ -94,7 +99,7 @@ def test_agreement_with_math_verify_suite():
         f"{agreement:.1%}, false positives {false_pos}, false negatives {false_neg}"
     )
     assert false_pos == []
-    assert agreement >= 0.95, false_neg
+    assert agreement >= 0.98, false_neg
 
 
 def test_excluded_rows_are_refused_as_documented():

@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from scalerl_jax.config import ConfigError, DataConfig, DomainConfig, RewardConfig
@@ -19,7 +19,6 @@ from scalerl_jax.rewards import (
     extract_answer,
     extract_final,
     is_equivalent,
-    normalize_answer,
     parse_math,
     strip_thinking,
     to_reward,
@@ -28,7 +27,7 @@ from scalerl_jax.rewards import (
     verify_exact,
     verify_math,
 )
-from scalerl_jax.rewards.math import within_limits
+from scalerl_jax.rewards.math import check_reference, reference_answer, reference_problem
 
 # (completion, expected extracted answer)
 EXTRACTION = [
@@ -41,7 +40,8 @@ EXTRACTION = [
     ("The final answer is $\\dfrac{3}{4}$.", "\\dfrac{3}{4}"),
     ("**Answer:** 42", "42"),
     ("Answer: x = 3\nbecause reasons", "x = 3"),
-    ("we get 10 apples and then 1,250 pears", "1,250"),
+    ("we get 10 apples and then 1,250 pears", None),  # words after it: no answer
+    ("we get 10 apples and then 1,250 in total.", "1,250"),
     ("so x is $\\frac{1+\\sqrt{5}}{2}$.", "\\frac{1+\\sqrt{5}}{2}"),  # last line's math
     ("the ratio is \\frac{1+\\sqrt{5}}{2}", None),  # not the 2 of an expression
     ("the interval is -[0,1)", None),
@@ -245,15 +245,66 @@ _COMPOSED = st.lists(st.one_of(_SNIPPETS, _MATHY), max_size=8).map("".join)
     completion=st.one_of(st.text(max_size=200), _COMPOSED),
     reference=st.one_of(_COMPOSED, st.sampled_from(["5", "\\frac{1}{2}", "(1,2)", "x+1"])),
 )
+@example(completion="", reference="\\boxed{or")  # found by hypothesis (issue 35)
 def test_verify_never_raises_never_evaluates(completion, reference):
     with _NoEval() as guard:
         result = verify_math(completion, reference)
-        equal_self = is_equivalent(reference, reference)
+        answer = reference_answer(reference)  # the reference itself, or its last boxes
+        equal_self = answer is not None and is_equivalent(answer, reference)
+        problem = reference_problem(reference)
         parse_math(completion)
     assert isinstance(result, bool)
-    # A reference beyond the size limits matches nothing, not even itself.
-    assert equal_self or normalize_answer(reference) == "" or not within_limits(reference)
+    # The verifier's invariant: a reference equals itself unless it is refused, with a reason.
+    assert equal_self == (problem is None), problem
+    assert problem is None or (isinstance(problem, str) and problem)
     assert guard.calls == []
+
+
+@pytest.mark.parametrize(
+    "reference,reason",
+    [
+        (
+            "\\boxed{or",
+            "not closed",
+        ),  # hypothesis's find (issue 35): its text normalised to "\\boxed{"
+        ("\\boxed{", "not closed"),
+        ("\\boxed{}", "not closed, or is empty"),
+        ("", "empty"),
+        ("   ", "empty"),
+        ("1" * 500, "size limits"),
+        ("9^{9^{9^{9}}}", "size limits"),
+        ("$$", "normalised"),
+        ("5 \\text{ or } \\boxed{", "not closed"),
+    ],
+)
+def test_malformed_references_are_refused_with_their_reason(reference, reason):
+    assert reason in reference_problem(reference)
+    with pytest.raises(ValueError, match=re.escape(reason)):
+        check_reference(reference)
+    assert not is_equivalent(reference, reference) and not verify_math(reference, reference)
+
+
+@pytest.mark.parametrize(
+    "reference", ["5", "\\frac{1}{2}", "(1, 2)", "x+1", "\\text{Evelyn}", "3 or 4", "B", "1010_2"]
+)
+def test_wellformed_references_equal_themselves(reference):
+    assert reference_problem(reference) is None
+    check_reference(reference)
+    assert is_equivalent(reference, reference)
+
+
+@pytest.mark.parametrize(
+    "solution,answer",
+    [
+        ("So $x = 2$, hence the answer is $\\boxed{\\frac{1}{2}}$.", "\\frac{1}{2}"),
+        ("First \\boxed{3}; checking again, \\boxed{5}.", "5"),
+        ("The roots are $\\boxed{1}$ and $\\boxed{-2}$.", "1, -2"),
+        ("\\boxed{1} papers and \\boxed{2} bins", "1, 2"),
+    ],
+)
+def test_worked_solution_references_are_their_last_boxes(solution, answer):
+    assert reference_problem(solution) is None and reference_answer(solution) == answer
+    assert is_equivalent(answer, solution) and verify_math(solution, solution)
 
 
 def test_no_eval_guard_catches_parse_expr():
@@ -433,3 +484,18 @@ def test_pool_rejects_bad_arguments():
     pool.close()
     with pytest.raises(RuntimeError, match="after close"):
         pool.score(_eq_verifier, [("a", "a")])
+
+
+def test_math_references_are_checked_at_load_time():
+    # A malformed reference is a bad row (skipped and counted with its reason), not a prompt
+    # whose every completion scores as wrong.
+    from scalerl_jax.data.prompts import parse_records
+    from scalerl_jax.rewards.verifiers import ANSWER_CHECKS
+
+    assert ANSWER_CHECKS["math"] == "scalerl_jax.rewards.math:check_reference"
+    records = [("line 1", {"q": "a", "a": "\\boxed{or"}), ("line 2", {"q": "b", "a": "5"})]
+    rows, stats = parse_records(
+        iter(records), "q", "a", id_field=None, check_answer=check_reference
+    )
+    assert [r.answer for r in rows] == ["5"]
+    assert stats.bad_examples[0][0] == "line 1" and "not closed" in stats.bad_examples[0][1]

@@ -5,8 +5,9 @@ Answer formats (`DataConfig.answer_format`, `DomainConfig.answer_format`):
   raw     the field's text as it is (stripped)
   gsm8k   the number after the last "####" of a GSM8K-style worked solution ("... #### 1,080"),
           thousands separators removed ("1080"); a sign and decimals are kept
-  boxed   the content of the last \\boxed{...} of a MATH-style solution (nested boxes: the
-          innermost), read by the math verifier's own box reader (rewards/math.py)
+  boxed   the content of the last \\boxed{...} of a MATH-style solution (boxes inside it
+          flattened; boxes joined to it by "and" / commas are one list: "2, 3"), read by the
+          math verifier's own box reader (rewards/math_extract.py)
 
 Completion formats (`SFTConfig.completion_format`):
   raw     the completion field as it is
@@ -24,7 +25,7 @@ import re
 from typing import Callable
 
 from scalerl_jax.config import ANSWER_FORMATS, COMPLETION_FORMATS, ConfigError
-from scalerl_jax.rewards.math_extract import last_boxed  # plain text: no SymPy
+from scalerl_jax.rewards.math_extract import final_boxed  # plain text: no SymPy
 
 GSM8K_MARK = "####"
 # An integer or decimal, optionally negative, with or without comma thousands separators
@@ -50,14 +51,12 @@ def gsm8k_answer(text: str) -> str:
 
 
 def boxed_answer(text: str) -> str:
-    """The content of the last \\boxed{...} (the innermost of nested boxes)."""
-    got = last_boxed(text)
+    """The content of the last \\boxed{...} (with the boxes joined to it)."""
+    got = final_boxed(text)
     if got is None:
-        raise ValueError("the last \\boxed{ is not closed")
+        raise ValueError("the last \\boxed{ is not closed, or is empty")
     if not isinstance(got, str):  # the reader's "no box at all" marker
         raise ValueError("no \\boxed{...} in the solution")
-    if not got.strip():
-        raise ValueError("the last \\boxed{} is empty")
     return got.strip()
 
 

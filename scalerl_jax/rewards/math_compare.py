@@ -1,7 +1,7 @@
 """Our verdict on two normalised answers (`compare`): the structural rules of step 4 in
 `math.py`'s pipeline (hedges, multiple choice, matrices, inequalities, equations, unions,
-named values, sets, tuples and intervals), down to scalars (`math_numbers`). None leaves the
-answer to math-verify."""
+named values, sets, tuples and intervals), down to scalars (`math_numbers`). None: undecided,
+which the caller scores as wrong (deny by default)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,12 @@ from typing import Optional
 import sympy
 
 from scalerl_jax.rewards.math_normalize import NAME, NAME_EQ_RE, split_top_level
-from scalerl_jax.rewards.math_numbers import compare_scalars, decimal_comma, proportional
+from scalerl_jax.rewards.math_numbers import (
+    compare_scalars,
+    decimal_comma,
+    proportional,
+    proved_equal,
+)
 from scalerl_jax.rewards.sympy_safe import parse_math
 
 MAX_COMPARE_DEPTH = 4  # nested structures compared element-wise (a list of tuples of values)
@@ -153,11 +158,39 @@ _MATRIX_RE = re.compile(
 
 
 def _matrix(s: str) -> Optional[list[list[str]]]:
-    m = _MATRIX_RE.match(s)
+    m = _MATRIX_RE.match(s) if s.count("\\begin") == 1 else None
     if m is None:
         return None
     rows = [r for r in split_top_level(m.group(2), "\\\\") if r]
     return [[c.strip() for c in r.split("&")] for r in rows]
+
+
+_MATRIX_TERM_RE = re.compile(r"\\begin\{([pbBvV]?matrix)\}(.*?)\\end\{\1\}", re.DOTALL)
+
+
+def _matrix_expression(s: str):
+    """The value (a SymPy Matrix) of matrices joined by +, - and products (`A + B`, `A B`,
+    `A * B`); None when `s` is anything else."""
+    pos, result = 0, None
+    for m in _MATRIX_TERM_RE.finditer(s):
+        op = s[pos : m.start()].strip()
+        if (result is None and op) or op not in ("", "+", "-", "*"):
+            return None
+        rows = _matrix(m.group(0)) or []
+        cells = [[parse_math(c) for c in row] for row in rows]
+        if not cells or any(c is None for row in cells for c in row):
+            return None
+        if len({len(row) for row in cells}) != 1:
+            return None
+        value = sympy.Matrix(cells)
+        if result is None:
+            result = value
+        else:
+            result = (
+                result + value if op == "+" else result - value if op == "-" else result * value
+            )
+        pos = m.end()
+    return None if result is None or s[pos:].strip() else result
 
 
 def _choice(s: str, whole: bool) -> Optional[str]:
@@ -167,8 +200,13 @@ def _choice(s: str, whole: bool) -> Optional[str]:
     if m:
         return m.group(1)
     m = None if whole else re.fullmatch(r"(?:\(([A-J])\)|([A-J])[.:)])\s(.*)", s)
-    if m is None or re.search(r"(?<![A-Za-z\\])[A-J](?![A-Za-z])", m.group(3)):
-        return None
+    rest = m.group(3).strip() if m else ""
+    if (
+        m is None
+        or parse_math(rest) is None
+        or re.search(r"[A-Za-z]", re.sub(r"\\[a-z]+", "", rest))
+    ):
+        return None  # the option's text must be a value: "(B) is wrong", "(B) (C)" are not
     return m.group(1) or m.group(2)
 
 
@@ -178,7 +216,7 @@ def _chain_parts(s: str) -> list[str]:
     if len(split_top_level(s)) > 1:
         return [s]
     parts = [x for part in split_top_level(s, "=") for x in split_top_level(part, "≈")]
-    return parts if len(parts) > 1 and all(parts[1:]) else [s]
+    return parts if len(parts) > 1 else [s]
 
 
 def _names_values(parts: list[str]) -> tuple[list[str], list[str]]:
@@ -211,6 +249,10 @@ def _chain(p: str, g: str, depth: int):
     p_parts, g_parts = _chain_parts(p), _chain_parts(g)
     if len(p_parts) == 1 and len(g_parts) == 1:
         return NotImplemented
+    if p.startswith("=") and len(p_parts) == 2:
+        return compare(p[1:].strip(), g, depth + 1)  # "= \\frac{10}{9}" continues a computation
+    if not all(p_parts) or not all(g_parts):
+        return False  # "\\approx 5", "x =": a relation with a side missing
     if len(g_parts) == 2 and not any(_name_like(x) for x in g_parts):
         return _equations(p_parts, g_parts) if len(p_parts) == 2 else False
     g_names, g_values = _names_values(g_parts)
@@ -225,13 +267,13 @@ _JUXTAPOSED_RE = re.compile(r"[\d)\]}]\s+\.?\d")  # "2 3", "\frac{1}{2} 3" (not 
 
 
 def compare(p: str, g: str, depth: int = 0) -> Optional[bool]:
-    """Our verdict on normalised answers: True / False when decided, None: ask math-verify."""
+    """Our verdict on normalised answers: True / False when decided, None when undecided."""
     if p == g:
         return True
     letter = _choice(g, whole=True)
     if letter is not None:
         return _choice(p, whole=False) == letter
-    if "\\begin" not in p and _JUXTAPOSED_RE.search(p):
+    if "\\begin" not in p and _JUXTAPOSED_RE.search(re.sub(r"_\{[^{}]*\}|_\w", "_", p)):
         return False  # "2 \quad 3", "12 \; 5": two numbers, not their product (nor 125)
     if p.replace(" ", "") == g.replace(" ", ""):
         return True
@@ -240,7 +282,10 @@ def compare(p: str, g: str, depth: int = 0) -> Optional[bool]:
     pm, gm = _matrix(p), _matrix(g)
     if pm is not None or gm is not None:
         if pm is None or gm is None:
-            return None
+            pe, ge = _matrix_expression(p), _matrix_expression(g)  # "A + B" against a matrix
+            if pe is None or ge is None or "." in p + g:
+                return None
+            return pe.shape == ge.shape and all(proved_equal(a, b) for a, b in zip(pe, ge))
         if [len(r) for r in pm] != [len(r) for r in gm]:
             return False
         return _all_true(compare(a, b, depth + 1) for pr, gr in zip(pm, gm) for a, b in zip(pr, gr))
@@ -249,7 +294,7 @@ def compare(p: str, g: str, depth: int = 0) -> Optional[bool]:
     pi, gi = _inequality(p), _inequality(g)
     if pi is not None or gi is not None:
         if pi is None or gi is None:
-            # "-2 < x \le 3" vs "(-2, 3]": compare as intervals; else math-verify decides
+            # "-2 < x \le 3" vs "(-2, 3]": compare as intervals; else undecided
             p_iv, g_iv = (_as_interval(pi) if pi else p), (_as_interval(gi) if gi else g)
             return None if p_iv is None or g_iv is None else compare(p_iv, g_iv, depth + 1)
         if pi[1] != gi[1] or len(pi[0]) != len(gi[0]):

@@ -11,11 +11,16 @@ Order, from the most explicit statement of an answer to the least:
    that together state one answer (`\\boxed{1}, \\boxed{2}`) are that list, and boxed
    alternatives (`\\boxed{3} or \\boxed{4}`) are a list the comparison refuses for one value.
    An "answer is ..." phrase with a number after the last box replaces it (a later answer).
+   Boxes inside a box are flattened (an inner box never hides the text around it); a box
+   followed by an alternative, a hedge, a verdict or an operation (`\\boxed{5} or 6`) is no
+   answer.
 3. The last "answer is ..." / "Answer: ..." phrase; in a sentence ("The largest $n$ is 34")
    the value after its last "is" / "=", or its only number.
 4. The last math span of the last line, when only punctuation or "is the answer" follows it.
 5. The last number, only when it stands alone (not part of an expression, interval or set:
-   the digit of `\\frac{1+\\sqrt5}{2}` or of `-[0,1)` is not an answer).
+   the digit of `\\frac{1+\\sqrt5}{2}` or of `-[0,1)` is not an answer), with nothing after it
+   in its sentence but a unit, "%" or "is the answer" (`ends_answer`: deny by default, so
+   "5 or 6", "5 approximately", "1,250 pears" are no answer) and no alternatives before it.
 
 Every scan is linear in the completion's length (no pattern backtracks over a line), and
 completions over MAX_COMPLETION_CHARS have no answer.
@@ -30,7 +35,14 @@ MAX_COMPLETION_CHARS = 400_000  # ~100k tokens: longer than any generation we sa
 MAX_PHRASE_CHARS = 400  # an answer sentence longer than this is not read for its value
 MAX_GAP_CHARS = 200  # text between two boxes that state one answer
 MAX_JOINED_BOXES = 65  # more is no answer (math_limits.MAX_ELEMENTS refuses it): stop scanning
+MAX_BOX_DEPTH = 8  # boxes inside a box, flattened
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+UNIT_WORDS = (
+    r"(?:sq(?:uare)?\.?\s*|cubic\s*)?(?:cm|mm|km|meters?|metres?|inch(?:es)?|feet|foot"
+    r"|ft|yards?|miles?|units?|degrees?|dollars?|cents?|hours?|hrs?|minutes?|mins?"
+    r"|seconds?|secs?|days?|weeks?|months?|years?|grams?|kg|mg|pounds?|lbs?|mph|kmh"
+    r"|liters?|litres?|ml|people|students|ways|points?|times|m/s|km/h|yuan|euros?)"
+)
 
 
 def strip_thinking(
@@ -72,14 +84,18 @@ def _box_at(text: str, m: re.Match) -> Optional[tuple[str, int]]:
     return (token.group(0), i + token.end()) if token else None
 
 
-def _innermost(content: str) -> str:
-    """The last box inside a box's content, repeatedly (`\\boxed{x = \\boxed{5}}` is 5)."""
-    while True:
-        matches = list(_BOX_RE.finditer(content))
-        got = _box_at(content, matches[-1]) if matches else None
-        if got is None:
+def flatten_boxes(content: str) -> str:
+    """A box's content with every box inside it replaced by its own content: `\\boxed{x =
+    \\boxed{5}}` is `x = 5`, and `\\boxed{3 \\text{ or } \\boxed{4}}` keeps its "3 or" (an inner
+    box never hides the text around it). An unbalanced inner box stays as written (and the
+    comparison cannot read it)."""
+    for _ in range(MAX_BOX_DEPTH):
+        m = _BOX_RE.search(content)
+        got = _box_at(content, m) if m else None
+        if m is None or got is None:
             return content
-        content = got[0]
+        content = content[: m.start()] + got[0] + content[got[1] :]
+    return content
 
 
 def _boxes(text: str):
@@ -95,12 +111,12 @@ def _boxes(text: str):
         if got is None:
             out.append((m.start(), len(text), None))
             return out
-        out.append((m.start(), got[1], _innermost(got[0])))
+        out.append((m.start(), got[1], flatten_boxes(got[0])))
         i = got[1]
 
 
 def last_boxed(text: str):
-    """Content of the last \\boxed{...} / \\fbox{...} (inner box of nested boxes); None when
+    """Content of the last \\boxed{...} / \\fbox{...} (boxes inside it flattened); None when
     the last box is unbalanced; `NO_BOX` when there is none."""
     boxes = _boxes(text)
     return boxes[-1][2] if boxes else NO_BOX
@@ -151,10 +167,60 @@ def _final_boxes(text: str):
     return ", ".join(reversed(items)), end
 
 
+# What may follow a final answer in its sentence (deny by default: any other word, e.g. "or 6",
+# "approximately", "is wrong", makes the answer unreadable): punctuation, spacing, closing math
+# delimiters, degrees, %, one unit (the units `math_normalize` drops), "is the answer".
+_CLOSING = r"""(?:\s|[.!*$,;:%"]|°|\\"|\\[)\],;!%]|\\q?quad(?![a-zA-Z])|\^\s*\{?\\circ\}?)*"""
+_UNIT_TAIL = (
+    r"(?:\\(?:text|mathrm|mbox)\{\s*" + UNIT_WORDS + r"\s*\}|" + UNIT_WORDS + r"(?![a-zA-Z])"
+    r"|[a-zA-Z]{1,2}[²³]|[€£]|percent(?:age)?(?![a-zA-Z])|pct(?![a-zA-Z]))"
+    r"(?:\^\{?[23]\}?|[²³])?"
+)
+_DONE = (
+    r"(?:(?:which\s+|this\s+)?(?:is|are)\s+(?:the|our)\s+(?:final\s+)?(?:answer|solution"
+    r"|result)s?|in\s+total|altogether|ago)(?![a-zA-Z])"
+)
+_TAIL_RE = re.compile(
+    _CLOSING + r"(?:" + _UNIT_TAIL + _CLOSING + r")?(?:" + _DONE + _CLOSING + r")?"
+)
+
+
+# What may not follow a box in its sentence: an alternative, a hedge, a verdict on it, a
+# relation or an operation that continues it.
+_BOX_QUALIFIER_RE = re.compile(
+    r"(?:\s|\$|\\[)\]]|\\text\{|\*|\()*(?:(?:or|not|nor|either|approx\w*|about|around|maybe"
+    r"|perhaps|possibly|probably|roughly|nearly|almost|at\s+(?:least|most)|was|were|isn\W?t"
+    r"|(?:is|are)(?!\s+(?:the|our|my)\s+(?:final\s+|correct\s+)?(?:answer|solution|result)s?\b)"
+    r"|seems?|but|if|unless|except|plus|minus|times|and\s*\$?\s*[-\d\\])(?![a-zA-Z])"
+    r"|[=<>+\-*/^_!?±≈≤≥≠|]|\\(?:approx|pm|mp|le|ge|leq|geq|ne|neq|neg|lt|gt|sim|cdot|times"
+    r"|div|to|implies|Rightarrow|rightarrow|not|boxed|fbox|lor|vee)(?![a-zA-Z])|\d)",
+    re.IGNORECASE,
+)
+
+
+def ends_answer(rest: str) -> bool:
+    """Whether `rest`, the text after an answer, adds nothing to it up to the end of its
+    sentence (a new sentence or line may say anything)."""
+    sentence = re.split(r"(?<=[.!?])\s|\n", rest[:MAX_PHRASE_CHARS], maxsplit=1)[0]
+    return len(sentence) < MAX_PHRASE_CHARS and _TAIL_RE.fullmatch(sentence) is not None
+
+
+def final_boxed(text: str):
+    """The answer a worked solution boxes: its last group of joined boxes (`\\boxed{2} and
+    \\boxed{3}` is `2, 3`); None when that box is unbalanced or empty; NO_BOX without one."""
+    got = _final_boxes(text)
+    return got if got is NO_BOX else got[0]
+
+
 _ANSWER_RE = re.compile(r"(?:final\s+)?answer\s*(?:is|:)\s*:?", re.IGNORECASE)
 _HEDGE_WORDS_RE = re.compile(
     r"\b(?:or|not|either|maybe|perhaps|approximately|about|around"
     r"|roughly|nearly|between)\b",
+    re.IGNORECASE,
+)
+_ALTERNATIVES_BEFORE_RE = re.compile(
+    r"\b(?:or|either|maybe|perhaps|approximately|about|around|roughly|nearly|almost|between"
+    r"|probably|possibly)\b",
     re.IGNORECASE,
 )
 _WORD_RE = re.compile(r"(?<![\\a-zA-Z])[a-zA-Z]{2,}")
@@ -172,7 +238,7 @@ def _answer_phrase(text: str) -> Optional[tuple[str, int]]:
     rest = text[m.end() :].strip().lstrip("*").strip()
     rest = re.sub(r'^\\?"', "", rest)  # quoted: "$12$ and $13$"
     dollars = _SPANS_RE.match(rest[:MAX_PHRASE_CHARS])
-    if dollars:  # "$12$ and $13$" is a list: the spans with their joiners
+    if dollars and ends_answer(rest[dollars.end() :]):  # "$12$ and $13$": the spans, joined
         return (dollars.group(1) if not dollars.group(2) else dollars.group(0)).strip(), m.start()
     rest = rest.split("\n", 1)[0]
     rest = re.split(r"\.(?:\s|$)", rest, maxsplit=1)[0]
@@ -278,6 +344,11 @@ def standalone_number(text: str) -> Optional[str]:
     tail = _NUMBER_TAIL_RE.match(rest)
     if rest and not tail and rest[0] in "^_}])(+-*/,=<>!&\\|[{":
         return None
+    if not ends_answer(after):
+        return None  # "5 or 6", "5 approximately", "1,250 pears": words that hedge or qualify
+    sentence = re.split(r"[.!?]\s|\n\s*\n", before[-MAX_PHRASE_CHARS:])[-1]
+    if _ALTERNATIVES_BEFORE_RE.search(sentence):
+        return None  # "I think 5 or 6", "between 5 and 6", "maybe 6" (but "not 10, it's 12")
     return m.group(0).strip()
 
 
@@ -296,7 +367,11 @@ def extract_answer(completion: str, require_close: bool = False) -> Optional[str
     if boxed is not NO_BOX:
         answer, end = boxed
         later = phrase is not None and phrase[1] >= end and re.search(r"\d", phrase[0])
-        return phrase[0] if later else answer  # type: ignore[index]  # later: phrase is set
+        if later:
+            return phrase[0]  # type: ignore[index]  # later: phrase is set
+        # "\\boxed{5} or 6", "\\boxed{5} is wrong": the box is not the whole answer (a box
+        # delimits its answer, so other words after it, "\\boxed{2} distinct values", are prose)
+        return None if _BOX_QUALIFIER_RE.match(text, end) else answer
     if phrase:
         return phrase[0]
     return _last_line_math(text) or standalone_number(text)

@@ -8,14 +8,15 @@ gigabytes (`9^{9^{9^{9}}}`, `\\binom{10^9}{5 \\cdot 10^8}`, `(a+b+\\dots+r)^{12}
 
 * `within_limits`: whether an answer may be compared at all. Refused answers score as incorrect;
   a real final answer is far inside these limits.
-* `symbolic_ok`: whether an answer is small enough for symbolic algebra (math-verify's
-  simplification, which expands and cancels polynomials). Our own comparison never expands
-  (it evaluates at points), so an answer that passes `within_limits` but not this screen is
-  still compared, only without the symbolic fallback. Unevaluated calculus (integrals, sums,
-  products, limits) never gets it: SymPy's integration and summation have no useful size
-  bound (measured on math-verify 0.9: `\\int_0^1 x^{12}\\sin x\\,dx` 14 s, a sum of
-  1/(k(k+1)(k+2)) 4 s, `\\int x\\sin x\\cos x\\,e^x\\ln x\\,dx` over 30 s), and a reward wants
-  the evaluated answer anyway.
+* `symbolic_ok`: whether an answer is small enough for symbolic algebra (SymPy's
+  simplification, which expands and cancels polynomials), used where an equality must be
+  proved by simplification (`math_numbers.proved_equal`). An answer that passes
+  `within_limits` but not this screen is still compared where no simplification is needed
+  (exact rational arithmetic, exact values at points), and is otherwise never proved equal to
+  anything. Unevaluated calculus (integrals, sums, products, limits) never passes: SymPy's
+  integration and summation have no useful size bound (measured on math-verify 0.9:
+  `\\int_0^1 x^{12}\\sin x\\,dx` 14 s, a sum of 1/(k(k+1)(k+2)) 4 s,
+  `\\int x\\sin x\\cos x\\,e^x\\ln x\\,dx` over 30 s), and a reward wants the evaluated answer.
 
 The reward pool's per-item time and memory limits (child processes) are the backstop for what
 passes both.
@@ -26,8 +27,8 @@ from __future__ import annotations
 import math
 import re
 
-MAX_ANSWER_CHARS = 400  # real final answers are rarely over 200; 1,000 cost math-verify ~1 s
-MAX_NESTING = 8  # brackets of any kind: math-verify's LaTeX parser is exponential in the depth
+MAX_ANSWER_CHARS = 400  # real final answers are rarely over 200
+MAX_NESTING = 8  # brackets of any kind
 MAX_ELEMENTS = 64  # separators: , ; & \\
 MAX_POWERS = 12
 MAX_EXPONENT = 10_000  # product of the integer literals of a numeric exponent

@@ -7,20 +7,14 @@ from __future__ import annotations
 
 import re
 
-from scalerl_jax.rewards.math_extract import NO_BOX, braced, last_boxed
+from scalerl_jax.rewards.math_extract import UNIT_WORDS, braced
 
 TEXT_CMD_RE = re.compile(
     r"\\(?:text|textbf|textit|textrm|textnormal|mathrm|mathbf|mathit|mbox"
     r"|operatorname)\s*\{([^{}]*)\}"
 )
-_UNIT_WORDS = (
-    r"(?:sq(?:uare)?\.?\s*|cubic\s*)?(?:cm|mm|km|meters?|metres?|inch(?:es)?|feet|foot"
-    r"|ft|yards?|miles?|units?|degrees?|dollars?|cents?|hours?|hrs?|minutes?|mins?"
-    r"|seconds?|secs?|days?|weeks?|months?|years?|grams?|kg|mg|pounds?|lbs?|mph|kmh"
-    r"|liters?|litres?|ml|people|students|ways|points?|times|m/s|km/h|yuan|euros?)"
-)
 _UNIT_RE = re.compile(
-    r"(?<=[\d}).])\s*(?:" + _UNIT_WORDS + r"|\s(?:m|g|s|in|l)|m²|€|£)"
+    r"(?<=[\d}).])\s*(?:" + UNIT_WORDS + r"|\s(?:m|g|s|in|l)|m²|€|£)"
     r"(?:\^\{?[23]\}?|[23])?\s*$"
 )
 NAME = r"[a-zA-Z](?:_\{?\w+\}?)?"
@@ -94,9 +88,6 @@ def _semicolons(s: str) -> str:
 def normalize_answer(s: str) -> str:
     """Canonical text form of an answer: LaTeX decoration, units, '$', trailing '.' removed."""
     s = s.strip()
-    boxed = last_boxed(s)
-    if boxed is not NO_BOX and boxed is not None and s.startswith("\\"):
-        s = boxed
     for left, right in (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]")):
         if s.startswith(left) and s.endswith(right) and len(s) > len(left) + len(right):
             s = s[len(left) : -len(right)].strip()
@@ -106,7 +97,8 @@ def normalize_answer(s: str) -> str:
         s = TEXT_CMD_RE.sub(r"\1", s)
     s = re.sub(r"\\(?:left|right|bigl|bigr|Bigl|Bigr|big|Big|displaystyle)(?![a-zA-Z])", "", s)
     s = re.sub(r"(?<=\d)\\,(?=\d{3})", "", s)  # "1\,000"
-    s = re.sub(r",\s*\\!\s*", ",", s).replace("\\!", "").replace("{,}", ",")  # 10,\!000
+    s = re.sub(r"\s*\{\s*,\s*\}\s*", ",", s)  # 14{,}916
+    s = re.sub(r",\s*\\!\s*", ",", s).replace("\\!", "")  # 10,\!000
     s = re.sub(r"\\[;:]|~|\\q?quad|\\enspace(?![a-zA-Z])", _WIDE_SPACE, s)
     s = re.sub(r"(?<!\\)\\[, ]", " ", s)
     s = re.sub(r"\\[dtc]frac(?![a-zA-Z])", r"\\frac", s)

@@ -1,7 +1,10 @@
 """Scalar answers compared as numbers or expressions (`compare_scalars`), through
 `sympy_safe`, which never executes model text.
 
-Number rules: an exact reference (no decimal point) is matched exactly when it has a finite
+Number rules: an exact reference (no decimal point) is matched by an exact answer only when
+the two are proved equal (`proved_equal`: SymPy's evaluation, a minimal polynomial, or
+simplification to 0, at a bounded size), never for being close (`e^{\\pi\\sqrt{163}}` is
+within 1e-12 of an integer). A decimal answer matches it exactly when the reference has a finite
 decimal form (an integer, 1/8, also written as \\sqrt{4}): `1000000.0` matches 1000000;
 `1000000.9`, `123456800.0` and `1.8446744e19` (for 2^64) do not. A reference without one (1/3,
 \\pi) accepts a decimal within 1e-6 relative. A decimal reference is itself an approximation: a
@@ -10,7 +13,9 @@ value that rounds to it (the exact form or a longer decimal). Tolerances are rel
 absolute floor: 0 matches only 0, and 0.0 is not 10^-7. A percentage matches its number and its
 fraction (`12\\%` = 12 = 0.12, as in the MATH data where both forms occur); degrees and units are
 dropped (`90^\\circ` = 90); a decimal comma matches the decimal point when it is no thousands
-group (`1,22` = 1.22).
+group (`1,22` = 1.22); numbers in a base (`1010_2`) match the same base and value. Expressions
+with variables: rational functions exactly at random integer points, others at points and then
+by a proof.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from typing import Optional
 
 import sympy
 
+from scalerl_jax.rewards.math_limits import symbolic_ok
 from scalerl_jax.rewards.sympy_safe import evaluate_complex, parse_math
 
 
@@ -36,6 +42,11 @@ def _value(expr, env: Optional[dict] = None) -> Optional[complex]:
 def _relative(a: complex, b: complex, rel: float) -> bool:
     """|a - b| within `rel` of the larger magnitude: no absolute floor, so 0 matches only 0."""
     return abs(a - b) <= rel * max(abs(a), abs(b))
+
+
+def _near(a: complex, b: complex) -> bool:
+    """A filter before a proof, never a verdict: values that may be equal (sin(pi) ~ 1e-16)."""
+    return abs(a - b) <= 1e-9 * max(1.0, abs(a), abs(b))
 
 
 def _decimals(s: str) -> int:
@@ -52,19 +63,73 @@ def _finite_decimal(q: sympy.Rational) -> bool:
     return d == 1
 
 
-def _exact_forms_equal(p, g, pv: complex, gv: complex) -> bool:
-    """Exact forms (radicals, pi, logs) that agree to double precision, confirmed with evalf at
-    30 digits, which handles cancellation (10^20 + sqrt(2) vs 10^20). Safe: the
-    double-precision pass bounded every intermediate value."""
-    if not (_relative(pv, gv, 1e-12) or max(abs(pv), abs(gv)) < 1e-12):
+MAX_PROOF_NODES = 200
+MAX_PROOF_BITS = 4096  # of any rational in a tree that SymPy evaluates symbolically
+MAX_PROOF_POWER = 64  # integer exponent (or root degree) of an irrational base
+
+
+def _provable(expr) -> bool:
+    """Whether SymPy may evaluate and simplify `expr` at a bounded cost: a small tree, rationals
+    of at most MAX_PROOF_BITS, and powers of irrational bases (sqrt(2)^n, pi^n) of small
+    degree. Larger trees are never proved equal to anything (and so never match an exact
+    reference)."""
+    nodes = 0
+    for node in sympy.preorder_traversal(expr):
+        nodes += 1
+        if nodes > MAX_PROOF_NODES:
+            return False
+        if node.is_Rational and max(abs(node.p), node.q).bit_length() > MAX_PROOF_BITS:
+            return False
+        if node.is_Pow and not node.args[0].is_Rational:
+            e = node.args[1]
+            if not e.is_Rational or max(abs(e.p), e.q) > MAX_PROOF_POWER:
+                return False
+    return True
+
+
+def _evaluated(expr):
+    """`expr` rebuilt with SymPy's automatic evaluation (the parser keeps trees unevaluated)."""
+    if not expr.args:
+        return expr
+    return expr.func(*(_evaluated(a) for a in expr.args))
+
+
+def proved_equal(p, g, p_text: str = "", g_text: str = "") -> bool:
+    """Whether p - g is exactly 0: SymPy's evaluation, then (algebraic numbers) the minimal
+    polynomial, or simplification. A difference that is merely tiny (exp(pi*sqrt(163)) is
+    within 1e-12 of an integer) is not 0. Bounded by `_provable` and, for simplification
+    with variables, `math_limits.symbolic_ok` on the texts."""
+    if not (_provable(p) and _provable(g)):
         return False
     try:
-        # Unevaluated: an evaluated p - g would re-run SymPy's power simplification.
-        diff = complex(sympy.Add(p, sympy.Mul(-1, g, evaluate=False), evaluate=False).evalf(30))
-    except (ArithmeticError, ValueError, TypeError):
+        d = _evaluated(p) - _evaluated(g)
+        if d == 0:
+            return True
+        if d.free_symbols:
+            if not (symbolic_ok(p_text) and symbolic_ok(g_text)):
+                return False
+            return sympy.simplify(d) == 0
+        if not d.has(sympy.pi, sympy.E, sympy.Function, sympy.exp, sympy.log):
+            x = sympy.Dummy("x")
+            return sympy.minimal_polynomial(d, x) == x
+        # log(ab) = log a + log b up to 2*pi*i: the caller's numeric check rules that out.
+        return sympy.simplify(sympy.expand_log(d, force=True)) == 0
+    except (ArithmeticError, ValueError, TypeError, NotImplementedError, RecursionError):
         return False
-    # An exact zero evaluates to ~1e-150 at this precision; a true difference does not.
-    return abs(diff) <= 1e-25 * max(abs(pv), abs(gv)) or abs(diff) < 1e-100
+
+
+def _exact_value(g, gv: complex):
+    """The rational that exact reference `g` provably equals (2 for sqrt(4)), else None."""
+    if not _provable(g):
+        return None
+    ge = _evaluated(g)
+    if ge.is_Rational:
+        return ge
+    if gv.imag == 0 and abs(gv.real) < 2**53 and abs(gv.real - round(gv.real)) < 1e-9:
+        whole = sympy.Integer(round(gv.real))
+        if proved_equal(whole, g):
+            return whole
+    return None
 
 
 def _numbers_equal(p, g, p_text: str, g_text: str) -> bool:
@@ -82,18 +147,53 @@ def _numbers_equal(p, g, p_text: str, g_text: str) -> bool:
         k = _decimals(g_text)
         longer = not p_decimal or _decimals(p_text) > k
         return k >= 2 and longer and abs(pv - gv) <= 0.5 * 10.0**-k
-    if p_decimal and not g.is_Rational and gv.imag == 0 and abs(gv.real) < 2**53:
-        # An exact form of an integer (\sqrt{4}, \log{8}/\log{2}) is that integer: no tolerance.
-        whole = sympy.Integer(round(gv.real))
-        if _exact_forms_equal(whole, g, complex(int(whole)), gv):
-            g = whole
-    if g.is_Rational and _finite_decimal(g) and (p.is_Rational or p_decimal):
-        return False  # exact: 10^12 + 1, 1000000.9, 0.0 for 10^-7 are all wrong
-    if p_decimal:  # a decimal for 1/3, pi, sqrt(2)
-        return _relative(pv, gv, 1e-6)
-    if p.is_Rational and g.is_Rational:
-        return False
-    return _exact_forms_equal(p, g, pv, gv)
+    # An exact reference: an exact answer must be proved equal to it; a decimal is exact too
+    # when the reference has a finite decimal form (1000000.0 for 10^6, never 1000000.9).
+    # (`_near` only spares the proof for values that differ.)
+    if not p_decimal:
+        return _near(pv, gv) and proved_equal(p, g)
+    exact = _exact_value(g, gv)
+    if exact is not None and _finite_decimal(exact):
+        return _near(pv, gv) and proved_equal(p, exact)
+    return _relative(pv, gv, 1e-6)  # a decimal for 1/3, pi, sqrt(2)
+
+
+POINT_BITS = 21  # |coordinate| of the random integer points
+MAX_EXACT_BITS = 1 << 20  # bound on any value's size while evaluating at a point exactly
+
+
+def _exact_bits(expr) -> float:
+    """An upper bound on the bits of any value met while evaluating `expr` exactly at a point,
+    from the tree alone (nested powers multiply: (x^100)^100 is 10^4 * POINT_BITS); inf when
+    `expr` is no rational function (a function, a constant, a non-integer exponent)."""
+    if expr.is_Symbol:
+        return POINT_BITS
+    if expr.is_Rational:
+        return max(abs(expr.p).bit_length(), expr.q.bit_length(), 1)
+    if expr.is_Pow and expr.args[1].is_Integer:
+        return _exact_bits(expr.args[0]) * max(abs(int(expr.args[1])), 1)
+    if expr.is_Add or expr.is_Mul:  # over rationals a sum's denominators multiply, too
+        return sum(_exact_bits(a) for a in expr.args) + len(expr.args)
+    return float("inf")
+
+
+def _rational_function(expr) -> bool:
+    """Rationals and symbols under + * and integer powers, small enough to evaluate exactly at
+    integer points (`_exact_bits` <= MAX_EXACT_BITS, bounded before anything is computed)."""
+    return _exact_bits(expr) <= MAX_EXACT_BITS
+
+
+def _exact_at(expr, point: dict):
+    """`expr` at a rational point, exactly; None where it is undefined."""
+    value = _evaluated(expr.xreplace(point))
+    return value if value.is_Rational else None
+
+
+def _rational_points(symbols, rng: random.Random):
+    """Random integer points (fresh randomness: a wrong identity cannot be built to vanish
+    at them; a true one holds at every point)."""
+    for _ in range(8):
+        yield {s: sympy.Integer(rng.randint(-(2**POINT_BITS), 2**POINT_BITS)) for s in symbols}
 
 
 def _points(symbols, complex_plane: bool, rng: random.Random) -> dict:
@@ -102,12 +202,25 @@ def _points(symbols, complex_plane: bool, rng: random.Random) -> dict:
     return {s: rng.uniform(0.5, 3.5) for s in symbols}
 
 
-def _identity(p, g) -> Optional[bool]:
-    """Expressions with the same variables: True when they agree at 3 random points, False when
-    they differ at one, None when undecided (undefined or overflowing at most points). Real
-    points first; then points on the complex unit circle, where x^9999 stays finite."""
-    rng = random.Random(20251013)  # deterministic, bounded work
+def _identity(p, g, p_text: str, g_text: str) -> Optional[bool]:
+    """Expressions with the same variables. Rational functions: exact values at 3 random integer
+    points (True when equal at all, False when different at one). Others: False when they differ
+    at a point (real points, then the complex unit circle, where x^9999 stays finite); when they
+    agree at 3, True only if `proved_equal`. None when undecided."""
     symbols = sorted(p.free_symbols, key=str)
+    if _rational_function(p) and _rational_function(g):
+        agreed = 0
+        for point in _rational_points(symbols, random.SystemRandom()):
+            pv, gv = _exact_at(p, point), _exact_at(g, point)
+            if pv is None or gv is None:
+                continue
+            if pv != gv:
+                return False
+            agreed += 1
+            if agreed == 3:
+                return True
+        return None
+    rng = random.Random(20251013)  # deterministic, bounded work
     for complex_plane in (False, True):
         agreed = 0
         for _ in range(8):
@@ -120,18 +233,18 @@ def _identity(p, g) -> Optional[bool]:
             if abs(pv - gv) > 1e-9 * max(1.0, abs(pv), abs(gv)):
                 return False
             agreed += 1
-            if agreed == 3:
-                return True
+            if agreed == 3:  # agreeing values are no proof (x + 10^{-10} is not x)
+                return proved_equal(p, g, p_text, g_text)
     return None
 
 
 def _values_equal(p, g, p_text: str, g_text: str) -> Optional[bool]:
     """Numbers: True / False. Expressions: `_identity`; None with different variables."""
-    if p.free_symbols != g.free_symbols:
-        return None
+    if p.free_symbols != g.free_symbols:  # 1 for sin^2 x + cos^2 x: only a proof decides
+        return True if proved_equal(p, g, p_text, g_text) else None
     if not p.free_symbols:
         return _numbers_equal(p, g, p_text, g_text)
-    return _identity(p, g)
+    return _identity(p, g, p_text, g_text)
 
 
 def proportional(dp, dg) -> Optional[bool]:
@@ -139,8 +252,15 @@ def proportional(dp, dg) -> Optional[bool]:
     of each other: `2x + 4y - 3` and `y + x/2 - 3/4`."""
     if dp.free_symbols != dg.free_symbols or not dp.free_symbols:
         return None
-    rng = random.Random(20251013)
     symbols = sorted(dp.free_symbols, key=str)
+    if _rational_function(dp) and _rational_function(dg):
+        ratios = set()
+        for point in _rational_points(symbols, random.SystemRandom()):
+            pv, gv = _exact_at(dp, point), _exact_at(dg, point)
+            if pv is not None and gv is not None and pv != 0 and gv != 0:
+                ratios.add(pv / gv)
+        return len(ratios) == 1 if ratios else None
+    rng = random.Random(20251013)
     ratio, agreed = None, 0
     for _ in range(8):
         point = _points(symbols, False, rng)
@@ -175,10 +295,30 @@ def decimal_comma(p: str, g: str) -> bool:
     return False
 
 
+_BASE_RE = re.compile(r"([0-9A-Za-z]{1,64})_\{?(\d{1,2})\}?")
+
+
+def _base_numeral(s: str) -> Optional[tuple[int, int]]:
+    """(base, value) of `1010_2` (plain digits: base 10); None for anything else, and for a
+    digit the base does not have (`12_2`)."""
+    m = _BASE_RE.fullmatch(s)
+    text, base = (m.group(1), int(m.group(2))) if m else (s, 10)
+    if not 2 <= base <= 36 or (m is None and not s.isdigit()):
+        return None
+    try:
+        return base, int(text, base)
+    except ValueError:
+        return None
+
+
 def compare_scalars(p: str, g: str) -> Optional[bool]:
     """True / False when decided, None when the parser cannot read one side."""
     if p == g or p.replace(" ", "") == g.replace(" ", ""):
         return True
+    if "_" in p + g and (_BASE_RE.fullmatch(p) or _BASE_RE.fullmatch(g)):
+        # Numbers in a base: same base, same value (`1010` is not `1010_2`, nor is `10`).
+        pb = _base_numeral(p)
+        return pb is not None and pb == _base_numeral(g)
     phrases = bool(_WORDS_RE.fullmatch(p) and _WORDS_RE.fullmatch(g)) and " " in p + g
     words = bool(re.fullmatch(r"[A-Za-z]{2,}", p) and re.fullmatch(r"[A-Za-z]{2,}", g))
     if phrases or words:  # text answers: "Yes", "Monday", "no solution"

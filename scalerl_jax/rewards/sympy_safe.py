@@ -2,9 +2,13 @@
 
 Model text is never executed: `sympify` and `parse_expr` go through Python `eval`, so they are
 not used. Accepted: numbers, single-letter symbols (e -> E, i -> I), a few Greek letters, + - * /
-^, brackets, implicit multiplication, \\frac, \\sqrt[n], pi, \\infty and sqrt/ln/log/exp/sin/
-cos/tan. Implicit multiplication needs a non-number on its right (`2x`, `2\\pi`, `2(3)`): two
-numbers side by side (`2 3`, from `2 \\quad 3`) are refused, not read as 6. Sizes are bounded
+^, brackets, implicit multiplication, \\frac, \\sqrt[n], pi, \\infty, sqrt/ln/log/exp and the
+trigonometric functions and their inverses (`\\sin^2 x`, `\\log_2 8`), n! and \\binom of
+integers up to MAX_FACTORIAL. Implicit multiplication needs a non-number on its right (`2x`,
+`2\\pi`, `2(3)`): two numbers side by side (`2 3`, from `2 \\quad 3`) are refused, not read as
+6, and so is a number before a fraction (`3\\frac{1}{2}`: a mixed number, which
+`math_normalize` reads only as a whole answer). Anything else (a subscript, a word, a
+relation) is refused: the caller scores it as wrong. Sizes are bounded
 (characters, tokens, nesting, powers), only rational arithmetic is evaluated while parsing, and
 values are computed by `evaluate_complex` (double precision, O(1) per node), so one answer
 cannot make SymPy compute for long; the pool's timeout is the backstop.
@@ -28,7 +32,7 @@ MAX_POWER_BITS = 100_000  # integer powers whose result would exceed this many b
 
 _TOKEN_RE = re.compile(
     r"\s*(?:((?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d{1,3}(?!\d))?)"  # number
-    r"|(\\[a-zA-Z]+|[a-zA-Z]+)|([-+*/^(){}\[\]]))"
+    r"|(\\[a-zA-Z]+|[a-zA-Z]+)|([-+*/^(){}\[\]!_]))"
 )  # command or word | op
 _CONSTANTS = {
     "pi": sympy.pi,
@@ -45,7 +49,14 @@ _FUNCTIONS = {
     "sin": sympy.sin,
     "cos": sympy.cos,
     "tan": sympy.tan,
+    "sec": sympy.sec,
+    "csc": sympy.csc,
+    "cot": sympy.cot,
+    "arcsin": sympy.asin,
+    "arccos": sympy.acos,
+    "arctan": sympy.atan,
 }
+MAX_FACTORIAL = 1000  # n! and binomials are computed exactly for integers up to this
 _GREEK = ("alpha", "beta", "gamma", "theta", "phi", "lambda", "mu", "omega")
 
 
@@ -68,7 +79,12 @@ def _tokenize(s: str) -> list[tuple[str, str]]:
             tokens.append(("num", num))
         elif word is not None:
             name = word[1:] if word.startswith("\\") else word
-            if word in _CONSTANTS or name in _FUNCTIONS or name == "sqrt" or word == "\\frac":
+            if (
+                word in _CONSTANTS
+                or name in _FUNCTIONS
+                or name == "sqrt"
+                or word in ("\\frac", "\\binom")
+            ):
                 tokens.append(("name", "\\" + name if word.startswith("\\") else word))
             elif name in _GREEK and word.startswith("\\"):
                 tokens.append(("sym", name))
@@ -135,6 +151,8 @@ class _Parser:
             elif self._starts_atom():
                 if self.peek()[0] == "num":
                     raise _Reject("two numbers side by side")  # "2 3" is no product
+                if self.peek()[1] == "\\frac" and self.tokens[self.i - 1][0] == "num":
+                    raise _Reject("a number before a fraction")  # 3\frac{1}{2}: 3.5 or 1.5?
                 node = _mul(node, self.power())
             else:
                 return node
@@ -152,6 +170,9 @@ class _Parser:
 
     def power(self):
         base = self.atom()
+        while self.peek()[1] == "!":
+            self.take()
+            base = _factorial(base)
         if self.peek()[1] != "^":
             return base
         self.take()
@@ -193,8 +214,35 @@ class _Parser:
                 self.take("]")
                 return _pow(self.group(), _pow(index, sympy.S.NegativeOne))
             return _pow(self.group(), sympy.S.Half)
-        arg = self.group()
-        return _FUNCTIONS[value.lstrip("\\")](arg, evaluate=False)
+        if value == "\\binom":
+            return _binomial(self.group(), self.group())
+        name = value.lstrip("\\")
+        base = None
+        if name == "log" and self.peek()[1] == "_":  # \log_2 8, \log_{b} x
+            self.take()
+            base = self.group()
+        exponent = None
+        if self.peek()[1] == "^":  # \sin^2 x is (sin x)^2
+            self.take()
+            exponent = self.group()
+        node = _FUNCTIONS[name](self.group(), evaluate=False)
+        if base is not None:
+            node = _mul(node, _pow(sympy.log(base, evaluate=False), sympy.S.NegativeOne))
+        return node if exponent is None else _pow(node, exponent)
+
+
+def _small_integer(x) -> int:
+    if not (x.is_Integer and 0 <= x <= MAX_FACTORIAL):
+        raise _Reject(f"factorials and binomials need integers in [0, {MAX_FACTORIAL}]")
+    return int(x)
+
+
+def _factorial(x):
+    return sympy.Integer(math.factorial(_small_integer(x)))
+
+
+def _binomial(n, k):
+    return sympy.Integer(math.comb(_small_integer(n), _small_integer(k)))
 
 
 # Only rational arithmetic is evaluated (exact and cheap once powers are bounded: 2^10 is 1024,
@@ -245,6 +293,12 @@ _CMATH = {
     sympy.sin: cmath.sin,
     sympy.cos: cmath.cos,
     sympy.tan: cmath.tan,
+    sympy.sec: lambda z: 1 / cmath.cos(z),
+    sympy.csc: lambda z: 1 / cmath.sin(z),
+    sympy.cot: lambda z: 1 / cmath.tan(z),
+    sympy.asin: cmath.asin,
+    sympy.acos: cmath.acos,
+    sympy.atan: cmath.atan,
 }
 _CONSTANT_VALUES = {sympy.pi: cmath.pi, sympy.E: cmath.e, sympy.I: 1j}
 

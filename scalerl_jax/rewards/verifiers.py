@@ -21,7 +21,10 @@ NAMED_VERIFIERS = {
 }
 # What validates a verifier's reference answers at load time (a malformed row is skipped and
 # counted like any bad row instead of scoring every completion of its prompt as wrong).
-ANSWER_CHECKS = {"code": "scalerl_jax.rewards.code:check_tests"}
+ANSWER_CHECKS = {
+    "code": "scalerl_jax.rewards.code:check_tests",
+    "math": "scalerl_jax.rewards.math:check_reference",
+}
 # The verifier of each synthetic task's reference answers (data/synthetic.py); the others:
 # "exact". Here rather than beside the tasks so that data imports rewards and never the reverse.
 TASK_VERIFIERS = {"pycode": "code"}
