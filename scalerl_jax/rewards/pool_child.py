@@ -16,6 +16,8 @@ bounded by the parent, which kills a child that runs past the item's limit.
 import os
 import pickle
 
+from scalerl_jax.interrupt import ignore_sigint  # the standard library only
+
 
 def _describe(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"[:300]
@@ -39,6 +41,7 @@ def limit_memory(memory_mb) -> None:
 
 
 def child_main(conn, memory_mb=None) -> None:
+    ignore_sigint()  # Ctrl-C is the parent's to handle; it stops this child
     try:
         limit_memory(memory_mb)
     except (ValueError, OSError) as e:  # the parent reports the child as not ready
