@@ -109,7 +109,7 @@ RECIPES: dict[str, tuple[Callable[..., RunConfig], str]] = {
     "gsm8k": (gsm8k, "ScaleRL on GSM8K with SmolLM2-135M: chat, \\boxed{} answers, SFT then RL"),
     "gsm8k-laptop": (
         gsm8k_laptop,
-        "gsm8k cut down for a laptop CPU: 4 SFT steps, 2 RL steps, 8 test problems",
+        "gsm8k cut down for a laptop CPU: 2 SFT steps, 2 RL steps, 4 test problems",
     ),
 }
 LOO_PIECES = tuple(n[len(LOO_PREFIX) :] for n in RECIPES if n.startswith(LOO_PREFIX))

@@ -295,25 +295,26 @@ def gsm8k(model: str = GSM8K_MODEL, **overrides) -> RunConfig:
 
 
 def gsm8k_laptop(model: str = GSM8K_MODEL, **overrides) -> RunConfig:
-    """`gsm8k` cut down to show the whole pipeline on a laptop CPU in minutes: a 4-step SFT
-    warm-up, two RL steps of 2 prompts x 4 samples, an evaluation of 8 test problems before
-    and after them, completions of at most 96 tokens. Too short to learn anything (most
-    completions are cut off before their answer); it is the real model and data going through
-    every stage, compilation included, which dominates its time. The block below is the
-    override set that turns `gsm8k` into this recipe.
+    """`gsm8k` cut down to show the whole pipeline on a laptop CPU in minutes: a 2-step SFT
+    warm-up, two RL steps of 2 prompts x 4 samples (the sampler at most one step ahead), an
+    evaluation of 4 test problems before and after them, completions of at most 64 tokens.
+    Too short to learn anything (most completions are cut off before their answer); it is the
+    real model and data going through every stage, and compilation is most of its time. The
+    block below is the override set that turns `gsm8k` into this recipe.
 
     Differs from gsm8k:
         sampler.max_concurrent_decodes = 8
-        sampler.max_target_length = 352
-        sampler.max_new_tokens = 96
+        sampler.max_target_length = 320
+        sampler.max_new_tokens = 64
         pipeline.prompts_per_step = 2
+        pipeline.max_lag = 1
         optim.micro_batches = 2
         eval.every_steps = 2
-        eval.num_prompts = 8
-        sft.steps = 4
+        eval.num_prompts = 4
+        sft.steps = 2
         sft.batch_size = 2
         sft.max_length = 384
-        sft.optim.total_steps = 4
+        sft.optim.total_steps = 2
         sft.optim.warmup_steps = 1
         steps = 2
         checkpoint_every = 2
@@ -324,17 +325,17 @@ def gsm8k_laptop(model: str = GSM8K_MODEL, **overrides) -> RunConfig:
     cfg = dataclasses.replace(
         base,
         sampler=dataclasses.replace(
-            base.sampler, max_concurrent_decodes=8, max_target_length=352, max_new_tokens=96
+            base.sampler, max_concurrent_decodes=8, max_target_length=320, max_new_tokens=64
         ),
-        pipeline=dataclasses.replace(base.pipeline, prompts_per_step=2),
+        pipeline=dataclasses.replace(base.pipeline, prompts_per_step=2, max_lag=1),
         optim=dataclasses.replace(base.optim, micro_batches=2),
-        eval=dataclasses.replace(base.eval, every_steps=2, num_prompts=8),
+        eval=dataclasses.replace(base.eval, every_steps=2, num_prompts=4),
         sft=dataclasses.replace(
             base_sft,
-            steps=4,
+            steps=2,
             batch_size=2,
             max_length=384,
-            optim=dataclasses.replace(base_sft.optim, total_steps=4, warmup_steps=1),
+            optim=dataclasses.replace(base_sft.optim, total_steps=2, warmup_steps=1),
         ),
         steps=2,
         checkpoint_every=2,
