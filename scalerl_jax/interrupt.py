@@ -159,16 +159,11 @@ def start_child(proc) -> None:
     by closing its pipe or killing it. Ctrl-C in a terminal sends SIGINT to the whole process
     group; a child that heard it would print its own KeyboardInterrupt traceback. SIGINT is
     blocked in this thread while the child starts, so the child begins with it blocked (a
-    signal mask survives fork and exec), and the child's entry point then ignores it
-    (`ignore_sigint`); a Ctrl-C meanwhile stays pending here and reaches the parent after."""
+    signal mask survives fork and exec) until its entry point ignores it (rewards/pool_child.py,
+    scaling/forecast_child.py); a Ctrl-C meanwhile stays pending here and reaches the parent
+    after."""
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         proc.start()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
-
-
-def ignore_sigint() -> None:
-    """In a child started by `start_child`: SIGINT ignored, and no longer blocked."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})

@@ -283,8 +283,7 @@ def test_rerunning_a_finished_run_says_it_is_complete(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert (
         f"run already complete at step 5 in {workdir} (--steps 5); raise --steps above 5 "
-        f"to continue; no scaling fit in it yet: python experiments/fit.py {workdir}"
-        in done.stdout
+        f"to continue; no scaling fit in it yet: python experiments/fit.py {workdir}" in done.stdout
     )
     assert sorted(os.listdir(workdir)) == ["checkpoints", "config.json"]  # nothing started
     (workdir / "fit").mkdir()

@@ -299,8 +299,9 @@ def gsm8k_laptop(model: str = GSM8K_MODEL, **overrides) -> RunConfig:
     warm-up, two RL steps of 2 prompts x 4 samples (the sampler at most one step ahead), an
     evaluation of 4 test problems before and after them, completions of at most 64 tokens.
     Too short to learn anything (most completions are cut off before their answer); it is the
-    real model and data going through every stage, and compilation is most of its time. The
-    block below is the override set that turns `gsm8k` into this recipe.
+    real model and data going through every stage, and compilation is most of its time:
+    7 min 37 s in all on a 2-core CPU shared with other jobs (load 7-11), 6.1 GiB at most.
+    The block below is the override set that turns `gsm8k` into this recipe.
 
     Differs from gsm8k:
         sampler.max_concurrent_decodes = 8

@@ -14,9 +14,8 @@ bounded by the parent, which kills a child that runs past the item's limit.
 """
 
 import os
+import signal
 import pickle
-
-from scalerl_jax.interrupt import ignore_sigint  # the standard library only
 
 
 def _describe(e: BaseException) -> str:
@@ -41,7 +40,9 @@ def limit_memory(memory_mb) -> None:
 
 
 def child_main(conn, memory_mb=None) -> None:
-    ignore_sigint()  # Ctrl-C is the parent's to handle; it stops this child
+    # Ctrl-C is the parent's to handle, and it stops this child (interrupt.start_child).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     try:
         limit_memory(memory_mb)
     except (ValueError, OSError) as e:  # the parent reports the child as not ready
