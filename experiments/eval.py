@@ -5,7 +5,7 @@ Every completion and its verdict are saved as JSONL (the logic: scalerl_jax/eval
 examples:
   M=$(python experiments/fetch_model.py)          # SmolLM2-135M-Instruct as an HF directory
   python experiments/eval.py --recipe gsm8k --hf-checkpoint $M \\
-      --data ../shared/data/gsm8k/test.jsonl --num-prompts 200 --max-new-tokens 320 \\
+      --data data/gsm8k/test.jsonl --num-prompts 200 --max-new-tokens 320 \\
       --greedy --temperature 0.7 --k 4 --out runs/eval/smollm2-gsm8k.jsonl
   python experiments/eval.py --workdir runs/testbed     # a run's newest checkpoint, on its own
                                                         # validation prompts and prompt format
@@ -38,13 +38,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from scalerl_jax import evaluation, preflight, recipes  # noqa: E402
-from scalerl_jax.config import (
-    ConfigError,
-    DataConfig,
-    RewardConfig,
-    RunConfig,  # noqa: E402
-    apply_overrides,
-)
+from scalerl_jax.config import ConfigError, DataConfig, RewardConfig, apply_overrides  # noqa: E402
 from scalerl_jax.data.prompts import DataError  # noqa: E402
 from scalerl_jax.heartbeat import HEARTBEAT, heartbeat, phase  # noqa: E402
 from scalerl_jax.interrupt import Watchdog  # noqa: E402
@@ -139,9 +133,10 @@ def modes(args) -> list:
     return ([evaluation.Mode("greedy", 0.0, 1)] if args.greedy else []) + [sampled]
 
 
-def configs(args, model):
-    """(DataConfig, RewardConfig, whether to use the run's validation split) from the run's
-    config or the defaults, with --data and the overrides applied."""
+def configs(args, run_cfg) -> tuple[DataConfig, RewardConfig, bool]:
+    """(DataConfig, RewardConfig, whether to use the run's validation split) from the recipe,
+    the run's config (`run_cfg`, with --workdir) or the defaults, with --data and the overrides
+    applied; the data are checked (files, columns) here, before any model is loaded."""
     if args.recipe:
         try:
             base = recipes.get(args.recipe)
@@ -150,23 +145,22 @@ def configs(args, model):
                 f"--recipe {args.recipe}: no such recipe (`python "
                 "experiments/run.py --recipe list` names them)"
             ) from None
+        settings = evaluation.Settings(base.data, base.reward)
+    elif run_cfg is not None:
+        settings = evaluation.Settings(run_cfg.data, run_cfg.reward)
     else:
-        base = model.run_cfg or RunConfig(
-            model=model.cfg,
-            data=DataConfig(source=args.data),
-            reward=RewardConfig(workers=min(8, os.cpu_count() or 1)),
-        )
-    cfg = apply_overrides(base, args.overrides)
-    if args.data:
-        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, source=args.data))
-        preflight.check_data(cfg.data, "--data", read=True)
-    if cfg.data.is_mixture:
+        workers = min(8, os.cpu_count() or 1)
+        settings = evaluation.Settings(DataConfig(source=args.data), RewardConfig(workers=workers))
+    settings = apply_overrides(settings, args.overrides)  # type: ignore[arg-type]
+    data = settings.data
+    if data.is_mixture:
         raise preflight.UsageError(
             "a mixture run: pass --data with one domain's source and its data.* fields"
         )
-    if cfg.data.validation_source is not None and args.data:  # --data is what is evaluated
-        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, validation_source=None))
-    return cfg.data, cfg.reward, model.run_cfg is not None and not args.data
+    if args.data:  # --data alone is scored: a recipe's validation source does not apply
+        data = dataclasses.replace(data, source=args.data, validation_source=None)
+        preflight.check_data(data, "--data", read=True)
+    return data, settings.reward, run_cfg is not None and not args.data
 
 
 def default_out(args, model) -> str:
@@ -194,10 +188,11 @@ def run(args, should_stop) -> int:
     if bad:
         raise preflight.UsageError(f"{bad[0]}: only data.* and reward.* settings apply here")
     hf_dir = preflight.hf_checkpoint(args.hf_checkpoint) if args.hf_checkpoint else None
+    run_cfg = evaluation.run_config(args.workdir) if args.workdir else None
+    data, reward, validation = configs(args, run_cfg)
     model = evaluation.load_model(
         hf_checkpoint=hf_dir, workdir=args.workdir, step=args.step, dtype=args.dtype
     )
-    data, reward, validation = configs(args, model)
     from scalerl_jax.rewards import use_processes, verifier_names
 
     verifier = verifier_names(data, reward.verifier)[""]

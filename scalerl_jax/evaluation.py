@@ -33,7 +33,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from scalerl_jax.config import DataConfig, ModelConfig, RunConfig, SamplerConfig
+from scalerl_jax.config import DataConfig, ModelConfig, RewardConfig, RunConfig, SamplerConfig
 from scalerl_jax.data.prompts import PromptSource, format_prompt, load_rows
 from scalerl_jax.heartbeat import phase
 
@@ -101,16 +101,12 @@ def load_model(
 
     from scalerl_jax import checkpoint as ckpt_lib
     from scalerl_jax import mesh as mesh_lib
-    from scalerl_jax.config import MeshConfig, from_dict
+    from scalerl_jax.config import MeshConfig
     from scalerl_jax.train import state as state_lib
     from scalerl_jax.train.trainer import load_tokenizer as load_run_tokenizer
 
     # workdir is set here: exactly one of the two was given (checked above).
-    config = os.path.join(workdir, "config.json")  # type: ignore[arg-type]
-    if not os.path.isfile(config):
-        raise EvalError(f"--workdir {workdir}: no config.json there (not a run directory)")
-    with open(config) as f:
-        run_cfg = from_dict(RunConfig, json.load(f))
+    run_cfg = run_config(workdir)  # type: ignore[arg-type]
     if dtype is not None:  # the stored params keep the run's dtype: the sampler casts them
         run_cfg = dataclasses.replace(run_cfg, model=run_cfg.model.replace(compute_dtype=dtype))
     directory = os.path.join(workdir, "checkpoints")  # type: ignore[arg-type]
@@ -138,6 +134,26 @@ def load_model(
         run_cfg,
         chosen,
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """What an evaluation takes from a run's config (its data.* and reward.* sections), the
+    form `apply_overrides` takes them in."""
+
+    data: DataConfig
+    reward: RewardConfig
+
+
+def run_config(workdir: str) -> RunConfig:
+    """The RunConfig a run directory was started with (its config.json)."""
+    from scalerl_jax.config import from_dict
+
+    config = os.path.join(workdir, "config.json")
+    if not os.path.isfile(config):
+        raise EvalError(f"--workdir {workdir}: no config.json there (not a run directory)")
+    with open(config) as f:
+        return from_dict(RunConfig, json.load(f))
 
 
 def load_problems(

@@ -51,9 +51,12 @@ class Phase:
         self.announce = announce
         self.done = 0
         self.start = time.monotonic()
+        self._first: Optional[tuple[float, int]] = None  # (time, count) of the first update
 
     def update(self, done: int) -> None:
         self.done = int(done)
+        if self._first is None and self.done > 0:
+            self._first = (time.monotonic(), self.done)
 
     def begin(self) -> "Phase":
         self.start = time.monotonic()
@@ -82,8 +85,14 @@ class Phase:
                 extra = f"({type(err).__name__})"
             text += f": {extra}" if extra else ""
         timing = _clock(elapsed)
-        if self.total and 0 < self.done < self.total:
-            timing += f", ETA {_clock(elapsed * (self.total - self.done) / self.done)}"
+        if self.total and 0 < self.done < self.total and self._first is not None:
+            # The rate since the first update: what came before it includes compiling.
+            t1, done1 = self._first
+            if self.done > done1:
+                left = (now - t1) * (self.total - self.done) / (self.done - done1)
+                timing += f", ETA {_clock(left)}"
+            else:
+                timing += ", ETA after the next update (the first includes compiling)"
         return f"{text} ({timing})"
 
 

@@ -31,7 +31,7 @@ import socket
 import sys
 import threading
 import time
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +43,9 @@ class Watchdog:
     Python handlers for SIGINT / SIGTERM are installed (a signal without one never reaches the
     wake-up descriptor; the default SIGTERM action ends the process on its own anyway).
 
-    can_exit(): True while ending the process loses nothing; `nothing_lost` says why, in the
-    line of such an exit (e.g. "nothing trained since the last checkpoint, so nothing to save").
+    can_exit(): True while ending the process loses nothing that a checkpoint would keep;
+    `nothing_lost` (a text, or a function giving it at the time) says what, in the line of such
+    an exit (e.g. "nothing trained since the last checkpoint, so nothing to save").
     acknowledged(): True once the main thread's handler has seen the signal (it then said what
     happens next itself).
     describe(): what the process is doing, for the lines (e.g. `progress.HEARTBEAT.line`).
@@ -54,7 +55,7 @@ class Watchdog:
         self,
         *,
         can_exit: Callable[[], bool],
-        nothing_lost: str,
+        nothing_lost: Union[str, Callable[[], str]],
         acknowledged: Callable[[], bool] = lambda: False,
         describe: Callable[[], str] = lambda: "",
         grace_s: float = 3.0,
@@ -130,10 +131,10 @@ class Watchdog:
         name = signal.Signals(signum).name
         doing = self.describe()
         if self.can_exit():
+            lost = self.nothing_lost() if callable(self.nothing_lost) else self.nothing_lost
             self._end(
                 signum,
-                f"{name}: {self.nothing_lost}; exiting now instead of waiting "
-                f"for {doing or 'the current call'}",
+                f"{name}: {lost}; exiting now instead of waiting for {doing or 'the current call'}",
             )
         elif not self.acknowledged():
             log.warning(
@@ -151,3 +152,18 @@ class Watchdog:
             except (OSError, ValueError):
                 pass
         self._exit_fn(128 + int(signum))
+
+
+def start_child(proc) -> None:
+    """`proc.start()` (a multiprocessing Process) for a helper child that its parent stops,
+    by closing its pipe or killing it. Ctrl-C in a terminal sends SIGINT to the whole process
+    group; a child that heard it would print its own KeyboardInterrupt traceback. SIGINT is
+    blocked in this thread while the child starts, so the child begins with it blocked (a
+    signal mask survives fork and exec) until its entry point ignores it (rewards/pool_child.py,
+    scaling/forecast_child.py); a Ctrl-C meanwhile stays pending here and reaches the parent
+    after."""
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        proc.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)

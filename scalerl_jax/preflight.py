@@ -416,7 +416,13 @@ def finished_step(cfg, allow_config_change: bool):
 
 
 def complete_message(cfg, step: int) -> str:
+    fit = os.path.join(cfg.workdir, "fit", "fit.txt")
+    where = (
+        f"its scaling fit: {fit}"
+        if os.path.isfile(fit)
+        else f"no scaling fit in it yet: python experiments/fit.py {cfg.workdir}"
+    )
     return (
         f"run already complete at step {step} in {cfg.workdir} (--steps {cfg.steps}); "
-        f"raise --steps above {step} to continue"
+        f"raise --steps above {step} to continue; {where}"
     )

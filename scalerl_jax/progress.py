@@ -226,6 +226,8 @@ class Progress:
         self._extra = {k: v for k, v in self._extra.items() if v is not None}
         self._tokens += float(metrics.get(self.tokens_key) or 0.0) if self.tokens_key else 0.0
         self.step, now, self._updates = int(step), time.monotonic(), self._updates + 1
+        if self._updates == 1:  # the time to the first update includes compiling: no rate
+            self._marks.clear()
         self._marks.append((now, self.step, self._tokens, self._updates))
         if self.bar is not None:
             self.bar.set_postfix_str(self.postfix(), refresh=False)
@@ -240,7 +242,10 @@ class Progress:
             self.bar.set_postfix_str(self.postfix())
 
     def set_forecast(self, record: dict) -> None:
-        """Show a `forecast` record (scaling/forecast.py) after the validation pass rate."""
+        """Show a `forecast` record (scaling/forecast.py) after the validation pass rate; the
+        first one comes with a line saying what the column means."""
+        if self._forecast is None:
+            self.note(forecast_legend(record))
         self._forecast = forecast_text(record)
         if self.bar is not None:
             self.bar.set_postfix_str(self.postfix())
@@ -295,6 +300,8 @@ class Progress:
         if spent is not None:
             eta = tqdm.format_interval(max(self.total - self.step, 0) * spent)
             rest += (" | " if rest else "") + f"{spent:.3g} s/{self.unit} | ETA {eta}"
+        elif self.step < self.total:
+            rest += (" | " if rest else "") + "ETA after the next update (this one compiled)"
         log.info("%s", f"{line} | {rest}" if rest else line)
         self._logged = (now, self.step)
 
@@ -323,6 +330,18 @@ def forecast_text(record: dict) -> str:
     if isinstance(lo, (int, float)) and isinstance(hi, (int, float)):
         text += f"±{(hi - lo) / 2:.2f}"
     return text + (" stable" if record.get("stable") else "")
+
+
+def forecast_legend(record: dict) -> str:
+    """What the `A≈` column is, and why it reads n/a when `record` has no fit."""
+    text = (
+        "A≈: the pass rate the sigmoid fitted to the evaluations so far levels off at "
+        "(± half its 95% interval; 'stable' once it has settled)"
+    )
+    if forecast_text(record) == "A≈ n/a":
+        why = record.get("reason") or "no fit yet"
+        text += f"; n/a until the evaluations support a fit (now: {why})"
+    return text
 
 
 def _fit_line(label: str, fit: Optional[dict], reason: Optional[str], x_label: str) -> str:

@@ -283,6 +283,10 @@ def test_rerunning_a_finished_run_says_it_is_complete(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert (
         f"run already complete at step 5 in {workdir} (--steps 5); raise --steps above 5 "
-        "to continue" in done.stdout
+        f"to continue; no scaling fit in it yet: python experiments/fit.py {workdir}" in done.stdout
     )
     assert sorted(os.listdir(workdir)) == ["checkpoints", "config.json"]  # nothing started
+    (workdir / "fit").mkdir()
+    (workdir / "fit" / "fit.txt").write_text("A 0.7\n")
+    done = run_cli("--workdir", str(workdir), "--steps", "5", *TINY)
+    assert done.returncode == 0 and f"its scaling fit: {workdir}/fit/fit.txt" in done.stdout

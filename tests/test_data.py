@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import logging
 import os
 import random
 import re
@@ -515,3 +516,23 @@ def test_validation_from_its_own_file(tmp_path):
     )
     with pytest.raises(DataError, match="no such file"):
         PromptSource(dataclasses.replace(config, validation_source="{data_dir}/dev.jsonl"))
+
+
+def test_skipped_rows_get_a_console_line_with_the_first_line_number(tmp_path, caplog):
+    rows = [{"problem": f"p{i}", "answer": str(i)} for i in range(99)]
+    rows.insert(41, {"problem": "", "answer": "7"})  # line 42: empty problem
+    path = tmp_path / "train.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    with caplog.at_level(logging.INFO, logger="scalerl_jax.data.prompts"):
+        PromptSource(DataConfig(source=str(path), num_validation=10))
+    (line,) = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
+    assert line == (
+        f"{path}: 1 of 100 rows skipped as malformed (empty 'problem': 1); "
+        f"the first at {path}:42 (empty 'problem')"
+    )
+    caplog.clear()
+    good = tmp_path / "good.jsonl"
+    good.write_text("\n".join(json.dumps(r) for r in rows if r["problem"]) + "\n")
+    with caplog.at_level(logging.INFO, logger="scalerl_jax.data.prompts"):
+        PromptSource(DataConfig(source=str(good), num_validation=10))
+    assert not [r for r in caplog.records if "skipped" in r.getMessage()]

@@ -158,3 +158,26 @@ def test_sigterm_stops_an_evaluation_within_seconds_writing_nothing(run_dir, tmp
         lines.text(),
     ), lines.text()
     assert not out.exists() and not os.path.exists(summary_path(str(out)))
+
+
+def test_data_only_is_scored_and_checked_before_the_model(tmp_path):
+    """--data FILE alone is scored: a recipe's validation source (gsm8k's test.jsonl beside
+    the train file) is neither needed nor read; --data and --recipe fail before any loading."""
+    from _scripts import load_script
+
+    script = load_script("experiments/eval.py", "eval_script")
+    lone = tmp_path / "mine.jsonl"  # no test.jsonl beside it
+    lone.write_text(json.dumps({"question": "1+1?", "answer": "#### 2"}) + "\n")
+    args = script.parse_args(["--recipe", "gsm8k", "--hf-checkpoint", "M", "--data", str(lone)])
+    data, _, validation = script.configs(args, None)
+    assert (data.source, data.validation_source, validation) == (str(lone), None, False)
+    assert data.prompt_field == "question" and data.answer_format == "gsm8k"
+    missing = str(tmp_path / "typo.jsonl")
+    with pytest.raises(script.preflight.UsageError, match="typo.jsonl"):
+        script.configs(script.parse_args(["--hf-checkpoint", "M", "--data", missing]), None)
+
+
+def test_a_bad_data_file_fails_before_the_checkpoint_is_restored(run_dir, tmp_path):
+    done = run_eval("--workdir", run_dir, "--data", str(tmp_path / "typo.jsonl"))
+    assert done.returncode == 2 and "typo.jsonl" in done.stderr, done.stderr[-2000:]
+    assert "restoring step" not in done.stderr and "Traceback" not in done.stderr

@@ -240,3 +240,24 @@ def test_summary_without_fit(tmp_path):
         "validation pass rate: no eval points",
         "fit: none (not run)",
     ]
+
+
+def test_eta_leaves_out_the_compiling_first_step_and_the_forecast_column_is_explained(
+    restore_logging, monkeypatch, caplog
+):
+    clock = itertools.chain([0.0, 100.0, 101.0, 102.0], itertools.repeat(102.0))
+    monkeypatch.setattr(progress, "time", types.SimpleNamespace(monotonic=lambda: next(clock)))
+    with caplog.at_level(logging.INFO, logger="scalerl_jax.progress"):
+        with Progress("rl", 10, stream=io.StringIO(), log_every_steps=1, log_every_s=None) as bar:
+            bar.update(1, TRAIN)  # 100 s: compiling, then the step
+            bar.set_forecast({"ok": False, "reason": "1 point; a fit needs 4"})
+            bar.update(2, TRAIN)  # 1 s a step from here on
+            bar.update(3, TRAIN)
+    lines = [r.getMessage() for r in caplog.records]
+    first, legend, _, third = lines
+    assert first.startswith("rl 1/10") and first.endswith(
+        "ETA after the next update (this one compiled)"
+    )
+    assert third.endswith("| 1 s/step | ETA 00:07") and "A≈ n/a" in third
+    assert legend.startswith("rl: A≈: the pass rate the sigmoid fitted to the evaluations")
+    assert legend.endswith("n/a until the evaluations support a fit (now: 1 point; a fit needs 4)")

@@ -102,7 +102,9 @@ def test_heartbeat_names_nested_phases_only_when_nothing_else_printed(caplog):
                 beat.phase("evaluation", total=8, unit="completions") as ev,
             ):
                 ev.update(2)
-                time.sleep(1.0)
+                time.sleep(0.5)
+                ev.update(3)  # the ETA counts from the first update: before it, compiling
+                time.sleep(0.5)
                 quiet = len(caplog.records)
                 for _ in range(8):  # other output keeps coming: no heartbeat needed
                     beat.printed()
@@ -114,8 +116,10 @@ def test_heartbeat_names_nested_phases_only_when_nothing_else_printed(caplog):
     assert lines[0] == "job: starting"
     beats = lines[1:]
     assert 2 <= len(beats) <= 4, lines  # ~1 s of silence at 0.3 s intervals
-    assert all(b.startswith("rl step 2/5 > evaluation: 2/8 completions (00:0") for b in beats)
-    assert "ETA" in beats[-1]
+    assert all(b.startswith("rl step 2/5 > evaluation: ") for b in beats)
+    assert beats[-1].startswith("rl step 2/5 > evaluation: 3/8 completions (00:0")
+    assert re.search(r"ETA 00:0[1-5]\)$", beats[-1])  # ~0.5 s a completion since the 2nd, 5 left
+    assert all("ETA after the next update" in b for b in beats if "2/8" in b)
     assert beat.line() == "working"  # the phases ended with their blocks
 
 

@@ -16,7 +16,8 @@ from scalerl_jax.config import (
 )
 
 # everything built from scalerl (testbed-mix is built from testbed: tests/test_multitask.py)
-DERIVED = [n for n in recipes.RECIPES if not n.startswith("testbed")]
+# gsm8k-laptop documents its difference from gsm8k (test_gsm8k_laptop_is_gsm8k_cut_down).
+DERIVED = [n for n in recipes.RECIPES if not n.startswith("testbed") and n != "gsm8k-laptop"]
 
 
 def flatten(tree, prefix=""):
@@ -182,6 +183,19 @@ def test_gsm8k_block_is_the_override_set_from_scalerl():
     assert dataclasses.replace(built, workdir="w") == dataclasses.replace(
         recipes.get("gsm8k"), workdir="w"
     )
+
+
+def test_gsm8k_laptop_is_gsm8k_cut_down():
+    """Its documented block, as command-line overrides on gsm8k, builds it; it reaches two RL
+    steps with an evaluation before and after them, and fits the gsm8k recipe's lengths."""
+    items = [f"{k}={v}" for k, v in recipes.documented_diff("gsm8k-laptop", base="gsm8k").items()]
+    built = apply_overrides(recipes.get("gsm8k"), items)
+    laptop = recipes.get("gsm8k-laptop")
+    assert dataclasses.replace(built, workdir="w") == dataclasses.replace(laptop, workdir="w")
+    assert laptop.steps == 2 and laptop.eval.every_steps == 2 and laptop.checkpoint_every == 2
+    s = laptop.sampler
+    assert s.max_prefill_length + s.max_new_tokens <= s.max_target_length
+    assert laptop.workdir == "runs/gsm8k-laptop-smollm2-135m"
 
 
 def test_gsm8k_sources_follow_the_data_flag():

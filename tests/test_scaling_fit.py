@@ -283,3 +283,21 @@ def test_a_fit_stopped_while_improving_says_where_it_was():
     assert re.search(r"at A = 0\.\d{3}, C_mid = ", stopped.reason), stopped.reason
     polished = fit_curve(curve, FitSpec(polish_steps=200))
     assert not polished.ok and "A <= 1 bound" in polished.reason
+
+
+def test_sigmoid_law_far_from_its_midpoint_is_exact_and_silent():
+    """No overflow warning far below C_mid (1 / (1 + exp(z)) with z ~ 1e3), same values as the
+    textbook form where that one is finite, numpy and jax alike."""
+    import jax.numpy as jnp
+
+    C = np.array([1e-300, 1e-3, 1.0, 40.0, 1e6, 1e300])
+    A, B, C_mid, R0 = 0.74, 2.5, 40.0, 0.1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = sigmoid_law(C, A, B, C_mid, R0)
+    assert got[0] == pytest.approx(R0) and got[-1] == pytest.approx(A)
+    textbook = R0 + (A - R0) / (1.0 + np.exp(B * (np.log(C_mid) - np.log(C[1:-1]))))
+    np.testing.assert_allclose(got[1:-1], textbook, rtol=1e-12)
+    np.testing.assert_allclose(
+        np.asarray(sigmoid_law(jnp.asarray(C[1:-1]), A, B, C_mid, R0)), textbook, rtol=1e-5
+    )

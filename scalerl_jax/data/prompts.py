@@ -189,6 +189,22 @@ def check_bad_fraction(stats: LoadStats, source: str, max_bad_fraction: float) -
         )
 
 
+def log_skipped(stats: LoadStats, source: str) -> None:
+    """One console line for the malformed rows a load skipped (within max_bad_fraction)."""
+    if stats.num_bad:
+        reasons = ", ".join(f"{k}: {v}" for k, v in sorted(stats.bad.items()))
+        where, why = stats.bad_examples[0]
+        log.warning(
+            "%s: %d of %d rows skipped as malformed (%s); the first at %s (%s)",
+            source,
+            stats.num_bad,
+            stats.records,
+            reasons,
+            where,
+            why,
+        )
+
+
 def _number_or_text(value: str) -> Any:
     for kind in (int, float):
         try:
@@ -292,6 +308,7 @@ class PromptSource:
         self.process_index, self.process_count = process_index, process_count
         self.domain = domain
         rows, self.stats = load_rows(config, id_field, check_answer)
+        log_skipped(self.stats, config.source)
         self.validation_stats: Optional[LoadStats] = None
         self.num_overlap = 0  # training rows dropped: their problem is a validation prompt's
         val_path = config.validation_path()
@@ -300,6 +317,7 @@ class PromptSource:
                 config, source=val_path, split=config.validation_split, validation_source=None
             )
             val_rows, self.validation_stats = load_rows(val_config, id_field, check_answer)
+            log_skipped(self.validation_stats, val_path)
             val_rows = [
                 r._replace(prompt_id=f"{config.validation_split}:{r.prompt_id}") for r in val_rows
             ]

@@ -32,7 +32,7 @@ from scalerl_jax.recipes.paper import (
     scalerl_gen24,
     scalerl_gen32,
 )
-from scalerl_jax.recipes.testbeds import gsm8k, testbed, testbed_mix
+from scalerl_jax.recipes.testbeds import gsm8k, gsm8k_laptop, testbed, testbed_mix
 
 # What a recipe changes when it runs on an accelerator (a GPU, or a TPU slice with --tpu)
 # instead of this CPU: groups of KEY=VALUE overrides. experiments/run.py applies them through
@@ -107,6 +107,10 @@ RECIPES: dict[str, tuple[Callable[..., RunConfig], str]] = {
     "scalerl-gen32": (scalerl_gen32, "ScaleRL, 32 generations per prompt: 24 x 32 = 768"),
     "scalerl-32k": (scalerl_32k, "ScaleRL generating 32k tokens: 30,720 thinking + 2,048 answer"),
     "gsm8k": (gsm8k, "ScaleRL on GSM8K with SmolLM2-135M: chat, \\boxed{} answers, SFT then RL"),
+    "gsm8k-laptop": (
+        gsm8k_laptop,
+        "gsm8k cut down for a laptop CPU: 2 SFT steps, 2 RL steps, 4 test problems",
+    ),
 }
 LOO_PIECES = tuple(n[len(LOO_PREFIX) :] for n in RECIPES if n.startswith(LOO_PREFIX))
 

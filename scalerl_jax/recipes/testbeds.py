@@ -170,7 +170,7 @@ def gsm8k(model: str = GSM8K_MODEL, **overrides) -> RunConfig:
     template; any other HF model works the same way), sized to run on a 2-core CPU:
 
         python experiments/run.py --recipe gsm8k --hf-checkpoint DIR \
-            --data ../shared/data/gsm8k/train.jsonl
+            --data data/gsm8k/train.jsonl
 
     Prompts: the chat template with a system prompt asking for step-by-step reasoning and a
     \boxed{} answer; reference answers read from GSM8K's worked solutions by the "gsm8k"
@@ -218,7 +218,7 @@ def gsm8k(model: str = GSM8K_MODEL, **overrides) -> RunConfig:
         model.remat = True
         pipeline.prompts_per_step = 4
         pipeline.generations_per_prompt = 4
-        data.source = "../shared/data/gsm8k/train.jsonl"
+        data.source = "data/gsm8k/train.jsonl"  # GSM8K as JSONL: docs/real-models.md
         data.prompt_field = "question"
         data.answer_format = "gsm8k"
         data.system_prompt = ("Please reason step by step, and put your final answer within "
@@ -260,7 +260,7 @@ def gsm8k(model: str = GSM8K_MODEL, **overrides) -> RunConfig:
         pipeline=dataclasses.replace(cfg.pipeline, prompts_per_step=4, generations_per_prompt=4),
         data=dataclasses.replace(
             cfg.data,
-            source="../shared/data/gsm8k/train.jsonl",
+            source="data/gsm8k/train.jsonl",
             prompt_field="question",
             answer_field="answer",
             answer_format="gsm8k",
@@ -290,5 +290,56 @@ def gsm8k(model: str = GSM8K_MODEL, **overrides) -> RunConfig:
         workdir=f"runs/gsm8k-{model}",
         steps=200,
         checkpoint_every=10,
+    )
+    return dataclasses.replace(cfg, **overrides) if overrides else cfg
+
+
+def gsm8k_laptop(model: str = GSM8K_MODEL, **overrides) -> RunConfig:
+    """`gsm8k` cut down to show the whole pipeline on a laptop CPU in minutes: a 2-step SFT
+    warm-up, two RL steps of 2 prompts x 4 samples (the sampler at most one step ahead), an
+    evaluation of 4 test problems before and after them, completions of at most 64 tokens.
+    Too short to learn anything (most completions are cut off before their answer); it is the
+    real model and data going through every stage, and compilation is most of its time:
+    7 min 37 s in all on a 2-core CPU shared with other jobs (load 7-11), 6.1 GiB at most.
+    The block below is the override set that turns `gsm8k` into this recipe.
+
+    Differs from gsm8k:
+        sampler.max_concurrent_decodes = 8
+        sampler.max_target_length = 320
+        sampler.max_new_tokens = 64
+        pipeline.prompts_per_step = 2
+        pipeline.max_lag = 1
+        optim.micro_batches = 2
+        eval.every_steps = 2
+        eval.num_prompts = 4
+        sft.steps = 2
+        sft.batch_size = 2
+        sft.max_length = 384
+        sft.optim.total_steps = 2
+        sft.optim.warmup_steps = 1
+        steps = 2
+        checkpoint_every = 2
+    """
+    base = gsm8k(model)
+    base_sft = base.sft
+    assert base_sft is not None  # gsm8k() has an SFT stage
+    cfg = dataclasses.replace(
+        base,
+        sampler=dataclasses.replace(
+            base.sampler, max_concurrent_decodes=8, max_target_length=320, max_new_tokens=64
+        ),
+        pipeline=dataclasses.replace(base.pipeline, prompts_per_step=2, max_lag=1),
+        optim=dataclasses.replace(base.optim, micro_batches=2),
+        eval=dataclasses.replace(base.eval, every_steps=2, num_prompts=4),
+        sft=dataclasses.replace(
+            base_sft,
+            steps=2,
+            batch_size=2,
+            max_length=384,
+            optim=dataclasses.replace(base_sft.optim, total_steps=2, warmup_steps=1),
+        ),
+        steps=2,
+        checkpoint_every=2,
+        workdir=f"runs/gsm8k-laptop-{model}",
     )
     return dataclasses.replace(cfg, **overrides) if overrides else cfg

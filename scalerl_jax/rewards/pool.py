@@ -45,6 +45,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
+from scalerl_jax.interrupt import start_child
 from scalerl_jax.rewards.pool_child import child_main as _child_main
 
 Verifier = Callable[[str, str], bool]
@@ -336,7 +337,7 @@ class _Child:
         self.proc = ctx.Process(
             target=_child_main, args=(child_conn, memory_mb), daemon=True, name="reward-verifier"
         )
-        self.proc.start()
+        start_child(self.proc)
         child_conn.close()
         try:
             reply = self.conn.recv() if self.conn.poll(start_timeout_s) else None

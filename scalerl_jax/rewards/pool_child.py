@@ -14,6 +14,7 @@ bounded by the parent, which kills a child that runs past the item's limit.
 """
 
 import os
+import signal
 import pickle
 
 
@@ -39,6 +40,9 @@ def limit_memory(memory_mb) -> None:
 
 
 def child_main(conn, memory_mb=None) -> None:
+    # Ctrl-C is the parent's to handle, and it stops this child (interrupt.start_child).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     try:
         limit_memory(memory_mb)
     except (ValueError, OSError) as e:  # the parent reports the child as not ready

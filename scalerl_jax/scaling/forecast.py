@@ -41,6 +41,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from scalerl_jax import metrics
+from scalerl_jax.interrupt import start_child
 from scalerl_jax.scaling.bootstrap import bootstrap_fit
 from scalerl_jax.scaling.compare import A_MARGIN
 from scalerl_jax.scaling.fit import Curve, FitSpec, fit_curve
@@ -294,7 +295,7 @@ class ProcessRunner:
             name="scalerl-forecast",
         )
         self._conn, self._proc = conn, proc
-        proc.start()
+        start_child(proc)
         child_conn.close()
         if not conn.poll(self.start_timeout_s) or conn.recv() != "ready":
             self.close()

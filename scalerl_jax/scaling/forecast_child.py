@@ -10,12 +10,16 @@ scaling/forecast.py, its parent's module).
 
 import importlib
 import os
+import signal
 import sys
 
 
 def child_main(conn, nice: int, fn: str) -> None:
     """Answer each (x, y, kwargs) from `conn` with ("ok", fn(x, y, **kwargs)) or ("err", why);
     `fn` is "package.module:function"."""
+    # Ctrl-C is the parent's to handle, and it stops this child (interrupt.start_child).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     os.environ["JAX_PLATFORMS"] = "cpu"
     try:
         os.nice(nice)  # the whole process, XLA's compile and compute threads included

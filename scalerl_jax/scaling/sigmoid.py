@@ -27,7 +27,8 @@ PARAMS = ("A", "B", "C_mid", "R0")
 def sigmoid_law(C, A, B, C_mid, R0):
     """R(C) for C > 0; numpy or jax arrays, broadcasting."""
     xp = jnp if isinstance(C, jax.Array) else np
-    return R0 + (A - R0) / (1.0 + xp.exp(B * (xp.log(C_mid) - xp.log(C))))
+    # 1 / (1 + exp(z)) as (1 - tanh(z / 2)) / 2: equal, and no overflow far below C_mid.
+    return R0 + (A - R0) * 0.5 * (1.0 - xp.tanh(0.5 * B * (xp.log(C_mid) - xp.log(C))))
 
 
 def _predict(theta, u, aux):

@@ -241,11 +241,13 @@ def run_sft(
     hf_checkpoint: Optional[str] = None,
     logprob_chunk: Optional[int] = 512,
     on_step: Optional[Callable[[int, dict], None]] = None,
+    on_trained: Optional[Callable[[int], None]] = None,
 ) -> str:
     """Run the warm-up unless `out_dir` already holds a finished one; returns the HF model dir.
 
     Starts from `hf_checkpoint` when given, else from a random init with `seed`. `on_step(step,
-    metrics)` is called after every logged step (progress display). Collective in multi-process
+    metrics)` is called after every logged step (progress display), `on_trained(step)` after
+    every step. Collective in multi-process
     runs: every process calls it with the same arguments; process 0 writes.
     """
     if is_done(out_dir):
@@ -305,6 +307,8 @@ def run_sft(
             cursor += sft.batch_size
             tokens_done += float(batch["loss_mask"].sum())
             state, metrics = step_fn(state, batch)
+            if on_trained is not None:
+                on_trained(step)
             if step % sft.log_every == 0 or step in (1, sft.steps):
                 metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
                 metrics["tokens_per_s"] = tokens_done / max(time.monotonic() - t0, 1e-9)

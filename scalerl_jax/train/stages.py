@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-from typing import Optional
+from typing import Callable, Optional
 
 import jax
 
@@ -24,8 +24,17 @@ from scalerl_jax.train import sft as sft_lib
 log = logging.getLogger(__name__)
 
 
-def warm_up(cfg: RunConfig, sft: SFTConfig, mesh, tokenizer, validation, tracker: Tracker) -> str:
-    """The SFT stage (reused when WORKDIR/sft is complete); returns its HF model directory."""
+def warm_up(
+    cfg: RunConfig,
+    sft: SFTConfig,
+    mesh,
+    tokenizer,
+    validation,
+    tracker: Tracker,
+    on_trained: Optional[Callable[[int], None]] = None,
+) -> str:
+    """The SFT stage (reused when WORKDIR/sft is complete); returns its HF model directory.
+    `on_trained(step)` after each step (the stop line says how many an exit would lose)."""
     out = os.path.join(cfg.workdir, "sft")
     if sft_lib.is_done(out):
         return sft_lib.model_dir(out)
@@ -58,6 +67,7 @@ def warm_up(cfg: RunConfig, sft: SFTConfig, mesh, tokenizer, validation, tracker
             hf_checkpoint=cfg.hf_checkpoint,
             logprob_chunk=sft.optim.logprob_chunk,
             on_step=on_step,
+            on_trained=on_trained,
         )
 
 

@@ -113,12 +113,24 @@ def open_policy(
     )
     checkpoints.install_signal_handlers()
     cleanup.callback(checkpoints.close)
+    sft_trained = [0]  # steps of an SFT warm-up under way: it keeps no checkpoint of its own
+
+    def lost() -> str:
+        if sft_trained[0] and cfg.sft is not None:
+            return (
+                f"the SFT warm-up's {sft_trained[0]} of {cfg.sft.steps} steps are lost (it is "
+                "saved only when it ends; re-running the same command starts it over)"
+            )
+        return (
+            "nothing trained since the last checkpoint, so nothing to save (re-run the same "
+            "command to resume)"
+        )
+
     cleanup.enter_context(
         Watchdog(
             can_exit=lambda: not first_step_done.is_set(),
             describe=HEARTBEAT.line,
-            nothing_lost="nothing trained since the last checkpoint, so nothing to save (re-run "
-            "the same command to resume)",
+            nothing_lost=lost,
             acknowledged=lambda: checkpoints.stop_signal is not None,
         )
     )
@@ -132,8 +144,15 @@ def open_policy(
         init = cfg.hf_checkpoint
         if cfg.sft is not None:
             init = stages.warm_up(
-                cfg, cfg.sft, trainer_mesh, tokenizer, source.validation(), tracker
+                cfg,
+                cfg.sft,
+                trainer_mesh,
+                tokenizer,
+                source.validation(),
+                tracker,
+                on_trained=lambda step: sft_trained.__setitem__(0, step),
             )
+            sft_trained[0] = 0  # written: nothing of it is lost any more
         model_cfg, graphdef, state = state_lib.create_train_state(
             cfg.model, cfg.optim, trainer_mesh, seed=cfg.seed, hf_checkpoint=init
         )
