@@ -215,7 +215,9 @@ class Progress:
                 unit=unit,
                 file=self.stream,
                 mininterval=0.5,
-                smoothing=0.1,
+                # tqdm's own rate and ETA would count the first update's compile: ours follow.
+                bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} "
+                "[{elapsed}{postfix}]",
                 **width,
             )
 
@@ -230,7 +232,7 @@ class Progress:
             self._marks.clear()
         self._marks.append((now, self.step, self._tokens, self._updates))
         if self.bar is not None:
-            self.bar.set_postfix_str(self.postfix(), refresh=False)
+            self.bar.set_postfix_str(self._bar_postfix(), refresh=False)
             self.bar.update(self.step - self.bar.n)
             HEARTBEAT.printed()  # the redrawn bar is news enough
         elif self._due(now):
@@ -239,7 +241,7 @@ class Progress:
     def set_eval(self, step: int, pass_rate: Optional[float]) -> None:
         self._eval = (int(step), pass_rate)
         if self.bar is not None:
-            self.bar.set_postfix_str(self.postfix())
+            self.bar.set_postfix_str(self._bar_postfix())
 
     def set_forecast(self, record: dict) -> None:
         """Show a `forecast` record (scaling/forecast.py) after the validation pass rate; the
@@ -248,7 +250,7 @@ class Progress:
             self.note(forecast_legend(record))
         self._forecast = forecast_text(record)
         if self.bar is not None:
-            self.bar.set_postfix_str(self.postfix())
+            self.bar.set_postfix_str(self._bar_postfix())
 
     def note(self, text: str) -> None:
         """A one-off line above the bar (a log line when there is no bar)."""
@@ -293,15 +295,22 @@ class Progress:
         by_time = self.log_every_s is not None and now - last_t >= self.log_every_s
         return bool(by_steps or by_time)
 
+    def eta(self) -> Optional[str]:
+        """'s/step | ETA h:mm:ss' from the rate after the first update (which compiled), or
+        what is waited for; None when done."""
+        spent = self.rates()[1]
+        if spent is not None:
+            eta = tqdm.format_interval(max(self.total - self.step, 0) * spent)
+            return f"{spent:.3g} s/{self.unit} | ETA {eta}"
+        return "ETA after the next update (this one compiled)" if self.step < self.total else None
+
+    def _bar_postfix(self) -> str:
+        return " | ".join(p for p in (self.postfix(), self.eta()) if p)
+
     def _log_line(self, now: float) -> None:
         pct = 100.0 * self.step / self.total if self.total else 100.0
         line = f"{self.desc} {self.step}/{self.total} ({pct:.0f}%)"
-        rest, spent = self.postfix(), self.rates()[1]
-        if spent is not None:
-            eta = tqdm.format_interval(max(self.total - self.step, 0) * spent)
-            rest += (" | " if rest else "") + f"{spent:.3g} s/{self.unit} | ETA {eta}"
-        elif self.step < self.total:
-            rest += (" | " if rest else "") + "ETA after the next update (this one compiled)"
+        rest = " | ".join(p for p in (self.postfix(), self.eta()) if p)
         log.info("%s", f"{line} | {rest}" if rest else line)
         self._logged = (now, self.step)
 
