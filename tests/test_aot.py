@@ -123,11 +123,20 @@ def test_libtpu_dir_is_put_on_the_path(monkeypatch, tmp_path):
     assert sys.path[0] == str(tmp_path)
 
 
-def test_local_devices_compile_the_same_programs(capsys):
-    """No --tpu: the programs compile for this host's devices (the 8 fake CPUs) the same way."""
+def test_local_devices_compile_the_same_programs(monkeypatch, capsys):
+    """No --tpu: the programs compile for this host's devices (the 8 fake CPUs) the same way;
+    colocated, the train step's chip also holds the sampler's weights and decode state."""
+    seen: list = []
+    monkeypatch.setattr(aot, "compile_all", _recording(aot.compile_all, seen))
     code = RUN.main(["--compile", *SMALL, "--colocate", "mesh.fsdp=8"])
     out = capsys.readouterr().out
     assert code == 0, out
     assert "compile for 8 cpu device(s)" in out
-    for name in PROGRAMS[:4]:
-        assert f"  {name} " in out
+    programs, target = seen
+    assert [p.name for p in programs[:-1]] == list(PROGRAMS[:-1])
+    assert programs[-1].name == "generate 64 slots x 1 steps, window 128"  # as configured
+    assert target.colocated and target.chip is None
+    by_name = {p.name: p for p in programs}
+    sampler_side = programs[-1].arguments
+    assert 0.5 < by_name["train step"].resident / sampler_side < 2  # its params + decode state
+    assert by_name["state init"].resident == 0  # before the sampler exists

@@ -32,7 +32,7 @@ LIBTPU_DIR = "SCALERL_LIBTPU_DIR"  # a directory holding libtpu, put on sys.path
 
 
 # ------------------------------------------------------------------------------- devices
-def _libtpu_pin() -> str:
+def libtpu_pin() -> str:
     """The libtpu requirement of the installed jax's `tpu` extra, e.g. `libtpu==0.0.42.*`."""
     for req in importlib.metadata.requires("jax") or []:
         name, _, marker = req.partition(";")
@@ -45,8 +45,8 @@ def install_hint() -> str:
     v = jax.__version__
     return (
         f"compiling for a TPU slice needs libtpu (the TPU compiler) on this host: pip install "
-        f'"jax[tpu]=={v}" (pulls {_libtpu_pin()}), or, so that other starts do not load it, '
-        f'pip install --target DIR "{_libtpu_pin()}" and set {LIBTPU_DIR}=DIR'
+        f'"jax[tpu]=={v}" (pulls {libtpu_pin()}), or, so that other starts do not load it, '
+        f'pip install --target DIR "{libtpu_pin()}" and set {LIBTPU_DIR}=DIR'
     )
 
 
@@ -180,9 +180,6 @@ class _Lowered:
         self.name, self.role, self.lowered = name, role, fn.lower(*args)
         self.seconds = time.perf_counter() - t0
 
-    def outputs(self):
-        return _abstract_out(self.lowered)
-
 
 def programs(cfg: RunConfig, devices, held: dict) -> Iterator[_Lowered]:
     """Every program of the run, lowered in the order the run runs them, on the meshes
@@ -199,7 +196,11 @@ def programs(cfg: RunConfig, devices, held: dict) -> Iterator[_Lowered]:
     tmesh = mesh_lib.trainer_mesh(cfg.mesh, split.trainer)
     smesh = mesh_lib.sampler_mesh(cfg.mesh, split.sampler)
     graphdef, abstract = state_lib.abstract_train_state(cfg.model, cfg.optim, tmesh, cfg.seed)
-    held["train"] = per_chip_bytes(abstract)
+    engine = Engine(cfg.model, smesh, cfg.sampler, seed=cfg.seed)  # as startup.open_sampler
+    params = state_lib.with_shardings(engine.abstract_params, engine.param_shardings)
+    state = state_lib.with_shardings(jax.eval_shape(engine._init), engine.state_shardings)
+    held.update(train=per_chip_bytes(abstract), params=per_chip_bytes(params))
+    held["decode"] = per_chip_bytes(state)
     if cfg.sft is not None:  # the warm-up: its own state; RL then loads the model it exports
         _, sft_state = state_lib.abstract_train_state(cfg.model, cfg.sft.optim, tmesh, cfg.seed)
         init = state_lib.init_program(cfg.model, cfg.sft.optim, sft_state, cfg.seed)
@@ -223,26 +224,21 @@ def programs(cfg: RunConfig, devices, held: dict) -> Iterator[_Lowered]:
     step_fn = train.jitted  # type: ignore[attr-defined]
     yield _Lowered("train step", "trainer", step_fn, abstract, _train_batch(cfg, tmesh))
 
-    engine = Engine(cfg.model, smesh, cfg.sampler, seed=cfg.seed)  # as startup.open_sampler
-    params = state_lib.with_shardings(engine.abstract_params, engine.param_shardings)
-    held["params"] = per_chip_bytes(params)
     sync = WeightSync.for_engine(tmesh, engine)
     for i, (fn, args) in enumerate(sync.programs(abstract.params)):
         yield _Lowered(f"weight sync {i + 1}", "sync", fn, args)
     # The engine's own jitted functions (those Engine.precompile runs), on the longest prompt
     # and the whole cache window.
-    init = _Lowered("decode state init", "sampler", engine._init)
-    state = init.outputs()
-    held["decode"] = per_chip_bytes(state)
-    yield init
+    yield _Lowered("decode state init", "sampler", engine._init)
     rep = engine._replicated
     t, b = engine.max_prefill_length, engine.max_concurrent_decodes
     prompt = (_struct((1, t), jnp.int32, rep), _struct((1,), jnp.int32, rep))
     prefill = _Lowered(f"prefill 1x{t}", "sampler", engine._prefill, params, *prompt)
     yield prefill
+    prefix = _abstract_out(prefill.lowered)
     slots = (_struct((2, b), jnp.int32, rep), _struct((), jnp.int32, rep))
     keys = (_struct((b, 2), jnp.uint32, rep), _struct((), jnp.bool_, rep))
-    yield _Lowered("insert", "sampler", engine._insert, prefill.outputs(), state, *slots, *keys)
+    yield _Lowered("insert", "sampler", engine._insert, prefix, state, *slots, *keys)
     s, k = engine.max_target_length, engine.decode_steps_per_call
     name = f"generate {b} slots x {k} steps, window {s}"
     yield _Lowered(name, "sampler", engine._generate, jax.tree.leaves(params), state, s)
