@@ -59,22 +59,30 @@ def planned_config(argv: list[str]):
 
 
 def efficiency(p: aot.Program, cfg, the_plan) -> dict:
-    """Ratios of XLA's cost analysis to the roofline's own counts (1.0 = nothing extra)."""
+    """Ratios of XLA's cost analysis to the roofline's own counts (1.0 = nothing extra), for
+    loop-free programs only: XLA's cost analysis counts a loop body once (a 10-step lax.scan
+    of matmuls reports one matmul's FLOPs, measured for v5p), so a step with micro-batches,
+    chunked log-probs or several decode steps per call is reported as `loops`."""
     from scalerl_jax.models.transformer import num_flops_per_token
 
     lay = the_plan.layout
     if p.name == "train step":
         t = plan.seq_len(cfg)
-        rows = plan.rows_per_chip(cfg, lay.trainer_mesh[0] * lay.trainer_mesh[1], lay.micro_batches)
-        tokens = lay.micro_batches * rows * t * lay.trainer_mesh[1] * lay.trainer_mesh[0]
+        chunk = cfg.optim.logprob_chunk
+        if lay.micro_batches > 1 or (chunk is not None and chunk < t):
+            return {"flops_ratio": "loops (micro-batches or log-prob chunks)"}
+        shards = lay.trainer_mesh[0] * lay.trainer_mesh[1]
+        tokens = plan.rows_per_chip(cfg, shards, 1) * shards * t
         fwd = num_flops_per_token(cfg.model, t, training=False)
-        per_token = 3 * fwd + (fwd if lay.remat else 0)
+        # remat ("full") recomputes each block's forward, not the LM head's
+        head = 2 * cfg.model.vocab_size * cfg.model.hidden_size
+        per_token = 3 * fwd + (fwd - head if lay.remat else 0)
         model = per_token * tokens / lay.trainer_chips
         return {"model_flops": model, "flops_ratio": p.flops / model}
     if p.name.startswith("generate"):
-        smem = the_plan.sampler
-        steps = cfg.sampler.decode_steps_per_call
-        need = (smem.params + smem.kv_cache) * steps
+        if cfg.sampler.decode_steps_per_call > 1:
+            return {"bytes_ratio": "loops (decode_steps_per_call > 1)"}
+        need = the_plan.sampler.params + the_plan.sampler.kv_cache
         return {"weights_kv_bytes": need, "bytes_ratio": p.bytes_accessed / need}
     return {}
 

@@ -140,3 +140,23 @@ def test_local_devices_compile_the_same_programs(monkeypatch, capsys):
     sampler_side = programs[-1].arguments
     assert 0.5 < by_name["train step"].resident / sampler_side < 2  # its params + decode state
     assert by_name["state init"].resident == 0  # before the sampler exists
+
+
+def test_programs_for_a_tpu_are_traced_with_the_tpu_kernels():
+    """On a CPU host the TPU programs must still take the TPU's code paths (here MoE's native
+    ragged_dot instead of the CPU's blocked matmul)."""
+    import jax
+    import jax.numpy as jnp
+
+    from scalerl_jax.models import layers, moe
+
+    args = (jnp.ones((16, 8)), jnp.ones((2, 8, 4)), jnp.array([8, 8], jnp.int32))
+
+    def primitives():  # a new function each time: make_jaxpr caches traces by function
+        return str(jax.make_jaxpr(lambda *a: moe.grouped_matmul(*a))(*args))
+
+    assert "ragged_dot" not in primitives()
+    with layers.target_platform("tpu"):
+        assert layers._platform() == "tpu"
+        assert "ragged_dot" in primitives()
+    assert layers._platform() == "cpu"

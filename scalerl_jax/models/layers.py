@@ -8,6 +8,8 @@ and are cast to `compute_dtype` at use, so bf16 compute over fp32 master weights
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 from typing import Optional
 
@@ -316,8 +318,29 @@ def _attend_block(q, k, v, mask, k_spec="bskd", v_spec="bskd"):
     return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, hd)
 
 
+# Set while tracing for other devices than this host's (plan/aot.py compiles TPU programs on a
+# CPU host): the kernels chosen must be the target's, not the host's.
+_TARGET_PLATFORM: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar(
+    "target_platform", default=None
+)
+
+
+@contextlib.contextmanager
+def target_platform(platform: Optional[str]):
+    """Trace for `platform` ("tpu", "cuda", "rocm", "cpu"; None: this host's backend)."""
+    token = _TARGET_PLATFORM.set(platform)
+    try:
+        yield
+    finally:
+        _TARGET_PLATFORM.reset(token)
+
+
 def _platform() -> str:
-    """ "cuda", "rocm", "tpu" or "cpu": the default backend, GPUs told apart by their runtime."""
+    """ "cuda", "rocm", "tpu" or "cpu": the target of `target_platform`, else the default
+    backend, GPUs told apart by their runtime."""
+    target = _TARGET_PLATFORM.get()
+    if target is not None:
+        return target
     backend = jax.default_backend()
     if backend == "gpu":
         return "cuda" if "cuda" in jax.devices()[0].client.platform_version.lower() else "rocm"

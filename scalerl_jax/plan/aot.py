@@ -295,33 +295,39 @@ def compile_all(
 ) -> list[Program]:
     """Compile every program of `programs(cfg, devices)` (those `select` takes, by name; the
     others are only lowered); `on_program` sees each as it ends."""
+    from scalerl_jax.models.layers import target_platform
+
     out: list[Program] = []
     held: dict = {}
-    for p in programs(cfg, devices, held):
-        if select is not None and not select(p.name):
-            continue
-        t0 = time.perf_counter()
-        compiled = p.lowered.compile()
-        seconds = p.seconds + time.perf_counter() - t0
-        mem = compiled.memory_analysis()
-        cost = compiled.cost_analysis()
-        cost = (cost[0] if cost else {}) if isinstance(cost, list) else (cost or {})
-        args = int(mem.argument_size_in_bytes)
-        prog = Program(
-            p.name,
-            seconds,
-            args,
-            int(mem.output_size_in_bytes),
-            int(mem.temp_size_in_bytes),
-            int(mem.alias_size_in_bytes),
-            _resident(p.name, p.role, held, target, args),
-            float(cost.get("flops", 0.0)),
-            float(cost.get("bytes accessed", 0.0)),
-            _estimate(p.name, p.role, target),
-        )
-        out.append(prog)
-        on_program(prog)
+    tpu = devices[0].platform == "tpu" and jax.default_backend() != "tpu"
+    with target_platform("tpu" if tpu else None):  # the TPU's kernels (splash attention, ...)
+        for p in programs(cfg, devices, held):
+            if select is None or select(p.name):
+                out.append(_compile(p, held, target))
+                on_program(out[-1])
     return out
+
+
+def _compile(p: _Lowered, held: dict, target: Target) -> Program:
+    t0 = time.perf_counter()
+    compiled = p.lowered.compile()
+    seconds = p.seconds + time.perf_counter() - t0
+    mem = compiled.memory_analysis()
+    cost = compiled.cost_analysis()
+    cost = (cost[0] if cost else {}) if isinstance(cost, list) else (cost or {})
+    args = int(mem.argument_size_in_bytes)
+    return Program(
+        p.name,
+        seconds,
+        args,
+        int(mem.output_size_in_bytes),
+        int(mem.temp_size_in_bytes),
+        int(mem.alias_size_in_bytes),
+        _resident(p.name, p.role, held, target, args),
+        float(cost.get("flops", 0.0)),
+        float(cost.get("bytes accessed", 0.0)),
+        _estimate(p.name, p.role, target),
+    )
 
 
 # -------------------------------------------------------------------------------- report
