@@ -118,7 +118,8 @@ def main(argv=None) -> int:
             "flops": prog.flops,
             "bytes_accessed": prog.bytes_accessed,
             "roofline_s": prog.roofline(target.chip),
-            **efficiency(prog, cfg, the_plan),
+            "refused": prog.refused,
+            **({} if prog.refused else efficiency(prog, cfg, the_plan)),
         }
         rows.append(row)
         print(json.dumps(row))

@@ -160,3 +160,25 @@ def test_programs_for_a_tpu_are_traced_with_the_tpu_kernels():
         assert layers._platform() == "tpu"
         assert "ragged_dot" in primitives()
     assert layers._platform() == "cpu"
+
+
+def test_a_program_xla_refuses_for_lack_of_hbm_is_named():
+    """XLA refuses to compile a program whose buffers exceed the chip's HBM: that is a plan
+    that does not fit, reported with XLA's figures, not a crash."""
+    _need_libtpu()
+    from scalerl_jax import plan, recipes
+    from scalerl_jax.config import apply_overrides
+
+    cfg = apply_overrides(
+        recipes.get("scalerl", model="tiny-qwen2"),
+        ["sampler.max_concurrent_decodes=4096", "sampler.max_target_length=1048576"],
+    )
+    topo = plan.topology("v5p-8")
+    target = aot.Target(topo.name, int(95 * 2**30), topo.chip, False)
+    done = aot.compile_all(
+        cfg, aot.tpu_devices(topo), target, select=lambda name: name == "decode state init"
+    )
+    assert [p.name for p in done] == ["decode state init"]
+    assert done[0].refused and "HBM" in done[0].refused
+    line = aot.problem(done, target)
+    assert line.startswith("decode state init does not fit v5p-8: ") and "\n" not in line

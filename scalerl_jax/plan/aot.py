@@ -100,6 +100,7 @@ class Program:
     flops: float
     bytes_accessed: float
     estimate: Optional[int]  # the planner's bytes for the same program, when it has one
+    refused: Optional[str] = None  # XLA's reason when it refused to compile it (out of HBM)
 
     @property
     def total(self) -> int:
@@ -310,7 +311,15 @@ def compile_all(
 
 def _compile(p: _Lowered, held: dict, target: Target) -> Program:
     t0 = time.perf_counter()
-    compiled = p.lowered.compile()
+    try:
+        compiled = p.lowered.compile()
+    except jax.errors.JaxRuntimeError as err:  # XLA refuses a program larger than the HBM
+        if "RESOURCE_EXHAUSTED" not in str(err):
+            raise
+        seconds = p.seconds + time.perf_counter() - t0
+        reason = str(err).strip().splitlines()[0]
+        est = _estimate(p.name, p.role, target)
+        return Program(p.name, seconds, 0, 0, 0, 0, 0, 0.0, 0.0, est, refused=reason)
     seconds = p.seconds + time.perf_counter() - t0
     mem = compiled.memory_analysis()
     cost = compiled.cost_analysis()
@@ -383,6 +392,8 @@ COLUMNS = (
 
 
 def format_program(p: Program, target: Target) -> str:
+    if p.refused:
+        return f"  {p.name:<44}{p.seconds:>7.1f}s  refused by XLA: {p.refused}"
     sizes = (p.arguments, p.outputs, p.temporaries, p.aliases, p.total, p.resident, p.estimate)
     return (
         f"  {p.name:<44}{p.seconds:>7.1f}s"
@@ -402,7 +413,13 @@ def header(target: Target) -> str:
 
 
 def summary(programs: list[Program], target: Target) -> str:
+    refused = [p.name for p in programs if p.refused]
     worst = max(programs, key=lambda p: p.need)
+    if refused:
+        return (
+            f"  {len(programs)} programs in {sum(p.seconds for p in programs):.0f} s; "
+            f"refused for lack of HBM: {', '.join(refused)}"
+        )
     return (
         f"  {len(programs)} programs in {sum(p.seconds for p in programs):.0f} s; the fullest "
         f"chip: {worst.name}, {worst.need / GIB:.2f} of {target.budget / GIB:.1f} GiB"
@@ -412,6 +429,11 @@ def summary(programs: list[Program], target: Target) -> str:
 def problem(programs: list[Program], target: Target) -> Optional[str]:
     """One line naming the first program that does not fit, with its figures; else None."""
     for p in programs:
+        if p.refused:
+            return (
+                f"{p.name} does not fit {target.name}: {p.refused} (the planner estimated "
+                f"{_g(p.estimate)} GiB)"
+            )
         if p.need > target.budget:
             return (
                 f"{p.name} does not fit {target.name}: {p.need / GIB:.2f} GiB per chip by "
