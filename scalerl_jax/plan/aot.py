@@ -4,7 +4,7 @@ The programs are the run's own jitted functions (train/state.py, train/step.py, 
 sampler/engine.py, sampler/weight_sync.py) built on the run's meshes, lowered on abstract
 inputs (ShapeDtypeStructs carrying their shardings: no weight is ever allocated) and compiled
 for the devices of a TPU slice that libtpu describes on this host (`tpu_devices`) or for this
-host's own devices (`local_devices`). Each compile reports XLA's memory per chip and its cost
+host's own devices. Each compile reports XLA's memory per chip and its cost
 analysis (FLOPs, bytes accessed), set against the chip's HBM, the planner's estimate
 (plan/estimate.py) and the roofline of the chip table (plan/topology.py).
 """
@@ -375,7 +375,8 @@ def _size(n: Optional[float], unit: str = "B") -> str:
     for prefix in ("T", "G", "M", "K"):
         scale = base ** "KMGT".index(prefix) * base
         if abs(n) >= scale:
-            return f"{n / scale:.3g}{prefix}"
+            v = n / scale
+            return f"{v:.0f}{prefix}" if abs(v) >= 100 else f"{v:.3g}{prefix}"
     return f"{n:.0f}"
 
 
