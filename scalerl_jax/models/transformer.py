@@ -165,9 +165,9 @@ class Transformer(nnx.Module):
             self.lm_head = param(rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), pd)
 
     def _scan(self, apply, carry):
-        """Run the layers: `apply(j, block, layer, carry) -> (carry, out)` for each layer in
-        order (block: layer's Block, layer: its index, a traced int) in a scan over the groups.
-        Returns (carry, [per position j: outs stacked over the groups])."""
+        """Run the layers: `apply(graphdef, state, layer, carry) -> (carry, out)` for each layer
+        in order (nnx.merge(graphdef, state) is its Block, `layer` its index, a traced int) in a
+        scan over the groups. Returns (carry, [per position j: outs stacked over the groups])."""
         split = [nnx.split(blk) for blk in self.layers]
         p = self.period
 
@@ -175,7 +175,7 @@ class Transformer(nnx.Module):
             g, states = xs
             outs = []
             for j, ((graphdef, _), st) in enumerate(zip(split, states)):
-                carry, out = apply(j, graphdef, st, g * p + j, carry)
+                carry, out = apply(graphdef, st, g * p + j, carry)
                 outs.append(out)
             return carry, outs
 
@@ -226,7 +226,7 @@ class Transformer(nnx.Module):
         x = self._embed(tokens)
         policy = remat_policy(self.cfg.remat_policy)
 
-        def apply(j, graphdef, state, layer, x):
+        def apply(graphdef, state, layer, x):
             blk = nnx.merge(graphdef, state)
             m = local if blk.local_attention else mask
             # Fused attention kernels rebuild the causal-within-segment mask from the ids; the
@@ -259,7 +259,7 @@ class Transformer(nnx.Module):
         mask = slots[:, None, :] <= positions[:, :, None]
         local = _local_mask(self.cfg, mask, positions, slots)
 
-        def apply(j, graphdef, state, layer, carry):
+        def apply(graphdef, state, layer, carry):
             x, kv = carry
             blk = nnx.merge(graphdef, state)
             m = local if blk.local_attention else mask

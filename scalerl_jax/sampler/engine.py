@@ -163,11 +163,12 @@ class Engine:
         slot = mesh_lib.named(mesh, "cache_batch", shape=(b,))
         slot2 = mesh_lib.named(mesh, "cache_batch", None, shape=(b, 2))
         # DecodeState and Prefix double as pytrees of shardings (where annotations say arrays).
+        cache: Any = (
+            mesh_lib.named(mesh, *KEY_AXES, shape=kshape),
+            mesh_lib.named(mesh, *VALUE_AXES, shape=vshape),
+        )
         fields: dict[str, Any] = dict(
-            cache=KVCache(
-                mesh_lib.named(mesh, *KEY_AXES, shape=kshape),
-                mesh_lib.named(mesh, *VALUE_AXES, shape=vshape),
-            ),
+            cache=KVCache(*cache),
             lengths=slot,
             next_token=slot,
             active=slot,
