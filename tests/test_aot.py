@@ -84,8 +84,8 @@ def test_every_program_compiles_for_v5p_and_fits(v5p_small):
 def test_planner_and_xla_agree_on_the_big_programs(v5p_small):
     """The planner refuses runs by its own estimate: for the train step and the decode step
     (where it counts everything) XLA's bytes per chip stay within 2x of it either way (here
-    about 1.6x over in the train step, 1.4x in generate; llama-3.1-8b on v5p-256: train step
-    1.8x over, generate 0.94: bench/README.md, "compile.py")."""
+    the train step measured 1.6x over it; llama-3.1-8b on v5p-256: train step 1.8x over,
+    generate 0.94x: bench/README.md, "compile.py details")."""
     _, _, programs, _ = v5p_small
     by_name = {p.name: p for p in programs}
     for name in ("train step", PROGRAMS[-1]):
