@@ -10,7 +10,7 @@ $(STAMP): setup.py
 	$(PY) -m pip install -q -e '.[hf,dev]'
 	touch $(STAMP)
 
-.PHONY: setup run test test-fast test-fast-coverage lint typecheck docs bench fetch-model
+.PHONY: setup run test test-fast test-fast-coverage lint typecheck docs bench fetch-model libtpu
 setup: $(STAMP)
 
 run: $(STAMP)
@@ -54,3 +54,15 @@ bench: $(STAMP)
 # ~/.cache/scalerl_jax; prints its directory. Cached: later calls take about a second.
 fetch-model: $(STAMP)
 	@$(PY) experiments/fetch_model.py
+
+# libtpu, the TPU compiler of `run.py --compile --tpu` (and tests/test_aot.py), in a directory of
+# its own: installed into the virtualenv, every jax start on a CPU host would first probe for a
+# TPU (~5 s, and libtpu's errors). The version is the one the installed jax's `tpu` extra pins.
+# Prints the directory: set SCALERL_LIBTPU_DIR to it. Cached: later calls take about 2 seconds.
+LIBTPU_DIR ?= $(HOME)/.cache/scalerl_jax/libtpu
+libtpu: $(STAMP)
+	@pin=$$($(PY) -c 'from scalerl_jax.plan.aot import libtpu_pin; print(libtpu_pin())') && \
+	if [ "$$(cat '$(LIBTPU_DIR)/.pin' 2>/dev/null)" != "$$pin" ]; then \
+	  $(PY) -m pip install -q --no-deps --upgrade --target '$(LIBTPU_DIR)' "$$pin" >&2 && \
+	  echo "$$pin" > '$(LIBTPU_DIR)/.pin'; \
+	fi && echo '$(LIBTPU_DIR)'

@@ -33,6 +33,9 @@ setup(
         "hf": ["safetensors>=0.4", "tokenizers>=0.19", "jinja2>=3.1", "huggingface_hub>=0.24"],
         # `--hf-checkpoint FILE.gguf`: transformers dequantises it (needs gguf and accelerate).
         "gguf": ["torch==2.13.0", "transformers>=4.50", "gguf>=0.10", "accelerate>=1.0"],
+        # libtpu: running on TPU VMs, and `run.py --compile --tpu` on any host. Unversioned on
+        # purpose: pip keeps the installed jax and adds the libtpu its `tpu` extra pins (jax
+        # 0.10.2: libtpu 0.0.42.*); `make libtpu` installs it outside the virtualenv instead.
         "tpu": ["jax[tpu]"],
         "tfds": ["tensorflow-datasets"],
         "data": ["datasets"],

@@ -147,6 +147,14 @@ def parse_args(argv=None):
         "it has); reads no data",
     )
     p.add_argument(
+        "--compile",
+        action="store_true",
+        help="with --dry-run: also compile every program of the run ahead of time for the "
+        "--tpu slice (needs libtpu on this host, no TPU) or for this machine's devices, and "
+        "print XLA's memory per chip, FLOPs and roofline time of each; exit 2 if one does "
+        "not fit",
+    )
+    p.add_argument(
         "--mfu",
         type=float,
         default=0.4,
@@ -271,6 +279,22 @@ def _print_plan(text: str, notes, problem) -> int:
     return 0
 
 
+def _compile(cfg, devices, target) -> int:
+    """--compile: every program of the run, compiled for `devices`; 2 if one does not fit."""
+    from scalerl_jax.plan import aot
+
+    print(aot.header(target), flush=True)
+    done = aot.compile_all(
+        cfg, devices, target, lambda p: print(aot.format_program(p, target), flush=True)
+    )
+    print(aot.summary(done, target))
+    problem = aot.problem(done, target)
+    if problem:
+        print(f"run.py: error: {problem}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def run(args) -> int:
     if args.recipe == "list":
         print(recipe_table())
@@ -330,7 +354,12 @@ def _prepare(args):
         cfg = the_plan.config
         problem = None if the_plan.ok else f"--tpu {topo.name}: {plan.explain(the_plan, pinned)}"
         if args.dry_run:
-            return None, _print_plan(plan.format_plan(the_plan), notes, problem)
+            code = _print_plan(plan.format_plan(the_plan), notes, problem)
+            if code or not args.compile:
+                return None, code
+            from scalerl_jax.plan import aot
+
+            return None, _compile(cfg, aot.tpu_devices(topo), aot.tpu_target(the_plan))
         if problem:
             raise UsageError(f"{problem} (--dry-run prints the whole plan)")
         log.info("plan:\n%s", plan.format_plan(the_plan))
@@ -340,13 +369,22 @@ def _prepare(args):
         local = preflight.local_plan(cfg)
         problem = None if local is None or local.fits else plan.local.explain(local)
         if args.dry_run:
-            return None, _print_plan(
+            code = _print_plan(
                 plan.local.format_local(local)
                 if local
                 else "no plan: these devices report no memory figure",
                 notes,
                 problem,
             )
+            if code or not args.compile:
+                return None, code
+            if local is None:
+                raise UsageError("--compile: these devices report no memory figure to judge by")
+            import jax
+
+            from scalerl_jax.plan import aot
+
+            return None, _compile(cfg, jax.devices(), aot.local_target(local))
         if problem:
             raise UsageError(f"{problem} (--dry-run prints the whole plan)")
         if local is not None:
@@ -365,6 +403,7 @@ def _prepare(args):
 def main(argv=None) -> int:
     setup_logging()
     args = parse_args(argv)
+    args.dry_run = args.dry_run or args.compile  # --compile prints the plan, compiles, exits
     if args.dry_run or args.recipe == "list":  # quick and silent but for their answer
         return _main(args)
     with heartbeat(f"run.py: recipe {args.recipe}, pid {os.getpid()}: starting"):

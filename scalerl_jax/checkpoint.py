@@ -108,6 +108,46 @@ def from_nested(nested: dict, like):
     return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
+def _shapes(nested, prefix: str = "") -> dict[str, tuple]:
+    """'a/b/c' -> shape for the leaves of a nested dict (arrays or Orbax ArrayMetadata)."""
+    if not isinstance(nested, dict):
+        return {prefix: tuple(getattr(nested, "shape", ()))}
+    out: dict[str, tuple] = {}
+    for k, v in nested.items():
+        out.update(_shapes(v, f"{prefix}/{k}" if prefix else str(k)))
+    return out
+
+
+def layout_mismatch(stored: dict, target: dict) -> Optional[str]:
+    """Why a checkpoint's arrays (`stored`, Orbax's tree metadata) cannot restore into
+    `target` (to_nested of the abstract state), or None: names missing, unused, or of
+    another shape."""
+    have, want = _shapes(stored), _shapes(target)
+    missing = [k for k in want if k not in have]
+    unused = [k for k in have if k not in want]
+    differ = [f"{k} {have[k]} vs {want[k]}" for k in want if k in have and have[k] != want[k]]
+    if not (missing or unused or differ):
+        return None
+    parts = [
+        f"{len(x)} {what} (e.g. {', '.join(x[:3])})"
+        for x, what in (
+            (missing, "arrays missing"),
+            (unused, "arrays this model does not have"),
+            (differ, "shapes differ, stored vs model"),
+        )
+        if x
+    ]
+    why = "its arrays do not match this model's state: " + "; ".join(parts)
+    if any("/layers/" in k for k in missing + unused + differ):
+        why += (
+            ". The decoder's layers are stacked along a leading layer axis (params/layers/<j>/"
+            "... holds every P-th layer, P = transformer.layer_period); a checkpoint with one "
+            "entry per layer was written before that: export it to HF safetensors with the "
+            "version that wrote it and start from that (--hf-checkpoint)"
+        )
+    return why
+
+
 def _describe_error(step_dir: str, err: BaseException) -> str:
     """An Orbax/TensorStore read error as 'FILE: what', finding the file when the error does
     not say it (json.JSONDecodeError carries no file name)."""
@@ -348,8 +388,18 @@ class Checkpointer:
         why = self._agree(why)
         if why is not None:
             return None, why
+        target = to_nested(abstract_state)
+        try:
+            stored = self._manager.item_metadata(step)["state"]
+        except Exception:  # noqa: BLE001 - unreadable metadata: the restore below reports it
+            stored = None
+        mismatch = layout_mismatch(getattr(stored, "tree", stored), target) if stored else None
+        if mismatch:  # a step of another model or layout, not a damaged one: refuse, move none
+            raise CheckpointError(
+                f"checkpoint step {step} in {step_dir}: {mismatch}. Nothing was moved."
+            )
         args = ocp.args.Composite(
-            state=ocp.args.StandardRestore(to_nested(abstract_state)), meta=ocp.args.JsonRestore()
+            state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()
         )
         try:
             restored = self._manager.restore(step, args=args)

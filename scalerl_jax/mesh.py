@@ -31,6 +31,7 @@ SAMPLER_AXES = ("data", "tensor")
 
 # Logical axis -> mesh axis (or tuple of axes, or None). The single source of truth.
 RULES: dict[str, Optional[str | tuple[str, ...]]] = {
+    "layers": None,  # the stacked layers' leading axis (models/transformer.py): scanned over
     "batch": ("data", "expert", "fsdp"),
     "vocab": "tensor",
     "embed": "fsdp",

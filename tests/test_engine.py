@@ -217,8 +217,8 @@ def test_weight_swap_mid_generation_uses_new_params_without_recompiling(
 
 def test_state_is_sharded_over_the_sampler_mesh(engine):
     state = engine.init_decode_state()
-    for kv in (state.cache.k[0], state.cache.v[0]):
-        assert kv.sharding.spec == PartitionSpec("data", "tensor", None, None)
+    for kv in (state.cache.k, state.cache.v):  # stacked over the layers (not split)
+        assert kv.sharding.spec == PartitionSpec(None, "data", "tensor", None, None)
     assert state.lengths.sharding.spec == PartitionSpec("data")
     # Keys [B, KV, hd, S], values [B, KV, S, hd]: the layouts the decode dots read as stored.
     assert state.cache.k[0].shape == (4, CFG.num_kv_heads, CFG.dim_per_head, REF_LEN)
@@ -328,6 +328,6 @@ def test_cache_is_replicated_over_tensor_when_kv_heads_do_not_divide():
     # them whole instead of failing to build the decode state.
     mesh4 = Mesh(np.array(jax.devices()[4:8]).reshape(1, 4), ("data", "tensor"))
     state = Engine(CFG, mesh4, sampler_cfg()).init_decode_state()
-    for kv in (state.cache.k[0], state.cache.v[0]):
-        assert tuple(kv.sharding.spec)[1:] in ((), (None, None, None))
+    for kv in (state.cache.k, state.cache.v):
+        assert tuple(kv.sharding.spec)[2:] in ((), (None, None, None))
     assert state.cache.k[0].shape == (4, CFG.num_kv_heads, CFG.dim_per_head, REF_LEN)

@@ -10,7 +10,7 @@ import pytest
 from scalerl_jax import mesh as mesh_lib
 from scalerl_jax.config import MeshConfig
 from scalerl_jax.models import hf, presets
-from scalerl_jax.models.transformer import forward_logits
+from scalerl_jax.models.transformer import forward_logits, layer_params
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -114,9 +114,9 @@ def test_sharded_load_and_export_round_trip(checkpoint, mesh, tmp_path):
     # chunked causal attention (3 query chunks of 16) on this path, one block on the other
     cfg = hf.config_from_hf(path, attention_chunk=16)
     cfg, graphdef, params = hf.load_params(path, mesh=mesh, cfg=cfg)
-    q = params["layers"][0]["attn"]["q"].get_value()
-    assert q.sharding.spec == jax.sharding.PartitionSpec("fsdp", "tensor", None)
-    assert q.addressable_shards[0].data.shape == (16, 2, cfg.dim_per_head)
+    q = params["layers"][0]["attn"]["q"].get_value()  # stacked over the layers
+    assert q.sharding.spec == jax.sharding.PartitionSpec(None, "fsdp", "tensor", None)
+    assert q.addressable_shards[0].data.shape == (cfg.num_layers, 16, 2, cfg.dim_per_head)
     assert _max_diff(forward_logits(graphdef, params, tokens, segment_ids=mask), ref, mask) <= 1e-4
 
     files = hf.export(params, cfg, tmp_path, max_shard_bytes=40_000)
@@ -146,7 +146,7 @@ def test_bf16_checkpoint_loads_exactly(tmp_path):
     want = model.model.layers[1].self_attn.k_proj.weight.detach().float().numpy()  # [KV*hd, D]
     for dtype, np_dtype in ((None, np.float32), ("bfloat16", jnp.bfloat16)):
         cfg, _, params = hf.load_params(tmp_path, dtype=dtype)
-        k = np.asarray(params["layers"][1]["attn"]["k"].get_value())
+        k = np.asarray(layer_params(params, cfg, 1)["attn"]["k"].get_value())
         assert k.dtype == np_dtype
         np.testing.assert_array_equal(k.astype(np.float32), want.T.reshape(64, 2, 16))
     hf.export(params, cfg, tmp_path / "out")  # bf16 params -> a bf16 checkpoint
@@ -163,15 +163,17 @@ def test_read_slice_maps_every_block(checkpoint):
 
     _, path, _, _ = checkpoint
     cfg, _, params = hf.load_params(path)
-    entries = {e.path: e for e in hf.tensor_map(cfg)}
+    entries = {(e.path, e.layer): e for e in hf.tensor_map(cfg)}
+    n = cfg.num_layers  # dense: every layer is a row of ("layers", 0, ...)
     with safe_open(str(path / "model.safetensors"), framework="numpy") as f:
-        for key, index in [
-            (("layers", 1, "attn", "q"), np.s_[8:40, 1:3, 2:7]),
-            (("layers", 0, "attn", "o"), np.s_[2:4, :, 16:48]),
-            (("layers", 0, "mlp", "down"), np.s_[48:96, 0:32]),
+        for layer, key, index in [
+            (1, ("attn", "q"), np.s_[8:40, 1:3, 2:7]),
+            (0, ("attn", "o"), np.s_[2:4, :, 16:48]),
+            (0, ("mlp", "down"), np.s_[48:96, 0:32]),
         ]:
-            full = np.asarray(params[key[0]][key[1]][key[2]][key[3]].get_value())
-            got = hf._read_slice(f, entries[key], index, np.float32)
+            full = np.asarray(layer_params(params, cfg, layer)[key[0]][key[1]].get_value())
+            entry = entries[(("layers", 0, *key), (layer, n))]
+            got = hf._read_slice(f, entry, index, np.float32)
             np.testing.assert_array_equal(got, full[index])
 
 

@@ -185,7 +185,7 @@ def test_sharded_load_equals_unsharded(checkpoint):
     _, _, sharded = hf.load_params(path, mesh=mesh)
     _, _, single = hf.load_params(path)
     up = sharded["layers"][0]["mlp"]["up"].get_value()
-    assert up.sharding.spec == jax.sharding.PartitionSpec("expert", "fsdp", "tensor")
+    assert up.sharding.spec == jax.sharding.PartitionSpec(None, "expert", "fsdp", "tensor")
     for (k, a), (_, b) in zip(nnx.to_flat_state(sharded), nnx.to_flat_state(single)):
         np.testing.assert_array_equal(
             np.asarray(a.get_value()), np.asarray(b.get_value()), err_msg=str(k)

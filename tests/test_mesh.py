@@ -111,8 +111,9 @@ def test_state_shardings_cover_every_param():
     _, state = nnx.split(nnx.eval_shape(lambda: transformer.Transformer(cfg, nnx.Rngs(0))))
     specs = dict(nnx.to_flat_state(mesh_lib.state_specs(state, mesh)))
     assert specs[("embed",)] == P("tensor", "fsdp")
-    assert specs[("layers", 1, "attn", "o")] == P("tensor", None, "fsdp")
-    assert specs[("layers", 0, "attn", "q_bias")] == P("tensor", None)
+    # The layers are stacked along a leading, replicated "layers" axis.
+    assert specs[("layers", 0, "attn", "o")] == P(None, "tensor", None, "fsdp")
+    assert specs[("layers", 0, "attn", "q_bias")] == P(None, "tensor", None)
     assert specs[("final_norm", "scale")] == P(None)
     shardings = dict(nnx.to_flat_state(mesh_lib.state_shardings(state, mesh)))
     assert set(shardings) == set(specs) == {p for p, _ in nnx.to_flat_state(state)}

@@ -68,9 +68,10 @@ def test_sharded_equals_unsharded_and_params_are_sharded():
     cfg = presets.get("tiny-qwen3")
     mesh = mesh_lib.trainer_mesh(MeshConfig(fsdp=4, tensor=2), jax.devices())
     graphdef, sharded = transformer.create_sharded(cfg, mesh, seed=3)
-    gate = sharded["layers"][0]["mlp"]["gate"].get_value()
-    assert gate.sharding.spec == jax.sharding.PartitionSpec("fsdp", "tensor")
-    assert gate.addressable_shards[0].data.shape == (16, 64)  # [64, 128] over fsdp=4, tensor=2
+    gate = sharded["layers"][0]["mlp"]["gate"].get_value()  # stacked: [layers, D, F]
+    assert gate.sharding.spec == jax.sharding.PartitionSpec(None, "fsdp", "tensor")
+    # [L, 64, 128] over fsdp=4, tensor=2; the layer axis is replicated
+    assert gate.addressable_shards[0].data.shape == (cfg.num_layers, 16, 64)
     assert len(gate.sharding.device_set) == 8
     one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     plain = jax.tree.map(lambda x: jax.device_put(np.asarray(x), one), sharded)
@@ -219,7 +220,12 @@ def test_tied_head_is_the_embedding():
 
 def test_flops_per_token_matches_xla_count():
     cfg, graphdef, params = _random_model(
-        "tiny-llama", vocab_size=512, hidden_size=128, intermediate_size=384
+        # Unrolled: XLA's cost analysis counts a scanned loop's body once.
+        "tiny-llama",
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=384,
+        scan_layers=False,
     )
     b, t = 2, 64
     tokens = jnp.zeros((b, t), jnp.int32)

@@ -164,9 +164,9 @@ def test_sharded_over_expert_fsdp_tensor_equals_unsharded(checkpoint):
     mesh = mesh_lib.trainer_mesh(MeshConfig(expert=2, fsdp=2, tensor=2), jax.devices())
     assert dict(mesh.shape) == {"data": 1, "expert": 2, "fsdp": 2, "tensor": 2}
     cfg, graphdef, params = hf.load_params(path, mesh=mesh)
-    gate = params["layers"][0]["mlp"]["gate"].get_value()  # [E, D, F]
-    assert gate.sharding.spec == jax.sharding.PartitionSpec("expert", "fsdp", "tensor")
-    assert gate.addressable_shards[0].data.shape == (4, 32, 16)
+    gate = params["layers"][0]["mlp"]["gate"].get_value()  # [layers, E, D, F]
+    assert gate.sharding.spec == jax.sharding.PartitionSpec(None, "expert", "fsdp", "tensor")
+    assert gate.addressable_shards[0].data.shape == (1, 4, 32, 16)
     _, _, single = hf.load_params(path)
     tokens, mask, positions = _padded_batch("right")
     batch_sh = mesh_lib.named(mesh, "batch", None)

@@ -126,15 +126,16 @@ def test_sharded_step_equals_unsharded_and_state_is_sharded():
     s1, m1 = step1(fresh1(), batch)
     s8, m8 = step8(fresh8(), batch)
 
-    q = s8.params["layers"][0]["attn"]["q"].get_value()  # [D, H, hd]
-    assert q.sharding.spec == PartitionSpec("fsdp", "tensor", None)
+    q = s8.params["layers"][0]["attn"]["q"].get_value()  # [layers, D, H, hd]
+    assert q.sharding.spec == PartitionSpec(None, "fsdp", "tensor", None)
     assert q.addressable_shards[0].data.shape == (
+        CFG.num_layers,
         CFG.hidden_size // 4,
         CFG.num_heads // 2,
         CFG.dim_per_head,
     )
     mu = adam_mu(s8)["layers"][0]["mlp"]["gate"].get_value()
-    assert mu.sharding.spec == PartitionSpec("fsdp", "tensor")
+    assert mu.sharding.spec == PartitionSpec(None, "fsdp", "tensor")
 
     for key in ("loss", "grad_norm", "tokens", "normaliser", "ratio_mean", "entropy"):
         np.testing.assert_allclose(m8[key], m1[key], rtol=1e-5, err_msg=key)

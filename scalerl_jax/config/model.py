@@ -64,6 +64,10 @@ class ModelConfig:
     compute_dtype: str = "float32"
     fp32_head: bool = True  # ScaleRL: LM head (and log-softmax) in fp32 on sampler and trainer
     remat: bool = False  # rematerialise each block in the backward pass (memory for compute)
+    # Apply the stacked layers with a lax.scan: one layer's program, so compiles stay flat in
+    # depth. False unrolls the same scan (longer compiles; XLA's cost analysis, which counts a
+    # loop body once, then counts every layer).
+    scan_layers: bool = True
     # Training path: causal attention in query chunks of this size, each seeing only the keys
     # up to its end (skips ~half the score FLOPs, keeps score blocks cache-sized). 0: one block.
     attention_chunk: int = 128

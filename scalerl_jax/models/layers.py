@@ -8,6 +8,8 @@ and are cast to `compute_dtype` at use, so bf16 compute over fp32 master weights
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 from typing import Optional
 
@@ -207,13 +209,14 @@ class Attention(nnx.Module):
             q = (q.astype(jnp.float32) * t[:, :, None, None]).astype(q.dtype)
         return q, k, v
 
-    def __call__(self, x, positions, mask, cache=None, segment_ids=None):
+    def __call__(self, x, positions, mask, cache=None, segment_ids=None, layer=None):
         """x: [B, T, D]; mask: [B, T, S] bool (True = may attend).
 
-        Without a cache S == T. With a cache (transformer.KVCache: keys [B, KV, hd, S], values
-        [B, KV, S, hd]) the new keys/values are written at `positions[:, 0]` onwards (contiguous
-        per row) and attention runs over the first S' cache entries, S' = mask.shape[-1];
-        entries past a row's current position are hidden by `mask`.
+        Without a cache S == T. With a cache (transformer.KVCache's stacked arrays: keys
+        [L, B, KV, hd, S], values [L, B, KV, S, hd]) the new keys/values are written into row
+        `layer` (an int, may be traced) at `positions[:, 0]` onwards (contiguous per row), in
+        place, and attention runs over that layer's first S' cache entries, S' =
+        mask.shape[-1]; entries past a row's current position are hidden by `mask`.
         `segment_ids` [B, T]: given (training path) only when `mask` is causal within them,
         so `attend` may use a fused kernel (ModelConfig.attention_impl).
         Returns (out [B, T, D], updated cache or None).
@@ -224,17 +227,22 @@ class Attention(nnx.Module):
             start = positions[:, 0]
 
             def write(c, new, axis):  # per row at its own start; axis: the sequence axis
-                return jax.vmap(
-                    lambda c, n, s: jax.lax.dynamic_update_slice_in_dim(c, n, s, axis - 1)
-                )(c, new.astype(c.dtype), start)
+                def one(c, n, s):  # c: [L, ...] of one row; only the new entries are written
+                    at = [layer, 0, 0, 0]
+                    at[axis - 1] = s
+                    return jax.lax.dynamic_update_slice(c, n[None], at)
 
-            ck = write(ck, k.transpose(0, 2, 3, 1), 3)  # [B, T, KV, hd] -> [B, KV, hd, T]
-            cv = write(cv, v.swapaxes(1, 2), 2)
+                return jax.vmap(one, in_axes=(1, 0, 0), out_axes=1)(c, new.astype(c.dtype), start)
+
+            ck = write(ck, k.transpose(0, 2, 3, 1), 4)  # [B, T, KV, hd] -> [B, KV, hd, T]
+            cv = write(cv, v.swapaxes(1, 2), 3)
             w = mask.shape[-1]  # a prefix window of the cache (Transformer.decode's window)
+            lk = jax.lax.dynamic_index_in_dim(ck, layer, 0, keepdims=False)
+            lv = jax.lax.dynamic_index_in_dim(cv, layer, 0, keepdims=False)
             out = _attend_block(
                 q,
-                ck[..., :w].astype(x.dtype),
-                cv[:, :, :w].astype(x.dtype),
+                lk[..., :w].astype(x.dtype),
+                lv[:, :, :w].astype(x.dtype),
                 mask,
                 k_spec="bkds",
                 v_spec="bksd",
@@ -316,8 +324,29 @@ def _attend_block(q, k, v, mask, k_spec="bskd", v_spec="bskd"):
     return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, hd)
 
 
+# Set while tracing for other devices than this host's (plan/aot.py compiles TPU programs on a
+# CPU host): the kernels chosen must be the target's, not the host's.
+_TARGET_PLATFORM: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar(
+    "target_platform", default=None
+)
+
+
+@contextlib.contextmanager
+def target_platform(platform: Optional[str]):
+    """Trace for `platform` ("tpu", "cuda", "rocm", "cpu"; None: this host's backend)."""
+    token = _TARGET_PLATFORM.set(platform)
+    try:
+        yield
+    finally:
+        _TARGET_PLATFORM.reset(token)
+
+
 def _platform() -> str:
-    """ "cuda", "rocm", "tpu" or "cpu": the default backend, GPUs told apart by their runtime."""
+    """ "cuda", "rocm", "tpu" or "cpu": the target of `target_platform`, else the default
+    backend, GPUs told apart by their runtime."""
+    target = _TARGET_PLATFORM.get()
+    if target is not None:
+        return target
     backend = jax.default_backend()
     if backend == "gpu":
         return "cuda" if "cuda" in jax.devices()[0].client.platform_version.lower() else "rocm"

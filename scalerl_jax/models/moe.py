@@ -38,7 +38,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from scalerl_jax.config import ModelConfig
-from scalerl_jax.models.layers import MLP, param
+from scalerl_jax.models.layers import MLP, _platform, param
 
 
 class RouterStats(NamedTuple):
@@ -110,7 +110,7 @@ def _blocked_matmul(x, w, group_sizes, block: int):
 
 def grouped_matmul(x, w, group_sizes):
     """Rows of x [M, D] sorted by group times their group's w [E, D, F] -> [M, F]."""
-    if jax.default_backend() != "cpu":  # see the module docstring: native on TPU and GPU
+    if _platform() != "cpu":  # see the module docstring: native on TPU and GPU
         return jax.lax.ragged_dot(x, w, group_sizes)
     block = max(8, min(256, x.shape[0] // w.shape[0]) // 8 * 8)
     return _blocked_matmul(x, w, group_sizes, block)

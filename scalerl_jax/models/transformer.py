@@ -26,35 +26,55 @@ from scalerl_jax.models.moe import MoE, RouterStats
 
 
 class KVCache(NamedTuple):
-    """Per-layer keys [B, KV, head_dim, S] and values [B, KV, S, head_dim] (logical axes
-    KEY_AXES, VALUE_AXES). Each is stored the way the decode step's dots read it, per slot and
-    KV head: the scores are [G, hd] x [hd, S] and the weighted sum [G, S] x [S, hd], both with
-    the contracted axis second-minor. Keys stored [S, hd] made XLA:CPU repack every key window
-    on every step (the scores took ~4x the time of the weighted sum), and the sequence axis
-    anywhere but next to head_dim made XLA transpose the whole cache each step."""
+    """Keys [L, B, KV, head_dim, S] and values [L, B, KV, S, head_dim], stacked over the layers
+    (logical axes KEY_AXES, VALUE_AXES) so the decode scan carries them. Per layer each is
+    stored the way the decode step's dots read it, per slot and KV head: the scores are
+    [G, hd] x [hd, S] and the weighted sum [G, S] x [S, hd], both with the contracted axis
+    second-minor. Keys stored [S, hd] made XLA:CPU repack every key window on every step (the
+    scores took ~4x the time of the weighted sum), and the sequence axis anywhere but next to
+    head_dim made XLA transpose the whole cache each step."""
 
-    k: tuple
-    v: tuple
+    k: jax.Array
+    v: jax.Array
 
 
-KEY_AXES = ("cache_batch", "kv_heads", "head_dim", "cache_seq")
-VALUE_AXES = ("cache_batch", "kv_heads", "cache_seq", "head_dim")
+KEY_AXES = ("layers", "cache_batch", "kv_heads", "head_dim", "cache_seq")
+VALUE_AXES = ("layers", "cache_batch", "kv_heads", "cache_seq", "head_dim")
 KEY_SEQ_AXIS, VALUE_SEQ_AXIS = KEY_AXES.index("cache_seq"), VALUE_AXES.index("cache_seq")
 
 
 def cache_shapes(cfg: ModelConfig, batch: int, length: int) -> tuple[tuple, tuple]:
-    """(key shape, value shape) of one layer's cache."""
-    kv, hd = cfg.num_kv_heads, cfg.dim_per_head
-    return (batch, kv, hd, length), (batch, kv, length, hd)
+    """(key shape, value shape) of the stacked cache."""
+    n, kv, hd = cfg.num_layers, cfg.num_kv_heads, cfg.dim_per_head
+    return (n, batch, kv, hd, length), (n, batch, kv, length, hd)
 
 
 def init_cache(cfg: ModelConfig, batch: int, length: int, dtype=None) -> KVCache:
     dtype = jnp.dtype(dtype or cfg.compute_dtype)
     kshape, vshape = cache_shapes(cfg, batch, length)
-    return KVCache(
-        tuple(jnp.zeros(kshape, dtype) for _ in range(cfg.num_layers)),
-        tuple(jnp.zeros(vshape, dtype) for _ in range(cfg.num_layers)),
+    return KVCache(jnp.zeros(kshape, dtype), jnp.zeros(vshape, dtype))
+
+
+def layer_kind(cfg: ModelConfig, i: int) -> tuple[bool, bool, bool]:
+    """What makes layer i's program differ from another's: (MoE FFN, RoPE, chunked local)."""
+    return cfg.is_moe_layer(i), cfg.uses_rope(i), cfg.is_local_attention_layer(i)
+
+
+def layer_period(cfg: ModelConfig) -> int:
+    """The smallest P dividing num_layers with layer_kind(i) == layer_kind(i % P) for all i:
+    the layers are scanned in num_layers / P groups of P (1 for a dense Llama/Qwen; num_layers,
+    a single unrolled group, when no period repeats)."""
+    n = cfg.num_layers
+    kinds = [layer_kind(cfg, i) for i in range(n)]
+    return next(
+        p for p in range(1, n + 1) if n % p == 0 and all(kinds[i] == kinds[i % p] for i in range(n))
     )
+
+
+def layer_position(cfg: ModelConfig, i: int) -> tuple[int, int]:
+    """Layer i's place in the stacked params: (j, g), its weights are ("layers", j, ...)[g]."""
+    p = layer_period(cfg)
+    return i % p, i // p
 
 
 class Block(nnx.Module):
@@ -70,10 +90,12 @@ class Block(nnx.Module):
         self.is_moe = cfg.is_moe_layer(index)
         self.mlp = MoE(cfg, rngs) if self.is_moe else MLP(cfg, rngs)
 
-    def __call__(self, x, positions, mask, cache=None, valid=None, segment_ids=None):
+    def __call__(self, x, positions, mask, cache=None, valid=None, segment_ids=None, layer=None):
         """Returns (x, cache, RouterStats or None). `valid` [B, T]: tokens router stats count.
-        `segment_ids`: see Attention.__call__."""
-        h, cache = self.attn(self.attn_norm(x), positions, mask, cache, segment_ids=segment_ids)
+        `segment_ids`, `cache`, `layer`: see Attention.__call__."""
+        h, cache = self.attn(
+            self.attn_norm(x), positions, mask, cache, segment_ids=segment_ids, layer=layer
+        )
         x = x + h
         if self.is_moe:
             out, stats = self.mlp(self.mlp_norm(x), valid)
@@ -104,23 +126,62 @@ def remat_policy(name: str):
     }[name]
 
 
-def _stack_stats(stats: list) -> Optional[RouterStats]:
-    """Per-MoE-layer RouterStats -> one RouterStats with a leading layer axis (None: dense)."""
-    stats = [s for s in stats if s is not None]
-    if not stats:
+def _stacked_blocks(cfg: ModelConfig, rngs: nnx.Rngs, j: int, n: int) -> Block:
+    """The n blocks at position j of every period (layers j, j + P, ...) as one Block whose
+    params carry a leading "layers" axis. One block's init is vmapped over n keys, so an
+    init program's size does not grow with depth."""
+    keys = jax.random.split(rngs.params(), n)
+    graphdef = nnx.graphdef(nnx.eval_shape(lambda: Block(cfg, nnx.Rngs(params=0), j)))
+    state = jax.vmap(lambda key: nnx.state(Block(cfg, nnx.Rngs(params=key), j)))(keys)
+    for var in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, nnx.Variable)):
+        var.set_metadata("logical_axes", ("layers", *var.get_metadata()["logical_axes"]))
+    return nnx.merge(graphdef, state)
+
+
+def _in_layer_order(stats: list) -> Optional[RouterStats]:
+    """RouterStats of the scan ([groups, ...] per position j of a period, None: dense) -> one
+    RouterStats over the MoE layers in layer order (None: no MoE layer)."""
+    moe = [s for s in stats if s is not None]
+    if not moe:
         return None
-    return RouterStats(*(jnp.stack(x) for x in zip(*stats)))
+    return RouterStats(*(jnp.stack(x, axis=1).reshape(-1, *x[0].shape[1:]) for x in zip(*moe)))
 
 
 class Transformer(nnx.Module):
+    """The decoder. Layer i's weights are row i // P of the stacked Block `layers[i % P]`
+    (P = layer_period(cfg)); both paths scan over the num_layers / P groups."""
+
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
         pd = jnp.dtype(cfg.param_dtype)
         self.cfg = cfg
         self.embed = param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), pd)
-        self.layers = nnx.List([Block(cfg, rngs, i) for i in range(cfg.num_layers)])
+        p = layer_period(cfg)
+        self.period = p
+        self.layers = nnx.List(
+            [_stacked_blocks(cfg, rngs, j, cfg.num_layers // p) for j in range(p)]
+        )
         self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pd, rngs)
         if not cfg.tie_embeddings:
             self.lm_head = param(rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), pd)
+
+    def _scan(self, apply, carry):
+        """Run the layers: `apply(graphdef, state, layer, carry) -> (carry, out)` for each layer
+        in order (nnx.merge(graphdef, state) is its Block, `layer` its index, a traced int) in a
+        scan over the groups. Returns (carry, [per position j: outs stacked over the groups])."""
+        split = [nnx.split(blk) for blk in self.layers]
+        p = self.period
+
+        def group(carry, xs):
+            g, states = xs
+            outs = []
+            for j, ((graphdef, _), st) in enumerate(zip(split, states)):
+                carry, out = apply(graphdef, st, g * p + j, carry)
+                outs.append(out)
+            return carry, outs
+
+        n = self.cfg.num_layers // p
+        xs = (jnp.arange(n, dtype=jnp.int32), [st for _, st in split])
+        return jax.lax.scan(group, carry, xs, unroll=1 if self.cfg.scan_layers else max(n, 1))
 
     # -- shared pieces -------------------------------------------------------------------------
     def _embed(self, tokens):
@@ -163,24 +224,27 @@ class Transformer(nnx.Module):
         local = _local_mask(self.cfg, mask, positions, positions)
         valid = segment_ids > 0
         x = self._embed(tokens)
-        stats = []
         policy = remat_policy(self.cfg.remat_policy)
-        for block in self.layers:
-            m = local if block.local_attention else mask
+
+        def apply(graphdef, state, layer, x):
+            blk = nnx.merge(graphdef, state)
+            m = local if blk.local_attention else mask
             # Fused attention kernels rebuild the causal-within-segment mask from the ids; the
             # chunked local mask is not that one, so local layers keep the dense mask (XLA).
-            seg = None if block.local_attention else segment_ids
+            seg = None if blk.local_attention else segment_ids
+
+            def run(state, x):
+                out, _, st = nnx.merge(graphdef, state)(
+                    x, positions, m, valid=valid, segment_ids=seg
+                )
+                return out, st
+
             if self.cfg.remat:
-                x, st = nnx.remat(
-                    lambda blk, h, m=m, seg=seg: blk(h, positions, m, valid=valid, segment_ids=seg)[
-                        ::2
-                    ],
-                    policy=policy,
-                )(block, x)
-            else:
-                x, _, st = block(x, positions, m, valid=valid, segment_ids=seg)
-            stats.append(st)
-        return self.final_norm(x), _stack_stats(stats)
+                run = jax.checkpoint(run, policy=policy)
+            return run(state, x)
+
+        x, stats = self._scan(apply, x)
+        return self.final_norm(x), _in_layer_order(stats)
 
     # -- sampling path -------------------------------------------------------------------------
     def decode(self, tokens, positions, cache: KVCache, window: Optional[int] = None):
@@ -189,19 +253,27 @@ class Transformer(nnx.Module):
         beyond a row's length are never read (prefill padding is overwritten by later steps).
         window: attend over only the first `window` cache entries (the caller promises every row's
         positions are below it): the cost of a step then follows the filled length, not S."""
-        length = cache.v[0].shape[VALUE_SEQ_AXIS]
+        length = cache.v.shape[VALUE_SEQ_AXIS]
         s = length if window is None else min(int(window), length)
         slots = jnp.arange(s, dtype=positions.dtype)[None]  # cache slot j holds position j
         mask = slots[:, None, :] <= positions[:, :, None]
         local = _local_mask(self.cfg, mask, positions, slots)
-        x = self._embed(tokens)
-        ks, vs = [], []
-        for block, ck, cv in zip(self.layers, cache.k, cache.v):
-            m = local if block.local_attention else mask
-            x, (ck, cv), _ = block(x, positions, m, (ck, cv))
-            ks.append(ck)
-            vs.append(cv)
-        return self.final_norm(x), KVCache(tuple(ks), tuple(vs))
+
+        def apply(graphdef, state, layer, carry):
+            x, kv = carry
+            blk = nnx.merge(graphdef, state)
+            m = local if blk.local_attention else mask
+            x, kv, _ = blk(x, positions, m, kv, layer=layer)
+            return (x, kv), None
+
+        (x, (k, v)), _ = self._scan(apply, (self._embed(tokens), (cache.k, cache.v)))
+        return self.final_norm(x), KVCache(k, v)
+
+
+def layer_params(params, cfg: ModelConfig, i: int):
+    """Layer i's params (a State of one layer's arrays) cut out of the stacked ones."""
+    j, g = layer_position(cfg, i)
+    return jax.tree.map(lambda x: x[g], params["layers"][j])
 
 
 def create(cfg: ModelConfig, seed: int = 0) -> Transformer:

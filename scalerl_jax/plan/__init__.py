@@ -9,9 +9,12 @@
                 printout and the one-line reason a plan cannot run
   local.py      the same estimate for the config on this machine's devices (host RAM on CPU,
                 device memory elsewhere), checked before a run allocates (`plan.local`)
+  aot.py        `--compile`: every program of the run compiled ahead of time for the slice
+                (libtpu's description of it, no TPU) or this host's devices, XLA's memory and
+                cost analysis against the chip and the estimate (imported on its own: jax)
 
 Pure functions of the config and the table: importing or calling them touches no device
-(except `local.detect`, which asks jax for this host's devices).
+(except `local.detect`, which asks jax for this host's devices, and aot.py).
 """
 
 from scalerl_jax.plan import local

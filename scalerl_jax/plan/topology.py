@@ -79,9 +79,29 @@ def known_topologies() -> list[str]:
     return [t.name for t in slices()]
 
 
+# Chip grids of the slices (libtpu's topology names, `v5p:4x4x8`): v4 / v5p are 3-D tori, v5e /
+# v6e 2-D; the full v5p pod (8,960 chips) is 16x20x28. Assumption: the grid Cloud TPU gives each
+# size (the public pages list these shapes for the common sizes).
+_GRID_3D = {4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4", 64: "4x4x4", 128: "4x4x8"}
+_GRID_3D |= {256: "4x8x8", 512: "8x8x8", 1024: "8x8x16", 2048: "8x16x16", 4096: "16x16x16"}
+_GRID_3D |= {8192: "16x16x32", 8960: "16x20x28"}
+_GRID_2D = {1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16"}
+_GRID_2D |= {256: "16x16"}
+
+
+def grid_name(topo: Topology) -> str:
+    """libtpu's name of the slice's chip grid, e.g. `v5p:4x4x8` for v5p-256."""
+    grids = _GRID_2D if topo.chip.generation in ("v5e", "v6e") else _GRID_3D
+    return f"{topo.chip.generation}:{grids[topo.chips]}"
+
+
 def topology(name: str) -> Topology:
-    """A slice by its accelerator-type name (`v5p-256`; `v5litepod-16` is `v5e-16`)."""
+    """A slice by its accelerator-type name (`v5p-256`; `v5litepod-16` is `v5e-16`) or its chip
+    grid (`v5p:4x4x8`)."""
     key = name.strip().lower().replace("v5litepod-", "v5e-")
+    for t in slices():
+        if key == grid_name(t):
+            return t
     for t in slices():
         if t.name == key:
             return t

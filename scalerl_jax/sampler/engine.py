@@ -66,13 +66,13 @@ class Prefix(NamedTuple):
     """N prefilled prompts (N = 1 from `prefill`), each ready to be inserted into any number
     of slots."""
 
-    cache: KVCache  # per layer keys [N, KV, hd, T], values [N, KV, T, hd]; T = the bucket
+    cache: KVCache  # keys [L, N, KV, hd, T], values [L, N, KV, T, hd]; T = the bucket
     length: jax.Array  # [N] int32: prompt tokens in the cache (true_length - 1)
     last_token: jax.Array  # [N] int32: the prompt's last token, fed by the first generate step
 
 
 class DecodeState(NamedTuple):
-    cache: KVCache  # per layer keys [B, KV, hd, S], values [B, KV, S, hd]
+    cache: KVCache  # keys [L, B, KV, hd, S], values [L, B, KV, S, hd]
     lengths: jax.Array  # [B] int32: tokens in the cache = position of the next fed token
     next_token: jax.Array  # [B] int32
     active: jax.Array  # [B] bool: slot holds a live sequence with room in its cache
@@ -162,13 +162,13 @@ class Engine:
         kshape, vshape = cache_shapes(model_cfg, b, s)
         slot = mesh_lib.named(mesh, "cache_batch", shape=(b,))
         slot2 = mesh_lib.named(mesh, "cache_batch", None, shape=(b, 2))
-        layers = model_cfg.num_layers
         # DecodeState and Prefix double as pytrees of shardings (where annotations say arrays).
+        cache: Any = (
+            mesh_lib.named(mesh, *KEY_AXES, shape=kshape),
+            mesh_lib.named(mesh, *VALUE_AXES, shape=vshape),
+        )
         fields: dict[str, Any] = dict(
-            cache=KVCache(
-                (mesh_lib.named(mesh, *KEY_AXES, shape=kshape),) * layers,
-                (mesh_lib.named(mesh, *VALUE_AXES, shape=vshape),) * layers,
-            ),
+            cache=KVCache(*cache),
             lengths=slot,
             next_token=slot,
             active=slot,
@@ -262,10 +262,10 @@ class Engine:
 
     def get_prefix_destination_sharding(self) -> Prefix:
         kshape, vshape = cache_shapes(self.model_cfg, 1, 1)
-        k = mesh_lib.named(self._mesh, None, *KEY_AXES[1:], shape=kshape)
-        v = mesh_lib.named(self._mesh, None, *VALUE_AXES[1:], shape=vshape)
-        layers = self.model_cfg.num_layers
-        return Prefix(KVCache((k,) * layers, (v,) * layers), self._replicated, self._replicated)  # type: ignore[arg-type]
+        # The prefix's rows (its batch axis) are not split over the slots' axis.
+        k = mesh_lib.named(self._mesh, KEY_AXES[0], None, *KEY_AXES[2:], shape=kshape)
+        v = mesh_lib.named(self._mesh, VALUE_AXES[0], None, *VALUE_AXES[2:], shape=vshape)
+        return Prefix(KVCache(k, v), self._replicated, self._replicated)  # type: ignore[arg-type]
 
     def prefill(self, params, padded_tokens, true_length: int) -> Prefix:
         """padded_tokens: [T] int (T <= max_prefill_length, one compile per T: pad to buckets);
@@ -496,15 +496,12 @@ class Engine:
         def put(i, st):
             slot, row = slots_rows[0, i], slots_rows[1, i]
 
-            def rows(dst, src):
-                src = jax.lax.dynamic_index_in_dim(src, row, 0, keepdims=False)
-                return jax.lax.dynamic_update_index_in_dim(dst, src.astype(dst.dtype), slot, 0)
+            def rows(dst, src):  # [L, slots or rows, ...]: axis 1 picks the row
+                src = jax.lax.dynamic_index_in_dim(src, row, 1, keepdims=False)
+                return jax.lax.dynamic_update_index_in_dim(dst, src.astype(dst.dtype), slot, 1)
 
             return st._replace(
-                cache=KVCache(
-                    tuple(map(rows, st.cache.k, prefix.cache.k)),
-                    tuple(map(rows, st.cache.v, prefix.cache.v)),
-                ),
+                cache=KVCache(rows(st.cache.k, prefix.cache.k), rows(st.cache.v, prefix.cache.v)),
                 lengths=st.lengths.at[slot].set(prefix.length[row]),
                 next_token=st.next_token.at[slot].set(prefix.last_token[row]),
                 active=st.active.at[slot].set(True),
@@ -547,10 +544,7 @@ class Engine:
             state, res = self._generate_impl(
                 params,
                 state._replace(
-                    cache=KVCache(
-                        tuple(map(cut(KEY_SEQ_AXIS), full.k)),
-                        tuple(map(cut(VALUE_SEQ_AXIS), full.v)),
-                    )
+                    cache=KVCache(cut(KEY_SEQ_AXIS)(full.k), cut(VALUE_SEQ_AXIS)(full.v))
                 ),
                 self.max_target_length,
             )
@@ -560,8 +554,8 @@ class Engine:
 
             return state._replace(
                 cache=KVCache(
-                    tuple(map(back(KEY_SEQ_AXIS), full.k, state.cache.k)),
-                    tuple(map(back(VALUE_SEQ_AXIS), full.v, state.cache.v)),
+                    back(KEY_SEQ_AXIS)(full.k, state.cache.k),
+                    back(VALUE_SEQ_AXIS)(full.v, state.cache.v),
                 )
             ), res
         model = nnx.merge(self.graphdef, params)

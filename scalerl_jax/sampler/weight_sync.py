@@ -194,6 +194,7 @@ class WeightSync:
             else [np.dtype(d) for d in self._dtypes]
         )
         self._targets = targets
+        self._shapes = [(x.shape, x.dtype) for x in leaves]
         sizes = [int(np.prod(x.shape)) * dt.itemsize for x, dt in zip(leaves, targets)]
         self.groups = make_groups(sizes, self.group_bytes)
 
@@ -207,6 +208,19 @@ class WeightSync:
             self._gathers[key] = fn
         return fn
 
+    def programs(self, params) -> list[tuple[Any, list]]:
+        """(jitted cast-and-gather, its arguments) of each distinct program a sync of `params`
+        (concrete, or ShapeDtypeStructs with their trainer shardings) runs: what `__call__`
+        compiles, for compiling ahead of time."""
+        leaves = jax.tree.leaves(params)
+        if self._specs is None:
+            self._build(leaves)
+        out: dict = {}
+        for idx in self.groups:
+            fn, args = self._gather(idx), [leaves[i] for i in idx]
+            out.setdefault((id(fn), tuple(x.shape for x in args)), (fn, args))
+        return list(out.values())
+
     def __call__(self, params):
         leaves, treedef = jax.tree.flatten(params)
         if len(leaves) != len(self._sampler_leaves):
@@ -215,7 +229,6 @@ class WeightSync:
             )
         if self._specs is None:
             self._build(leaves)
-            self._shapes = [(x.shape, x.dtype) for x in leaves]
         elif [(x.shape, x.dtype) for x in leaves] != self._shapes:
             raise ValueError(
                 "params changed shape or dtype since the first sync: the sampler "

@@ -41,15 +41,15 @@ def learning_rate(cfg: OptimConfig):
 def decay_mask(params):
     """True for parameters that get weight decay.
 
-    A leaf is a matrix when it has >= 2 dims and is not a bias: biases are the q/k/v_bias
-    parameters ([heads, head_dim], 2-D because of the head axis), recognised by a path entry
-    whose name ends in "bias".
+    A leaf is a matrix when it has >= 2 dims (not counting the leading axis of the stacked
+    `layers`) and is not a bias: biases are the q/k/v_bias parameters ([heads, head_dim], 2-D
+    because of the head axis), recognised by a path entry whose name ends in "bias".
     """
 
     def is_matrix(path, x):
-        names = (getattr(k, "key", getattr(k, "name", None)) for k in path)
+        names = [getattr(k, "key", getattr(k, "name", None)) for k in path]
         is_bias = any(isinstance(n, str) and n.endswith("bias") for n in names)
-        return jnp.ndim(x) >= 2 and not is_bias
+        return jnp.ndim(x) - ("layers" in names) >= 2 and not is_bias
 
     return jax.tree_util.tree_map_with_path(is_matrix, params)
 

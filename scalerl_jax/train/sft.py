@@ -217,7 +217,12 @@ def make_sft_step(
         out_shardings=(state_sh, replicated),
         donate_argnums=(0,),
     )
-    return lambda state, batch: jitted(state, put_global(batch, rows))
+
+    def sft_step(state, batch):
+        return jitted(state, put_global(batch, rows))
+
+    sft_step.jitted = jitted  # type: ignore[attr-defined]  # for `.lower(...)`
+    return sft_step
 
 
 def is_done(out_dir: str) -> bool:

@@ -161,7 +161,13 @@ def open_policy(
         (state, meta), model_cfg = restored, cfg.model
         graphdef = state_lib.graphdef_of(model_cfg)
         log.info("resumed from step %d in %s", int(state.step), cfg.workdir)
-    train_step = make_train_step(
+    train_step = build_train_step(cfg, model_cfg, graphdef, abstract, trainer_mesh)
+    return Policy(checkpoints, tracker, restored is not None, state, meta, model_cfg, train_step)
+
+
+def build_train_step(cfg: RunConfig, model_cfg, graphdef, abstract, trainer_mesh) -> Callable:
+    """The run's jitted RL step (make_train_step with the run's settings)."""
+    return make_train_step(
         graphdef,
         abstract,
         trainer_mesh,
@@ -173,7 +179,6 @@ def open_policy(
         # The ratio's denominator was drawn at the sampler's temperature (greedy reports at 1).
         temperature=cfg.sampler.temperature or 1.0,
     )
-    return Policy(checkpoints, tracker, restored is not None, state, meta, model_cfg, train_step)
 
 
 def open_metrics(

@@ -91,24 +91,35 @@ def create_train_state(
     `hf.load_params` checks every name and shape and reads each shard straight into its
     sharding. Returns the config the weights were loaded with.
     """
-    tx = make_optimizer(optim_cfg)
     if hf_checkpoint is None:
         graphdef, abstract = abstract_train_state(model_cfg, optim_cfg, mesh, seed)
-        shardings = jax.tree.map(lambda s: s.sharding, abstract)
-        state = jax.jit(lambda: _random_state(model_cfg, tx, seed), out_shardings=shardings)()
-        return model_cfg, graphdef, state
+        return model_cfg, graphdef, init_program(model_cfg, optim_cfg, abstract, seed)()
 
     from scalerl_jax.models import hf  # lazy: pulls safetensors and the HF config reader
 
     cfg, graphdef, params = hf.load_params(
         hf_checkpoint, mesh=mesh, cfg=model_cfg, dtype=model_cfg.param_dtype
     )
+    return cfg, graphdef, assemble_program(optim_cfg, params, mesh, seed)(params)
+
+
+def init_program(model_cfg: ModelConfig, optim_cfg: OptimConfig, abstract, seed: int = 0):
+    """The jitted random init (no arguments) writing `abstract`'s shardings
+    (`abstract_train_state`); `.lower()` compiles it ahead of time."""
+    tx = make_optimizer(optim_cfg)
+    shardings = jax.tree.map(lambda s: s.sharding, abstract)
+    return jax.jit(lambda: _random_state(model_cfg, tx, seed), out_shardings=shardings)
+
+
+def assemble_program(optim_cfg: OptimConfig, params, mesh, seed: int = 0):
+    """The jitted TrainState around loaded params (concrete or abstract: only their shapes
+    are read), which it takes donated."""
+    tx = make_optimizer(optim_cfg)
     shapes = jax.eval_shape(lambda p: _assemble(p, tx, seed), params)
     shardings = state_shardings(shapes, mesh)
-    state = jax.jit(
+    return jax.jit(
         lambda p: _assemble(p, tx, seed),
         in_shardings=(shardings.params,),
         out_shardings=shardings,
         donate_argnums=0,
-    )(params)
-    return cfg, graphdef, state
+    )

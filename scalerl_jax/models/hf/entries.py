@@ -15,6 +15,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from scalerl_jax.config import ModelConfig
+from scalerl_jax.models.transformer import layer_period, layer_position
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +39,14 @@ class Entry:
     # Split-HF axis holding head_dim in Llama-4's interleaved RoPE order (-1: none): permuted
     # to the half-split order at load, back at export.
     rope_axis: int = -1
+    # (g, n): ours is row g of a param stacked over n layers (Transformer's scanned layers);
+    # `shape` is then one row's shape.
+    layer: tuple = ()
+
+    @property
+    def param_shape(self) -> tuple:
+        """The shape of our whole param (the stack of n rows for a layer's entry)."""
+        return (self.layer[1],) + self.shape if self.layer else self.shape
 
     @property
     def piece_shape(self) -> tuple:
@@ -86,9 +95,11 @@ def decoder_entries(
     ]
     if not cfg.tie_embeddings:
         entries.append(Entry("lm_head.weight", ("lm_head",), ((v,), (d,)), (1, 0)))
+    period = layer_period(cfg)
     for i in range(cfg.num_layers):
-        p, us = f"model.layers.{i}.", ("layers", i)
-        entries += [
+        (j, g), p = layer_position(cfg, i), f"model.layers.{i}."
+        us = ("layers", j)
+        layer = [
             Entry(p + "input_layernorm.weight", us + ("attn_norm", "scale"), ((d,),), (0,)),
             Entry(p + "post_attention_layernorm.weight", us + ("mlp_norm", "scale"), ((d,),), (0,)),
             Entry(
@@ -110,17 +121,17 @@ def decoder_entries(
         ]
         if cfg.is_moe_layer(i):
             # A family with MoE layers passes moe_entries; config_from_hf refuses the others.
-            entries += moe_entries(cfg, p + ffn, us + ("mlp",))  # type: ignore[misc]
+            layer += moe_entries(cfg, p + ffn, us + ("mlp",))  # type: ignore[misc]
         else:
-            entries += mlp_entries(p + ffn, us + ("mlp",), d, f)
+            layer += mlp_entries(p + ffn, us + ("mlp",), d, f)
         if cfg.qkv_bias:
-            entries += [
+            layer += [
                 Entry(p + "self_attn.q_proj.bias", us + ("attn", "q_bias"), ((h, hd),), (0, 1)),
                 Entry(p + "self_attn.k_proj.bias", us + ("attn", "k_bias"), ((kv, hd),), (0, 1)),
                 Entry(p + "self_attn.v_proj.bias", us + ("attn", "v_bias"), ((kv, hd),), (0, 1)),
             ]
         if cfg.qk_norm:
-            entries += [
+            layer += [
                 Entry(
                     p + "self_attn.q_norm.weight", us + ("attn", "q_norm", "scale"), ((hd,),), (0,)
                 ),
@@ -128,6 +139,8 @@ def decoder_entries(
                     p + "self_attn.k_norm.weight", us + ("attn", "k_norm", "scale"), ((hd,),), (0,)
                 ),
             ]
+        n = cfg.num_layers // period
+        entries += [dataclasses.replace(e, layer=(g, n)) for e in layer]
     return entries
 
 

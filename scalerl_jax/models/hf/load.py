@@ -143,21 +143,33 @@ def load_params(path, mesh=None, cfg: Optional[ModelConfig] = None, dtype=None):
             one = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
         variables = dict(nnx.to_flat_state(state))
         np_dtype = np.dtype(cfg.param_dtype)
+
+        def read(e: Entry, index: tuple) -> np.ndarray:
+            if e.experts:
+                return _read_expert_slice(handles, files, e, index, np_dtype)
+            return _read_slice(handles[files[e.hf_name]], e, index, np_dtype)
+
+        rows: dict[tuple, list[Entry]] = {}  # param path -> its entries (a layer stack's rows)
         for e in entries:
-            sharding = shardings[e.path] if mesh is not None else one
+            rows.setdefault(e.path, []).append(e)
+        for path_, group in rows.items():
+            group.sort(key=lambda e: e.layer[0] if e.layer else 0)
+            sharding = shardings[path_] if mesh is not None else one
             cache: dict = {}  # replicated shards read once per distinct block
 
-            def block(index, e=e, cache=cache):
-                key = tuple(sl.indices(n)[:2] for sl, n in zip(index, e.shape))
+            def block(index, group=group, cache=cache):
+                shape = group[0].param_shape
+                key = tuple(sl.indices(n)[:2] for sl, n in zip(index, shape))
                 if key not in cache:
-                    cache[key] = (
-                        _read_expert_slice(handles, files, e, index, np_dtype)
-                        if e.experts
-                        else _read_slice(handles[files[e.hf_name]], e, index, np_dtype)
-                    )
+                    if group[0].layer:  # index[0]: the stacked layers' rows
+                        lo, hi = key[0]
+                        cache[key] = np.stack([read(e, index[1:]) for e in group[lo:hi]])
+                    else:
+                        cache[key] = read(group[0], index)
                 return cache[key]
 
-            variables[e.path].set_value(jax.make_array_from_callback(e.shape, sharding, block))
+            value = jax.make_array_from_callback(group[0].param_shape, sharding, block)
+            variables[path_].set_value(value)
     return cfg, graphdef, state
 
 

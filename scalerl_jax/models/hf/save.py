@@ -74,7 +74,7 @@ def export(
     missing = [e.path for e in entries if e.path not in flat]
     if missing:
         raise HFError(f"params lack {missing[:5]} required by config {cfg.name!r}")
-    full_shapes = {e.path: e.shape for e in entries}
+    full_shapes = {e.path: e.param_shape for e in entries}
     entries = [one for e in entries for one in (e.per_expert() if e.experts else [e])]
     # Entries that are pieces of one HF tensor (Llama-4 gate_up_proj) are written as one.
     pieces: dict = {}
@@ -100,7 +100,7 @@ def export(
     if writer:
         os.makedirs(out_dir, exist_ok=True)
 
-    gathered: dict = {}  # the last gathered param: its experts are written one after another
+    gathered: dict = {}  # the last gathered param (row): its experts are written one by one
 
     def hf_array(e: Entry) -> np.ndarray:
         if e.part:
@@ -109,18 +109,20 @@ def export(
         return hf_piece(e)
 
     def hf_piece(e: Entry) -> np.ndarray:
-        if e.path not in gathered:
+        key = (e.path, e.layer[:1])
+        if key not in gathered:
             value = (
                 flat[e.path].get_value() if isinstance(flat[e.path], nnx.Variable) else flat[e.path]
             )
+            if value.shape != full_shapes[e.path]:
+                raise HFError(
+                    f"param {'.'.join(map(str, e.path))}: shape {value.shape} != "
+                    f"{full_shapes[e.path]} expected by config {cfg.name!r}"
+                )
             gathered.clear()
-            gathered[e.path] = _to_host(value)
-        ours = gathered[e.path]
-        if ours.shape != full_shapes[e.path]:
-            raise HFError(
-                f"param {'.'.join(map(str, e.path))}: shape {ours.shape} != "
-                f"{full_shapes[e.path]} expected by config {cfg.name!r}"
-            )
+            # A layer's row is cut out on the devices: the host holds one layer's tensor.
+            gathered[key] = _to_host(value[e.layer[0]] if e.layer else value)
+        ours = gathered[key]
         if e.expert >= 0:
             ours = ours[e.expert]
         split = ours.transpose(np.argsort(e.perm))
