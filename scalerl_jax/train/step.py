@@ -155,7 +155,7 @@ def _schedule_count(opt_state):
 
 def micro_loss(
     params,
-    mb: TrainBatch,
+    mb,
     *,
     graphdef,
     objective: str,
@@ -169,7 +169,9 @@ def micro_loss(
     hidden_sh,
     logits_sh,
 ):
-    """One micro-batch's loss times its normaliser N_k (see the module docstring), and metrics."""
+    """One micro-batch's loss times its normaliser N_k (see the module docstring), and metrics.
+
+    `mb` is one micro-batch of the TrainBatch (traced arrays, no leading M axis)."""
     model = nnx.merge(graphdef, params)
     hidden, router = model.forward(mb.tokens, mb.positions, mb.segment_ids)
     hidden = jax.lax.with_sharding_constraint(hidden, hidden_sh)
@@ -211,7 +213,7 @@ def micro_loss(
     return loss * sg(m["normaliser"]), m
 
 
-def loss_and_grad(params, mb: TrainBatch, **loss_kw):
+def loss_and_grad(params, mb, **loss_kw):
     """(gradient of `micro_loss` w.r.t. params, the micro-batch's metrics)."""
     return jax.grad(micro_loss, has_aux=True)(params, mb, **loss_kw)
 
