@@ -7,13 +7,12 @@ table the losses dispatch with. A setting that the chosen objective would not re
 
 from __future__ import annotations
 
-OBJECTIVES = ("cispo", "grpo", "dapo", "gspo", "tis")
-
 # Read by every objective (kl_estimator only when a reference policy is given).
 SHARED_HPARAMS = ("aggregation", "kl_coef", "kl_estimator", "entropy_coef")
 
-# Read only by some objectives. `tis_cap` belongs to all of them: 'tis' is built on it, the
-# others apply the truncated importance-sampling weight on top when it is set.
+# Read only by some objectives: one row per objective registered with `rl.registry.objective`
+# (its function's keywords must be the row). `tis_cap` belongs to all of them: 'tis' is built
+# on it, the others apply the truncated importance-sampling weight on top when it is set.
 OBJECTIVE_HPARAMS = {
     "cispo": ("ratio_cap", "ratio_floor", "tis_cap"),
     "grpo": ("clip_eps_low", "clip_eps_high", "dual_clip", "tis_cap"),
@@ -22,16 +21,14 @@ OBJECTIVE_HPARAMS = {
     "tis": ("tis_cap",),
 }
 
-# Every objective-specific name, in a fixed order.
-SPECIFIC_HPARAMS = (
-    "ratio_cap",
-    "ratio_floor",
-    "clip_eps_low",
-    "clip_eps_high",
-    "dual_clip",
-    "gspo_eps_low",
-    "gspo_eps_high",
-    "tis_cap",
+OBJECTIVES = tuple(OBJECTIVE_HPARAMS)
+
+# Every objective-specific name, in table order, those that every objective reads last.
+SPECIFIC_HPARAMS = tuple(
+    sorted(
+        dict.fromkeys(n for row in OBJECTIVE_HPARAMS.values() for n in row),
+        key=lambda n: all(n in row for row in OBJECTIVE_HPARAMS.values()),
+    )
 )
 
 # Keyword names of `policy_loss` that are also LossConfig fields (e.g. jit's static_argnames).

@@ -64,13 +64,16 @@ max over counted tokens of the ratio the objective uses), ``kl`` / ``entropy`` w
 
 This module holds CISPO, GSPO, REINFORCE+TIS and the `policy_loss` dispatch; the PPO-clip family
 (PPO-clip, GRPO, DAPO, and the clipped surrogate GSPO reuses) is ``rl/ppo_clip.py``, re-exported
-here; the frame every objective shares (input checks and sanitising, TIS weight, KL/entropy
-terms, aggregation) is ``rl/loss_parts.py``.
+here. Each objective is its per-token term registered with ``@objective(name)``
+(``rl/registry.py``), which wraps it once in the frame every objective shares (input checks and
+sanitising, KL/entropy terms, aggregation: ``rl/loss_parts.py``). A new objective is one such
+function plus its row of ``rl.hparams.OBJECTIVE_HPARAMS`` (and LossConfig fields for new names).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+import inspect
+from typing import Optional
 
 import jax.numpy as jnp
 
@@ -79,22 +82,21 @@ from scalerl_jax.rl.hparams import (
     HPARAM_NAMES,
     OBJECTIVE_HPARAMS,
     OBJECTIVES,
+    SPECIFIC_HPARAMS,
     check_objective,
     describe_unused,
     unused_hparams,
 )
 from scalerl_jax.rl.loss_parts import (
     KL_ESTIMATORS,
-    check_tis,
-    finish,
     kl_penalty,
     log_ratio,
-    prepare,
     ratio_metrics,
     sg,
     tis_weight,
     weighted,
 )
+from scalerl_jax.rl.registry import LOSSES, objective
 from scalerl_jax.rl.ppo_clip import (
     check_clip,
     clipped_surrogate,
@@ -119,26 +121,9 @@ __all__ = [
 ]
 
 
+@objective("cispo")
 def cispo_loss(
-    logp,
-    behaviour_logp,
-    advantages,
-    mask,
-    prompt_index=None,
-    *,
-    aggregation: str,
-    num_prompts: Optional[int] = None,
-    max_length: Optional[int] = None,
-    weights=None,
-    ratio_cap: float = 4.0,
-    ratio_floor: Optional[float] = None,
-    tis_cap: Optional[float] = None,
-    old_logp=None,
-    ref_logp=None,
-    kl_coef: float = 0.0,
-    kl_estimator: str = "k3",
-    entropy=None,
-    entropy_coef: float = 0.0,
+    b, old_logp, *, ratio_cap: float = 4.0, ratio_floor: Optional[float] = None, tis_cap=None
 ):
     """CISPO (MiniMax-M1; ScaleRL's loss), per token ``-sg(w) * A * logp``.
 
@@ -156,21 +141,6 @@ def cispo_loss(
         raise ValueError(f"ratio_cap={ratio_cap}: must be > 0 (absolute cap on rho)")
     if ratio_floor is not None and not 0 <= ratio_floor < ratio_cap:
         raise ValueError(f"ratio_floor={ratio_floor}: must be in [0, ratio_cap={ratio_cap})")
-    check_tis(tis_cap, old_logp, "objective='cispo'")
-    b = prepare(
-        logp,
-        behaviour_logp,
-        advantages,
-        mask,
-        prompt_index,
-        num_prompts,
-        aggregation,
-        max_length,
-        weights,
-        old_logp=old_logp,
-        ref_logp=ref_logp,
-        entropy=entropy,
-    )
     denominator, tis_w, metrics = tis_weight(b, old_logp, tis_cap)
     rho = jnp.exp(log_ratio(sg(b.logp), denominator))
     w = jnp.minimum(rho, ratio_cap)
@@ -181,39 +151,12 @@ def cispo_loss(
         metrics["floor_frac"] = masked_mean(rho < ratio_floor, b.counted)
     else:
         metrics["floor_frac"] = jnp.float32(0.0)
-    pg_tok = weighted(-sg(w) * b.advantages * b.logp, tis_w)
-    return finish(
-        b,
-        pg_tok,
-        metrics,
-        ref_logp=ref_logp,
-        kl_coef=kl_coef,
-        kl_estimator=kl_estimator,
-        entropy=entropy,
-        entropy_coef=entropy_coef,
-    )
+    return weighted(-sg(w) * b.advantages * b.logp, tis_w), metrics
 
 
+@objective("gspo")
 def gspo_loss(
-    logp,
-    behaviour_logp,
-    advantages,
-    mask,
-    prompt_index=None,
-    *,
-    aggregation: str,
-    num_prompts: Optional[int] = None,
-    max_length: Optional[int] = None,
-    weights=None,
-    gspo_eps_low: float = 3e-3,
-    gspo_eps_high: float = 4e-3,
-    tis_cap: Optional[float] = None,
-    old_logp=None,
-    ref_logp=None,
-    kl_coef: float = 0.0,
-    kl_estimator: str = "k3",
-    entropy=None,
-    entropy_coef: float = 0.0,
+    b, old_logp, *, gspo_eps_low: float = 3e-3, gspo_eps_high: float = 4e-3, tis_cap=None
 ):
     """GSPO: PPO-clip on the sequence ratio ``s_i = exp(mean_t(logp - behaviour_logp))``.
 
@@ -234,21 +177,6 @@ def gspo_loss(
     Metrics: ``ratio_mean``/``ratio_max`` are of s_i over counted tokens; clip fractions as PPO's.
     """
     check_clip("gspo_eps_low", gspo_eps_low, "gspo_eps_high", gspo_eps_high, None)
-    check_tis(tis_cap, old_logp, "objective='gspo'")
-    b = prepare(
-        logp,
-        behaviour_logp,
-        advantages,
-        mask,
-        prompt_index,
-        num_prompts,
-        aggregation,
-        max_length,
-        weights,
-        old_logp=old_logp,
-        ref_logp=ref_logp,
-        entropy=entropy,
-    )
     denominator, tis_w, metrics = tis_weight(b, old_logp, tis_cap)
     n = jnp.maximum(b.counted.sum(axis=1), 1).astype(jnp.float32)
     seq_log_ratio = log_ratio(jnp.sum(b.logp - denominator, axis=1) / n, 0.0)
@@ -259,37 +187,11 @@ def gspo_loss(
     del clip_metrics["dual_clip_frac"]
     metrics.update(clip_metrics)
     metrics.update(ratio_metrics(s, b.counted))
-    return finish(
-        b,
-        weighted(pg_tok, tis_w),
-        metrics,
-        ref_logp=ref_logp,
-        kl_coef=kl_coef,
-        kl_estimator=kl_estimator,
-        entropy=entropy,
-        entropy_coef=entropy_coef,
-    )
+    return weighted(pg_tok, tis_w), metrics
 
 
-def tis_loss(
-    logp,
-    behaviour_logp,
-    advantages,
-    mask,
-    prompt_index=None,
-    *,
-    aggregation: str,
-    num_prompts: Optional[int] = None,
-    max_length: Optional[int] = None,
-    weights=None,
-    tis_cap: float = 5.0,
-    old_logp=None,
-    ref_logp=None,
-    kl_coef: float = 0.0,
-    kl_estimator: str = "k3",
-    entropy=None,
-    entropy_coef: float = 0.0,
-):
+@objective("tis")
+def tis_loss(b, old_logp, *, tis_cap: float = 5.0):
     """REINFORCE with truncated importance sampling: per token ``-w * A * logp``,
     ``w = sg(min(pi_old / pi_behaviour, tis_cap))`` (Yao et al. 2025; PipelineRL caps at 5).
 
@@ -307,47 +209,13 @@ def tis_loss(
     """
     if tis_cap is None:
         raise ValueError("tis_cap=None: objective='tis' needs a cap (> 0; PipelineRL uses 5)")
-    check_tis(tis_cap, old_logp, "objective='tis'")
-    b = prepare(
-        logp,
-        behaviour_logp,
-        advantages,
-        mask,
-        prompt_index,
-        num_prompts,
-        aggregation,
-        max_length,
-        weights,
-        old_logp=old_logp,
-        ref_logp=ref_logp,
-        entropy=entropy,
-    )
     _, w, tis_metrics = tis_weight(b, old_logp, tis_cap)
     metrics = {
         "ratio_mean": tis_metrics["tis_ratio_mean"],
         "ratio_max": tis_metrics["tis_ratio_max"],
         "tis_frac": tis_metrics["tis_frac"],
     }
-    pg_tok = -w * b.advantages * b.logp
-    return finish(
-        b,
-        pg_tok,
-        metrics,
-        ref_logp=ref_logp,
-        kl_coef=kl_coef,
-        kl_estimator=kl_estimator,
-        entropy=entropy,
-        entropy_coef=entropy_coef,
-    )
-
-
-_LOSSES: dict[str, Callable[..., Any]] = {
-    "cispo": cispo_loss,
-    "grpo": grpo_loss,
-    "dapo": dapo_loss,
-    "gspo": gspo_loss,
-    "tis": tis_loss,
-}
+    return -w * b.advantages * b.logp, metrics
 
 
 def policy_loss(
@@ -362,26 +230,19 @@ def policy_loss(
     num_prompts: Optional[int] = None,
     max_length: Optional[int] = None,
     weights=None,
-    ratio_cap: Optional[float] = None,
-    ratio_floor: Optional[float] = None,
-    clip_eps_low: Optional[float] = None,
-    clip_eps_high: Optional[float] = None,
-    dual_clip: Optional[float] = None,
-    gspo_eps_low: Optional[float] = None,
-    gspo_eps_high: Optional[float] = None,
-    tis_cap: Optional[float] = None,
     old_logp=None,
     ref_logp=None,
     kl_coef: float = 0.0,
     kl_estimator: str = "k3",
     entropy=None,
     entropy_coef: float = 0.0,
+    **hparams,
 ):
-    """Dispatch to one objective by name; keyword names equal LossConfig's fields and the
-    per-objective functions' (`cispo_loss`, ...).
+    """Dispatch to one registered objective by name; keyword names equal LossConfig's fields and
+    the per-objective functions' (`cispo_loss`, ...).
 
-    ``objective`` in ("cispo", "grpo", "dapo", "gspo", "tis"). The objective-specific keywords
-    default to None, meaning "not set: the objective's own default" (so ``policy_loss("dapo")``
+    ``objective`` in `OBJECTIVES`. The objective-specific keywords (`SPECIFIC_HPARAMS`) default
+    to None, meaning "not set: the objective's own default" (so ``policy_loss("dapo")``
     is ``dapo_loss()``: clip 0.2 / 0.28). Setting one that the objective does not read
     (``OBJECTIVE_HPARAMS[objective]``) raises ValueError naming the setting and the objective:
     e.g. GSPO's clip range is ``gspo_eps_low/high``, so ``clip_eps_low`` with 'gspo' is an
@@ -392,23 +253,16 @@ def policy_loss(
     ``jax.jit(policy_loss, static_argnums=0, static_argnames=HPARAM_NAMES + ("num_prompts",))``.
     """
     check_objective(objective)
-    specific = dict(
-        ratio_cap=ratio_cap,
-        ratio_floor=ratio_floor,
-        clip_eps_low=clip_eps_low,
-        clip_eps_high=clip_eps_high,
-        dual_clip=dual_clip,
-        gspo_eps_low=gspo_eps_low,
-        gspo_eps_high=gspo_eps_high,
-        tis_cap=tis_cap,
-    )
-    given = {k: v for k, v in specific.items() if v is not None}
+    unknown = sorted(set(hparams) - set(SPECIFIC_HPARAMS))
+    if unknown:
+        raise TypeError(f"policy_loss() got unexpected keyword(s) {unknown}")
+    given = {k: v for k, v in hparams.items() if v is not None}
     unused = unused_hparams(objective, given)
     if unused:
         raise ValueError(
             "policy_loss: " + describe_unused(objective, {k: given[k] for k in unused})
         )
-    return _LOSSES[objective](
+    return LOSSES[objective](
         logp,
         behaviour_logp,
         advantages,
@@ -426,3 +280,17 @@ def policy_loss(
         entropy_coef=entropy_coef,
         **given,
     )
+
+
+def _list_hparams(fn):
+    """Show every objective-specific keyword (default None: not set) in `fn`'s signature."""
+    params = [p for p in inspect.signature(fn).parameters.values() if p.kind is not p.VAR_KEYWORD]
+    at = [p.name for p in params].index("old_logp")
+    specific = [
+        inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=None) for n in SPECIFIC_HPARAMS
+    ]
+    fn.__signature__ = inspect.Signature(params[:at] + specific + params[at:])
+    return fn
+
+
+policy_loss = _list_hparams(policy_loss)

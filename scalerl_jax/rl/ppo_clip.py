@@ -10,15 +10,8 @@ from typing import Optional
 import jax.numpy as jnp
 
 from scalerl_jax.rl.aggregation import masked_mean
-from scalerl_jax.rl.loss_parts import (
-    check_tis,
-    finish,
-    log_ratio,
-    prepare,
-    ratio_metrics,
-    tis_weight,
-    weighted,
-)
+from scalerl_jax.rl.loss_parts import log_ratio, ratio_metrics, tis_weight, weighted
+from scalerl_jax.rl.registry import make_loss, objective
 
 
 def clipped_surrogate(ratio, adv, counted, eps_low, eps_high, dual_clip):
@@ -54,27 +47,8 @@ def check_clip(name_low, low, name_high, high, dual_clip):
         raise ValueError(f"dual_clip={dual_clip}: must be > 1")
 
 
-def ppo_clip_loss(
-    logp,
-    behaviour_logp,
-    advantages,
-    mask,
-    prompt_index=None,
-    *,
-    aggregation: str,
-    num_prompts: Optional[int] = None,
-    max_length: Optional[int] = None,
-    weights=None,
-    clip_eps_low: float = 0.2,
-    clip_eps_high: float = 0.2,
-    dual_clip: Optional[float] = None,
-    tis_cap: Optional[float] = None,
-    old_logp=None,
-    ref_logp=None,
-    kl_coef: float = 0.0,
-    kl_estimator: str = "k3",
-    entropy=None,
-    entropy_coef: float = 0.0,
+def _ppo_clip(
+    b, old_logp, *, clip_eps_low: float, clip_eps_high: float, dual_clip: Optional[float], tis_cap
 ):
     """PPO-clip per token: ``max(-rho*A, -clip(rho, 1 - clip_eps_low, 1 + clip_eps_high)*A)``.
 
@@ -86,21 +60,6 @@ def ppo_clip_loss(
     ``clip_frac`` (either: tokens whose gradient clipping zeroed), ``dual_clip_frac``.
     """
     check_clip("clip_eps_low", clip_eps_low, "clip_eps_high", clip_eps_high, dual_clip)
-    check_tis(tis_cap, old_logp, "ppo_clip_loss")
-    b = prepare(
-        logp,
-        behaviour_logp,
-        advantages,
-        mask,
-        prompt_index,
-        num_prompts,
-        aggregation,
-        max_length,
-        weights,
-        old_logp=old_logp,
-        ref_logp=ref_logp,
-        entropy=entropy,
-    )
     denominator, tis_w, metrics = tis_weight(b, old_logp, tis_cap)
     rho = jnp.exp(log_ratio(b.logp, denominator))
     pg_tok, clip_metrics = clipped_surrogate(
@@ -108,39 +67,41 @@ def ppo_clip_loss(
     )
     metrics.update(clip_metrics)
     metrics.update(ratio_metrics(rho, b.counted))
-    return finish(
+    return weighted(pg_tok, tis_w), metrics
+
+
+def _ppo_clip_term(
+    b,
+    old_logp,
+    *,
+    clip_eps_low: float = 0.2,
+    clip_eps_high: float = 0.2,
+    dual_clip: Optional[float] = None,
+    tis_cap: Optional[float] = None,
+):
+    return _ppo_clip(
         b,
-        weighted(pg_tok, tis_w),
-        metrics,
-        ref_logp=ref_logp,
-        kl_coef=kl_coef,
-        kl_estimator=kl_estimator,
-        entropy=entropy,
-        entropy_coef=entropy_coef,
+        old_logp,
+        clip_eps_low=clip_eps_low,
+        clip_eps_high=clip_eps_high,
+        dual_clip=dual_clip,
+        tis_cap=tis_cap,
     )
 
 
+_ppo_clip_term.__doc__ = _ppo_clip.__doc__
+ppo_clip_loss = make_loss("ppo_clip", _ppo_clip_term)
+
+
+@objective("grpo")
 def grpo_loss(
-    logp,
-    behaviour_logp,
-    advantages,
-    mask,
-    prompt_index=None,
+    b,
+    old_logp,
     *,
-    aggregation: str,
-    num_prompts: Optional[int] = None,
-    max_length: Optional[int] = None,
-    weights=None,
     clip_eps_low: float = 0.2,
     clip_eps_high: Optional[float] = None,
     dual_clip: Optional[float] = None,
     tis_cap: Optional[float] = None,
-    old_logp=None,
-    ref_logp=None,
-    kl_coef: float = 0.0,
-    kl_estimator: str = "k3",
-    entropy=None,
-    entropy_coef: float = 0.0,
 ):
     """GRPO (DeepSeekMath): symmetric PPO-clip, ``clip(rho, 1 - clip_eps_low, 1 + clip_eps_low)``;
     the paper aggregates by 'sequence' and uses k3 KL. ``clip_eps_high`` is None (symmetric) or
@@ -150,73 +111,33 @@ def grpo_loss(
             f"objective='grpo' clips symmetrically but clip_eps_low={clip_eps_low} "
             f"!= clip_eps_high={clip_eps_high}; use 'dapo'"
         )
-    check_tis(tis_cap, old_logp, "objective='grpo'")
-    return ppo_clip_loss(
-        logp,
-        behaviour_logp,
-        advantages,
-        mask,
-        prompt_index,
-        aggregation=aggregation,
-        num_prompts=num_prompts,
-        max_length=max_length,
-        weights=weights,
+    return _ppo_clip(
+        b,
+        old_logp,
         clip_eps_low=clip_eps_low,
         clip_eps_high=clip_eps_low,
         dual_clip=dual_clip,
         tis_cap=tis_cap,
-        old_logp=old_logp,
-        ref_logp=ref_logp,
-        kl_coef=kl_coef,
-        kl_estimator=kl_estimator,
-        entropy=entropy,
-        entropy_coef=entropy_coef,
     )
 
 
+@objective("dapo")
 def dapo_loss(
-    logp,
-    behaviour_logp,
-    advantages,
-    mask,
-    prompt_index=None,
+    b,
+    old_logp,
     *,
-    aggregation: str,
-    num_prompts: Optional[int] = None,
-    max_length: Optional[int] = None,
-    weights=None,
     clip_eps_low: float = 0.2,
     clip_eps_high: float = 0.28,
     dual_clip: Optional[float] = None,
     tis_cap: Optional[float] = None,
-    old_logp=None,
-    ref_logp=None,
-    kl_coef: float = 0.0,
-    kl_estimator: str = "k3",
-    entropy=None,
-    entropy_coef: float = 0.0,
 ):
     """DAPO clip-higher: PPO-clip with eps_low 0.2, eps_high 0.28 (ScaleRL's DAPO baseline: 0.26);
     DAPO aggregates by 'token'. See `ppo_clip_loss`."""
-    check_tis(tis_cap, old_logp, "objective='dapo'")
-    return ppo_clip_loss(
-        logp,
-        behaviour_logp,
-        advantages,
-        mask,
-        prompt_index,
-        aggregation=aggregation,
-        num_prompts=num_prompts,
-        max_length=max_length,
-        weights=weights,
+    return _ppo_clip(
+        b,
+        old_logp,
         clip_eps_low=clip_eps_low,
         clip_eps_high=clip_eps_high,
         dual_clip=dual_clip,
         tis_cap=tis_cap,
-        old_logp=old_logp,
-        ref_logp=ref_logp,
-        kl_coef=kl_coef,
-        kl_estimator=kl_estimator,
-        entropy=entropy,
-        entropy_coef=entropy_coef,
     )

@@ -36,6 +36,7 @@ skipped (metric `empty` is 1).
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import jax
@@ -152,6 +153,154 @@ def _schedule_count(opt_state):
     raise ValueError("optimizer state has no ScaleByScheduleState (not from make_optimizer?)")
 
 
+def micro_loss(
+    params,
+    mb,
+    *,
+    graphdef,
+    objective: str,
+    hparams: dict,
+    num_prompts: int,
+    max_length: Optional[int],
+    temperature: float,
+    logprob_chunk: Optional[int],
+    fp32_head: bool,
+    router_aux_loss_coef: float,
+    hidden_sh,
+    logits_sh,
+):
+    """One micro-batch's loss times its normaliser N_k (see the module docstring), and metrics.
+
+    `mb` is one micro-batch of the TrainBatch (traced arrays, no leading M axis)."""
+    model = nnx.merge(graphdef, params)
+    hidden, router = model.forward(mb.tokens, mb.positions, mb.segment_ids)
+    hidden = jax.lax.with_sharding_constraint(hidden, hidden_sh)
+    logp, entropy = token_logprobs(
+        hidden,
+        model.head_kernel(),
+        mb.targets,
+        chunk_size=logprob_chunk,
+        fp32=fp32_head,
+        logits_sharding=logits_sh,
+        temperature=temperature,
+    )
+    if not hparams.get("entropy_coef"):
+        entropy = sg(entropy)  # metric only: no backward through it
+    loss, m = rl_losses.policy_loss(
+        objective,
+        logp,
+        mb.behaviour_logp,
+        mb.advantages,
+        mb.loss_mask,
+        mb.prompt_index,
+        num_prompts=num_prompts,
+        max_length=max_length,
+        entropy=entropy,
+        **hparams,
+    )
+    # KL(sampler || trainer) from the sampler's own samples: k1 = log s - log t and
+    # k3 = t/s - log(t/s) - 1 (rl.losses.kl_penalty with the sampler as "policy").
+    counted = counted_mask(mb.loss_mask, mb.prompt_index, num_prompts)
+    lp = sg(logp)
+    m["kl_sampler_k1"] = masked_mean(mb.behaviour_logp - lp, counted)
+    m["kl_sampler_k3"] = masked_mean(rl_losses.kl_penalty(mb.behaviour_logp, lp, "k3"), counted)
+    m["seq_tokens"] = jnp.sum(mb.segment_ids > 0).astype(jnp.float32)
+    if router is not None:  # an MoE policy
+        m.update(router_metrics(router))
+        if router_aux_loss_coef:
+            loss = loss + router_aux_loss_coef * m["moe_aux_loss"]
+    # Scaled by this micro-batch's normaliser; the sum is divided once at the end.
+    return loss * sg(m["normaliser"]), m
+
+
+def loss_and_grad(params, mb, **loss_kw):
+    """(gradient of `micro_loss` w.r.t. params, the micro-batch's metrics)."""
+    return jax.grad(micro_loss, has_aux=True)(params, mb, **loss_kw)
+
+
+def accumulate(params, batch: TrainBatch, *, grad_fn, grad_sh):
+    """Scan `grad_fn(params, mb)` over the micro-batches: (whole-batch grads, combined metrics).
+
+    Gradients accumulate in fp32 and are divided once by the whole batch's normaliser."""
+    zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+    zeros = jax.lax.with_sharding_constraint(zeros, grad_sh)
+
+    def body(acc, mb):
+        grads, m = grad_fn(params, mb)
+        acc = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), acc, grads)
+        return jax.lax.with_sharding_constraint(acc, grad_sh), m
+
+    acc, per_micro = jax.lax.scan(body, zeros, batch)
+    metrics = _combine(per_micro)
+    scale = 1.0 / jnp.maximum(metrics["normaliser"], 1.0)
+    grads = jax.tree.map(lambda a, p: (a * scale).astype(p.dtype), acc, params)
+    return grads, metrics
+
+
+def guarded_update(state: TrainState, grads, metrics: dict, *, tx, schedule, max_grad_norm):
+    """Apply the optimiser update unless the loss/gradient is not finite or the batch is empty.
+
+    Returns the new state and `metrics` plus the update's (norms, learning rate, skip flags)."""
+    params = state.params
+    grad_norm = global_norm(grads)
+    finite = jnp.isfinite(grad_norm) & jnp.isfinite(metrics["loss"])
+    nonempty = metrics["tokens"] > 0
+    apply = finite & nonempty
+    lr = schedule(_schedule_count(state.opt_state))
+    updates, new_opt = tx.update(grads, state.opt_state, params)
+    new_params = optax.apply_updates(params, updates)
+
+    def pick(new, old):
+        return jnp.where(apply, new, old)
+
+    new_state = TrainState(
+        params=jax.tree.map(pick, new_params, params),
+        opt_state=jax.tree.map(pick, new_opt, state.opt_state),
+        step=state.step + 1,
+        rng=jax.random.split(state.rng)[0],
+        skipped=state.skipped + (~finite).astype(jnp.int32),
+    )
+    metrics = dict(
+        metrics,
+        grad_norm=grad_norm,
+        param_norm=global_norm(new_state.params),
+        update_norm=jnp.where(apply, global_norm(updates), 0.0),
+        learning_rate=lr,
+        skipped=(~finite).astype(jnp.float32),
+        empty=(~nonempty).astype(jnp.float32),
+        skipped_total=new_state.skipped.astype(jnp.float32),
+    )
+    if max_grad_norm is not None:
+        metrics["grad_clipped"] = (grad_norm > max_grad_norm).astype(jnp.float32)
+    return new_state, metrics
+
+
+def step(state: TrainState, batch: TrainBatch, *, grad_fn, grad_sh, update_kw: dict):
+    """The whole train step: accumulate the micro-batches' gradients, then a guarded update."""
+    grads, metrics = accumulate(state.params, batch, grad_fn=grad_fn, grad_sh=grad_sh)
+    new_state, metrics = guarded_update(state, grads, metrics, **update_kw)
+    return new_state, {k: v.astype(jnp.float32) for k, v in metrics.items()}
+
+
+def check_batch(batch: TrainBatch, *, num_prompts: int, micro_batches: int, shards: int, mesh):
+    """Host-side checks of a batch against the step it is fed to (clear errors, before jit)."""
+    m, r, _ = batch.shape
+    if batch.num_prompts != num_prompts:
+        raise ValueError(
+            f"TrainBatch.num_prompts={batch.num_prompts} but the step was "
+            f"built for num_prompts={num_prompts}"
+        )
+    if m != micro_batches:
+        raise ValueError(
+            f"TrainBatch has {m} micro-batches, OptimConfig.micro_batches={micro_batches}"
+        )
+    if r % shards:
+        raise ValueError(
+            f"TrainBatch has {r} rows per micro-batch; must be a multiple of "
+            f"the {shards} batch shards of the trainer mesh {dict(mesh.shape)}"
+        )
+
+
 def make_train_step(
     graphdef,
     abstract_state: TrainState,
@@ -199,140 +348,49 @@ def make_train_step(
             f"LossConfig.kl_coef={loss_cfg.kl_coef}: the train step computes no "
             "reference-policy log-probs; KL to a reference is not supported here"
         )
-    tx = make_optimizer(optim_cfg)
-    schedule = learning_rate(optim_cfg)
-    logprob_chunk = optim_cfg.logprob_chunk
-    # Only what the objective reads: policy_loss refuses a setting its objective would ignore.
-    hparams = dict(
-        loss_cfg.objective_hparams(),
-        aggregation=loss_cfg.aggregation,
-        entropy_coef=loss_cfg.entropy_coef,
-    )
     state_sh = jax.tree.map(lambda s: s.sharding, abstract_state)
     grad_sh = state_sh.params
-    replicated = NamedSharding(mesh, PartitionSpec())
-    # Activations: rows over the batch axes; the logits' vocab over `tensor` (as the LM head).
-    hidden_sh = mesh_lib.named(mesh, "batch", None, None)
-    logits_sh = mesh_lib.named(mesh, "batch", None, "vocab")
-
-    def micro_step(params, mb: TrainBatch):
-        def loss_fn(p):
-            model = nnx.merge(graphdef, p)
-            hidden, router = model.forward(mb.tokens, mb.positions, mb.segment_ids)
-            hidden = jax.lax.with_sharding_constraint(hidden, hidden_sh)
-            logp, entropy = token_logprobs(
-                hidden,
-                model.head_kernel(),
-                mb.targets,
-                chunk_size=logprob_chunk,
-                fp32=model_cfg.fp32_head,
-                logits_sharding=logits_sh,
-                temperature=temperature,
-            )
-            if not loss_cfg.entropy_coef:
-                entropy = sg(entropy)  # metric only: no backward through it
-            loss, m = rl_losses.policy_loss(
-                loss_cfg.objective,
-                logp,
-                mb.behaviour_logp,
-                mb.advantages,
-                mb.loss_mask,
-                mb.prompt_index,
-                num_prompts=num_prompts,
-                max_length=max_length,
-                entropy=entropy,
-                **hparams,
-            )
-            # KL(sampler || trainer) from the sampler's own samples: k1 = log s - log t and
-            # k3 = t/s - log(t/s) - 1 (rl.losses.kl_penalty with the sampler as "policy").
-            counted = counted_mask(mb.loss_mask, mb.prompt_index, num_prompts)
-            lp = sg(logp)
-            m["kl_sampler_k1"] = masked_mean(mb.behaviour_logp - lp, counted)
-            m["kl_sampler_k3"] = masked_mean(
-                rl_losses.kl_penalty(mb.behaviour_logp, lp, "k3"), counted
-            )
-            m["seq_tokens"] = jnp.sum(mb.segment_ids > 0).astype(jnp.float32)
-            if router is not None:  # an MoE policy
-                m.update(router_metrics(router))
-                if model_cfg.router_aux_loss_coef:
-                    loss = loss + model_cfg.router_aux_loss_coef * m["moe_aux_loss"]
-            # Scaled by this micro-batch's normaliser; the sum is divided once at the end.
-            return loss * sg(m["normaliser"]), m
-
-        grads, m = jax.grad(loss_fn, has_aux=True)(params)
-        return grads, m
-
-    def step_fn(state: TrainState, batch: TrainBatch):
-        params = state.params
-        zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
-        zeros = jax.lax.with_sharding_constraint(zeros, grad_sh)
-
-        def body(acc, mb):
-            grads, m = micro_step(params, mb)
-            acc = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), acc, grads)
-            return jax.lax.with_sharding_constraint(acc, grad_sh), m
-
-        acc, per_micro = jax.lax.scan(body, zeros, batch)
-        metrics = _combine(per_micro)
-        scale = 1.0 / jnp.maximum(metrics["normaliser"], 1.0)
-        grads = jax.tree.map(lambda a, p: (a * scale).astype(p.dtype), acc, params)
-
-        grad_norm = global_norm(grads)
-        finite = jnp.isfinite(grad_norm) & jnp.isfinite(metrics["loss"])
-        nonempty = metrics["tokens"] > 0
-        apply = finite & nonempty
-        lr = schedule(_schedule_count(state.opt_state))
-        updates, new_opt = tx.update(grads, state.opt_state, params)
-        new_params = optax.apply_updates(params, updates)
-
-        def pick(new, old):
-            return jnp.where(apply, new, old)
-
-        new_state = TrainState(
-            params=jax.tree.map(pick, new_params, params),
-            opt_state=jax.tree.map(pick, new_opt, state.opt_state),
-            step=state.step + 1,
-            rng=jax.random.split(state.rng)[0],
-            skipped=state.skipped + (~finite).astype(jnp.int32),
-        )
-        metrics.update(
-            grad_norm=grad_norm,
-            param_norm=global_norm(new_state.params),
-            update_norm=jnp.where(apply, global_norm(updates), 0.0),
-            learning_rate=lr,
-            skipped=(~finite).astype(jnp.float32),
-            empty=(~nonempty).astype(jnp.float32),
-            skipped_total=new_state.skipped.astype(jnp.float32),
-        )
-        if optim_cfg.max_grad_norm is not None:
-            metrics["grad_clipped"] = (grad_norm > optim_cfg.max_grad_norm).astype(jnp.float32)
-        return new_state, {k: v.astype(jnp.float32) for k, v in metrics.items()}
-
+    grad_fn = functools.partial(
+        loss_and_grad,
+        graphdef=graphdef,
+        objective=loss_cfg.objective,
+        # Only what the objective reads: policy_loss refuses a setting its objective would ignore.
+        hparams=dict(
+            loss_cfg.objective_hparams(),
+            aggregation=loss_cfg.aggregation,
+            entropy_coef=loss_cfg.entropy_coef,
+        ),
+        num_prompts=num_prompts,
+        max_length=max_length,
+        temperature=temperature,
+        logprob_chunk=optim_cfg.logprob_chunk,
+        fp32_head=model_cfg.fp32_head,
+        router_aux_loss_coef=model_cfg.router_aux_loss_coef,
+        # Activations: rows over the batch axes; the logits' vocab over `tensor` (as the LM head).
+        hidden_sh=mesh_lib.named(mesh, "batch", None, None),
+        logits_sh=mesh_lib.named(mesh, "batch", None, "vocab"),
+    )
+    update_kw = dict(
+        tx=make_optimizer(optim_cfg),
+        schedule=learning_rate(optim_cfg),
+        max_grad_norm=optim_cfg.max_grad_norm,
+    )
     jitted = jax.jit(
-        step_fn,
+        functools.partial(step, grad_fn=grad_fn, grad_sh=grad_sh, update_kw=update_kw),
         in_shardings=(state_sh, batch_sharding(mesh)),
-        out_shardings=(state_sh, replicated),
+        out_shardings=(state_sh, NamedSharding(mesh, PartitionSpec())),
         donate_argnums=(0,) if donate else (),
     )
     shards = batch_shards(mesh)
 
     def train_step(state: TrainState, batch: TrainBatch):
-        m, r, _ = batch.shape
-        if batch.num_prompts != num_prompts:
-            raise ValueError(
-                f"TrainBatch.num_prompts={batch.num_prompts} but the step was "
-                f"built for num_prompts={num_prompts}"
-            )
-        if m != optim_cfg.micro_batches:
-            raise ValueError(
-                f"TrainBatch has {m} micro-batches, OptimConfig.micro_batches="
-                f"{optim_cfg.micro_batches}"
-            )
-        if r % shards:
-            raise ValueError(
-                f"TrainBatch has {r} rows per micro-batch; must be a multiple of "
-                f"the {shards} batch shards of the trainer mesh {dict(mesh.shape)}"
-            )
+        check_batch(
+            batch,
+            num_prompts=num_prompts,
+            micro_batches=optim_cfg.micro_batches,
+            shards=shards,
+            mesh=mesh,
+        )
         if isinstance(batch.tokens, np.ndarray):
             check_layout(batch)
             batch = put_batch(batch, mesh)
