@@ -13,7 +13,7 @@ watchdog acts only where they cannot in time:
 * after the first, if the process is still running `grace_s` later and `can_exit()` says that
   nothing would be lost (no step trained since the last checkpoint: start-up, the SFT warm-up,
   the first evaluation, the first compilation), it ends the process: what a kill -9 would do,
-  which a run survives by design (DESIGN.md "Resume"). Otherwise the Python handler has promised
+  which a run survives by design. Otherwise the Python handler has promised
   a checkpoint after the current step; the watchdog says so once, if the main thread has not
   been able to, and leaves the rest to it.
 

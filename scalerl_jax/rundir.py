@@ -1,6 +1,6 @@
 """Run-directory integrity: one live run per workdir, and a config that stays the run's config.
 
-A workdir is the whole identity of a run (DESIGN.md, "Run directory contract"): re-running the
+A workdir is the whole identity of a run: re-running the
 same command resumes it. Two things can silently corrupt that, and this module refuses both
 before anything is written:
 

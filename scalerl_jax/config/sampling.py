@@ -10,7 +10,7 @@ from scalerl_jax.config.checks import _check, _choice, _positive
 
 @dataclasses.dataclass(frozen=True)
 class SamplerConfig:
-    """Generation: slots, lengths, sampling, interruptions (see DESIGN.md)."""
+    """Generation: slots, lengths, sampling, interruptions (docs/sampler.md)."""
 
     max_concurrent_decodes: int = 64  # decode slots per sampler replica
     max_prefill_length: int = 2048

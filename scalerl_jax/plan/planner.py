@@ -3,7 +3,7 @@
 `resolve(cfg, topology(name))` decides how a RunConfig runs on a slice and whether it fits:
 
 * roles: every host gives `trainer_devices_per_host` chips to the trainer and the rest to its
-  own sampler replica (DESIGN.md "Meshes"). Default: one trainer chip per four (a v5p host's 4
+  own sampler replica. Default: one trainer chip per four (a v5p host's 4
   chips -> 1 trainer + 3 sampler): decoding long completions costs more chip time than training
   on them. More trainer chips per host are taken only when the trainer's states do not fit.
   A slice with one chip per host colocates trainer and sampler, and so does any slice where no

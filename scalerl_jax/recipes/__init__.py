@@ -1,6 +1,6 @@
 """Named recipes: plain functions returning a RunConfig.
 
-`scalerl` is the paper's recipe (REFERENCE.md "Recipe facts"); `testbed` is the embedded CPU
+`scalerl` is the paper's recipe; `testbed` is the embedded CPU
 default that `python experiments/run.py` runs: a tiny model on a synthetic task, with every
 mechanism of the recipe on (CISPO, prompt aggregation, batch advantage norm, zero-variance
 filtering, no-positive-resampling, interruptions, in-flight weight updates), at sizes a laptop

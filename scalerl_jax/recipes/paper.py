@@ -1,4 +1,4 @@
-"""The paper's recipes: `scalerl` as published (REFERENCE.md "Recipe facts") and every recipe
+"""The paper's recipes: `scalerl` as published and every recipe
 built from it by changing a few fields: the comparison baselines (`grpo`, `dapo`, `magistral`,
 `minimax`), the leave-one-out ablations (`loo_*`) and the scaling axes (batch size,
 generations per prompt, 32k generation). Each derived recipe's docstring ends with its
@@ -29,7 +29,7 @@ PHRASE_ROOM = 64  # KV-cache room for the forced interruption phrase
 
 
 def scalerl(model: str = DEFAULT_MODEL, **overrides) -> RunConfig:
-    """ScaleRL as published (REFERENCE.md "Recipe facts"): 48 prompts x 16 generations = 768,
+    """ScaleRL as published: 48 prompts x 16 generations = 768,
     prompts up to 2,048 tokens, 12,288 thinking + 2,048 answer tokens, interruption point drawn in
     [10k, 12k] thinking tokens, CISPO, prompt-average aggregation, batch-level advantage
     normalisation, zero-variance filtering, no-positive-resampling (retire at pass rate >= 0.9),
@@ -80,7 +80,7 @@ def _variant(name: str, model: str, overrides: dict, /, **sections: dict) -> Run
 
 
 # ------------------------------------------------------------- the paper's comparison baselines
-# REFERENCE.md "Baselines as the paper ran them". All keep what the table does not change:
+# The baselines as the paper ran them. All keep what the table does not change:
 # Polaris data, AdamW 5e-7, no KL, +-1 rewards and the 12,288 + 2,048 budget enforced by
 # interruptions (the paper's common set-up enforces the thinking budget that way for every run;
 # the table lists no length penalty for any baseline). Pieces that are ScaleRL's own additions
@@ -192,7 +192,7 @@ def minimax(model: str = DEFAULT_MODEL, **overrides) -> RunConfig:
 
 
 # ----------------------------------------------------------------- leave-one-out ablations (LOO)
-# Each reverts exactly one ScaleRL piece, as REFERENCE.md's leave-one-out list.
+# Each reverts exactly one ScaleRL piece, as the paper's leave-one-out list.
 
 
 def loo_loss(model: str = DEFAULT_MODEL, **overrides) -> RunConfig:

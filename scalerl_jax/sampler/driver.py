@@ -37,7 +37,7 @@ sample j of ticket t draws its tokens from a PRNG key and its thinking budget fr
 both derived from (seed, t, j). What a sample generates therefore depends on the params it saw,
 not on which slot it got, on what else was running, or on how many steps each call decoded.
 
-Interruptions (DESIGN.md). Each sample draws a thinking budget in [think_min, think_max]
+Interruptions. Each sample draws a thinking budget in [think_min, think_max]
 (generated tokens, counted from the first one: thinking is taken to be open from the start of
 the completion). If the think-close marker has not appeared among the first `budget` tokens, the
 phrase is queued as forced tokens and the sample gets at most `answer_budget` tokens after the
