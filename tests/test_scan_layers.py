@@ -1,7 +1,7 @@
 """The scanned decoder layers (models/transformer.py): the period grouping, the scan against an
 unrolled Python loop over the same stacked weights (dense, MoE interleave, Llama-4 NoPE and
-chunked local layers), program size flat in depth, and an old per-layer checkpoint refused
-with a clear error."""
+chunked local layers), program size flat in depth, an old per-layer checkpoint refused
+with a clear error, and the sampler's generate program updating the stacked cache in place."""
 
 from __future__ import annotations
 
@@ -190,3 +190,42 @@ def test_per_layer_checkpoint_is_refused_with_a_clear_error(tmp_path):
     with pytest.raises(ckpt.CheckpointError, match="stacked along a leading layer axis"):
         c.restore(abstract)
     assert c.all_steps() == [1]
+
+
+@pytest.mark.parametrize("scan", [True, False])
+def test_generate_updates_the_stacked_cache_in_place(scan):
+    """The sampler's generate program (decode steps over the layer scan) writes each new token
+    into the carried stacked cache in place: XLA's temporaries stay below a fraction of the KV
+    cache. A cache write whose layout XLA would rather change (a vmap of dynamic_update_slice
+    over rows) copies the whole stacked cache: temporaries > 1x the cache bytes."""
+    from jax.sharding import Mesh
+
+    from scalerl_jax.config import SamplerConfig
+    from scalerl_jax.sampler.engine import Engine
+
+    cfg = presets.get("tiny-qwen3", num_layers=8, scan_layers=scan)
+    mesh = Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("data", "tensor"))
+    sampler = SamplerConfig(
+        max_concurrent_decodes=8,
+        max_prefill_length=16,
+        max_target_length=512,
+        max_new_tokens=64,
+        interruptions=False,
+        decode_steps_per_call=4,
+    )
+    eng = Engine(cfg, mesh, sampler)
+    leaves = [
+        jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s)
+        for a, s in zip(jax.tree.leaves(eng.abstract_params), jax.tree.leaves(eng.param_shardings))
+    ]
+    state = jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+        jax.eval_shape(eng._init),
+        eng.state_shardings,
+    )
+    compiled = eng._generate.lower(leaves, state, eng.max_target_length).compile()
+    temp = compiled.memory_analysis().temp_size_in_bytes
+    cache = sum(x.size * x.dtype.itemsize for x in state.cache)
+    # In place: about one layer's keys and values (1/8 of the cache) plus the step's small
+    # tensors; a copy of the stacked cache alone is 1x.
+    assert temp < 0.4 * cache, (temp, cache)

@@ -163,6 +163,47 @@ def attn_temperature(positions, floor_scale: int, scale: float):
     return 1.0 + scale * jnp.log1p(jnp.floor((pos + 1.0) / floor_scale))
 
 
+# The sequence axis of the stacked keys / values (transformer.KEY_AXES, VALUE_AXES).
+_KEY_SEQ, _VALUE_SEQ = 4, 3
+
+
+def _write_cache(cache, new, layer, start, seq_axis: int):
+    """`new` [B, KV, ., .] (the cache's per-row layout, T entries on `seq_axis` - 1) written into
+    the stacked `cache` [L, B, KV, ., .] at layer `layer`, row b, entries start[b]...: one
+    scatter of one window per row and KV head, in place in a donated or carried cache.
+
+    The window spans only the cache's two minor axes, so no layout suits it better than the
+    cache's own. A vmap of dynamic_update_slice over rows put the row axis first (XLA:CPU), and
+    a window spanning the KV heads too made XLA:TPU carry the cache with the heads minor: either
+    way the generate program copied the whole stacked cache in and out of that layout. A window
+    out of range (an inactive row past the cache or its window) is dropped, not clamped."""
+    b, kv = new.shape[:2]
+    grid = (b, kv)
+    idx = jnp.stack(
+        [
+            jnp.full(grid, layer, jnp.int32),
+            jnp.broadcast_to(jnp.arange(b, dtype=jnp.int32)[:, None], grid),
+            jnp.broadcast_to(jnp.arange(kv, dtype=jnp.int32)[None], grid),
+            jnp.broadcast_to(start.astype(jnp.int32)[:, None], grid),
+        ],
+        axis=-1,
+    )
+    dims = jax.lax.ScatterDimensionNumbers(
+        update_window_dims=(2, 3),
+        inserted_window_dims=(0, 1, 2),
+        scatter_dims_to_operand_dims=(0, 1, 2, seq_axis),
+    )
+    return jax.lax.scatter(
+        cache,
+        idx,
+        new.astype(cache.dtype),
+        dims,
+        indices_are_sorted=True,
+        unique_indices=True,
+        mode=jax.lax.GatherScatterMode.FILL_OR_DROP,
+    )
+
+
 class Attention(nnx.Module):
     """GQA attention of layer `layer`. Llama-4 layers (cfg.nope_layers etc.): NoPE layers skip
     RoPE and may scale queries by `attn_temperature`; RoPE layers may L2-normalise q and k.
@@ -225,17 +266,8 @@ class Attention(nnx.Module):
         if cache is not None:
             ck, cv = cache
             start = positions[:, 0]
-
-            def write(c, new, axis):  # per row at its own start; axis: the sequence axis
-                def one(c, n, s):  # c: [L, ...] of one row; only the new entries are written
-                    at = [layer, 0, 0, 0]
-                    at[axis - 1] = s
-                    return jax.lax.dynamic_update_slice(c, n[None], at)
-
-                return jax.vmap(one, in_axes=(1, 0, 0), out_axes=1)(c, new.astype(c.dtype), start)
-
-            ck = write(ck, k.transpose(0, 2, 3, 1), 4)  # [B, T, KV, hd] -> [B, KV, hd, T]
-            cv = write(cv, v.swapaxes(1, 2), 3)
+            ck = _write_cache(ck, k.transpose(0, 2, 3, 1), layer, start, _KEY_SEQ)
+            cv = _write_cache(cv, v.swapaxes(1, 2), layer, start, _VALUE_SEQ)
             w = mask.shape[-1]  # a prefix window of the cache (Transformer.decode's window)
             lk = jax.lax.dynamic_index_in_dim(ck, layer, 0, keepdims=False)
             lv = jax.lax.dynamic_index_in_dim(cv, layer, 0, keepdims=False)
