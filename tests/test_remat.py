@@ -78,17 +78,21 @@ def test_policy_gives_the_loss_and_gradients_of_no_remat(policy, setup, no_remat
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
 
 
-def test_policies_keep_what_they_say(setup):
-    count = {p: len(_residuals(_cfg(remat=True, remat_policy=p), setup)) for p in POLICIES}
-    none = len(_residuals(_cfg(), setup))
+@pytest.mark.parametrize("scan", [True, False])
+def test_policies_keep_what_they_say(setup, scan):
+    count = {
+        p: len(_residuals(_cfg(remat=True, remat_policy=p, scan_layers=scan), setup))
+        for p in POLICIES
+    }
+    none = len(_residuals(_cfg(scan_layers=scan), setup))
     # Full remat keeps least; saving all matmuls more than saving the batch-free ones (the
     # weight projections); all keep less than no remat.
     assert count["full"] < count["dots_no_batch"] < count["dots"] < none
-    # attn_out adds exactly the attention output of each layer, [B, T, H, hd].
-    full = _residuals(_cfg(remat=True), setup)
-    extra = _residuals(_cfg(remat=True, remat_policy="attn_out"), setup)
-    assert len(extra) == len(full) + LAYERS
+    # attn_out adds exactly the attention output of each layer, [B, T, H, hd], stacked over the
+    # layers [L, B, T, H, hd] (scan_layers=False unrolls the same scan: still one array).
+    full = _residuals(_cfg(remat=True, scan_layers=scan), setup)
+    extra = _residuals(_cfg(remat=True, remat_policy="attn_out", scan_layers=scan), setup)
     shapes = [a.shape for a in extra]
     for a in full:
         shapes.remove(a.shape)
-    assert shapes == [(B, T, 4, 8)] * LAYERS
+    assert shapes == [(LAYERS, B, T, 4, 8)]
