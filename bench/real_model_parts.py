@@ -177,7 +177,7 @@ def part_train(args, dtype) -> list:
 
     from scalerl_jax.config import LossConfig
     from scalerl_jax.models.transformer import num_flops_per_token
-    from scalerl_jax.rl import losses as rl_losses
+    from scalerl_jax.rl import objectives as rl_losses
     from scalerl_jax.train.logprobs import token_logprobs
     from scalerl_jax.train.optim import make_optimizer
     from train_step import matmul_peak

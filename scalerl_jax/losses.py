@@ -2,7 +2,7 @@
 
 Pure, jit-friendly functions of arrays with static Python hyper-parameters; each objective
 returns ``(loss, metrics)`` with ``loss`` an fp32 scalar to minimise. See the docstrings of
-`scalerl_jax.rl.losses`, `scalerl_jax.rl.aggregation` and `scalerl_jax.rl.advantages` for the
+`scalerl_jax.rl.objectives`, `scalerl_jax.rl.aggregation` and `scalerl_jax.rl.advantages` for the
 exact formulas and how they relate to TRL and verl.
 """
 
@@ -16,7 +16,7 @@ from scalerl_jax.rl.advantages import (
     zero_variance_groups,
 )
 from scalerl_jax.rl.aggregation import AGGREGATIONS, aggregate, token_weights
-from scalerl_jax.rl.losses import (
+from scalerl_jax.rl.objectives import (
     HPARAM_NAMES,
     OBJECTIVE_HPARAMS,
     OBJECTIVES,

@@ -138,13 +138,13 @@ def check_data(data, flag: str, *, read: bool) -> list[str]:
 def _check_source(data, flag: str, *, read: bool) -> list[str]:
     src = data.source
     if src.startswith("synthetic:"):
-        from scalerl_jax.data import synthetic
+        from scalerl_jax.data import synthetic_tasks
 
         task = src[len("synthetic:") :].partition("?")[0]
-        if task not in synthetic.TASKS:
+        if task not in synthetic_tasks.TASKS:
             raise UsageError(
                 f"{flag} {src}: unknown synthetic task {task!r}; known: "
-                f"{', '.join(synthetic.TASKS)}"
+                f"{', '.join(synthetic_tasks.TASKS)}"
             )
         if read:  # knobs and sizes: generating the rows takes about a second
             from scalerl_jax.data.prompts import load_rows

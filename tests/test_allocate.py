@@ -1,4 +1,4 @@
-"""The compute planner (scaling/allocate.py, experiments/plan.py) picks the known best
+"""The compute allocator (scaling/allocate.py, experiments/allocate.py) picks the known best
 allocation at a budget from short runs whose curves cross."""
 
 import json
@@ -89,11 +89,11 @@ def test_plan_cli_ranks_runs_and_writes_table_json_png(tmp_path):
                 f,
             )
         runs.append(str(d))
-    out = tmp_path / "plan"
+    out = tmp_path / "allocation"
     done = subprocess.run(
         [
             sys.executable,
-            os.path.join(ROOT, "experiments", "plan.py"),
+            os.path.join(ROOT, "experiments", "allocate.py"),
             "--budget",
             "30",
             "--bootstrap",
@@ -109,14 +109,14 @@ def test_plan_cli_ranks_runs_and_writes_table_json_png(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert "batch64 (64x8, 80 tok) is predicted" in done.stdout
-    plan = json.load(open(out / "plan.json"))
+    plan = json.load(open(out / "allocation.json"))
     assert plan["best"].startswith("batch64") and plan["budget"] == 30.0
     assert [o["settings"]["prompts_per_step"] for o in plan["options"]] == [64, 16]
-    assert open(out / "plan.png", "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    assert open(out / "allocation.png", "rb").read(8) == b"\x89PNG\r\n\x1a\n"
     bad = subprocess.run(
         [
             sys.executable,
-            os.path.join(ROOT, "experiments", "plan.py"),
+            os.path.join(ROOT, "experiments", "allocate.py"),
             "--budget",
             "30",
             runs[0],

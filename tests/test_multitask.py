@@ -23,7 +23,7 @@ from scalerl_jax.config import (
     from_dict,
 )
 from scalerl_jax.data import CharTokenizer, DataError, MixtureSource, PromptSource, open_source
-from scalerl_jax.data.synthetic import generate
+from scalerl_jax.data.synthetic_tasks import generate
 from scalerl_jax.metrics import ComputeMeter, MetricsWriter, read_metrics
 from scalerl_jax.rewards import RewardPool, answer_checks, domain_verifiers, verify_exact
 from scalerl_jax.sampler.types import Completion, Group

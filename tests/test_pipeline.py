@@ -9,7 +9,7 @@ import pytest
 
 from scalerl_jax import recipes
 from scalerl_jax.config import ConfigError, MeshConfig, ModelConfig, PipelineConfig, apply_overrides
-from scalerl_jax.data.synthetic import CharTokenizer
+from scalerl_jax.data.synthetic_tasks import CharTokenizer
 from scalerl_jax.metrics import read_metrics
 from scalerl_jax.train import trainer
 from scalerl_jax.train.pipeline import Schedule

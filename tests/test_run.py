@@ -10,7 +10,7 @@ import pytest
 
 from scalerl_jax.config import DataConfig
 from scalerl_jax.data.prompts import PromptSource
-from scalerl_jax.data.synthetic import CharTokenizer
+from scalerl_jax.data.synthetic_tasks import CharTokenizer
 from scalerl_jax.metrics import read_metrics
 from scalerl_jax.train.feed import PromptFeed
 

@@ -7,7 +7,7 @@ import numpy as np
 from scalerl_jax.scaling import Curve, FitSpec, bootstrap_fit, fit_curve
 from scalerl_jax.scaling.bootstrap import ar1_noise
 from scalerl_jax.scaling.sigmoid import sigmoid_law
-from scalerl_jax.scaling.synthetic import PAPER_TABLE1
+from scalerl_jax.scaling.synthetic_curves import PAPER_TABLE1
 
 
 def ar1_curves(n: int, *, rho: float, sigma: float = 0.01, points: int = 30, seed: int = 0):

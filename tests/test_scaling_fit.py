@@ -1,7 +1,7 @@
 """Sigmoid-law fitting: parameter recovery, agreement with SciPy, degenerate inputs, the paper's
 grid procedure and comparison rule, bootstrap, pooling, extrapolation and the alternative forms.
 
-Synthetic curves come from the paper's Table 1 (scaling/synthetic.py): 100 evaluations evenly
+Synthetic curves come from the paper's Table 1 (scaling/synthetic_curves.py): 100 evaluations evenly
 spaced up to 8 x C_mid, noise 0.005 (mean@16 over 1,000 prompts plus training wobble), R0 fixed
 to a noisy step-0 measurement.
 """
@@ -28,7 +28,7 @@ from scalerl_jax.scaling import (
     sigmoid_law,
 )
 from scalerl_jax.scaling.bootstrap import resample_weights
-from scalerl_jax.scaling.synthetic import PAPER_TABLE1, make_curves, within_tolerance
+from scalerl_jax.scaling.synthetic_curves import PAPER_TABLE1, make_curves, within_tolerance
 
 
 N_TABLE = 100  # 10 seeds of every Table 1 row

@@ -16,7 +16,7 @@ import pytest
 from scalerl_jax import mesh as mesh_lib
 from scalerl_jax.config import DataConfig, MeshConfig, ModelConfig, OptimConfig, SFTConfig
 from scalerl_jax.data.prompts import DataError, PromptSource
-from scalerl_jax.data.synthetic import CharTokenizer
+from scalerl_jax.data.synthetic_tasks import CharTokenizer
 from scalerl_jax.models import hf
 from scalerl_jax.models.transformer import forward_logits
 from scalerl_jax.train import sft as sft_lib

@@ -277,7 +277,7 @@ def test_tis_cap_in_the_step_updates_as_the_tis_objective():
 def test_step_takes_logprob_chunk_from_optim_config_and_passes_only_what_the_objective_reads(
     monkeypatch,
 ):
-    from scalerl_jax.rl import losses as rl_losses
+    from scalerl_jax.rl import objectives as rl_losses
     from scalerl_jax.train import step as step_lib
 
     chunks, calls = [], []

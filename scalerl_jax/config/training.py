@@ -14,7 +14,7 @@ from scalerl_jax.config.data import (
     resolve_source,
 )
 
-# The objective -> settings table is shared with rl.losses; that module is free of JAX.
+# The objective -> settings table is shared with rl.objectives; that module is free of JAX.
 from scalerl_jax.rl.hparams import OBJECTIVE_HPARAMS, OBJECTIVES, SPECIFIC_HPARAMS
 
 LOSS_OBJECTIVES = OBJECTIVES
@@ -26,7 +26,7 @@ ADVANTAGE_NORMS = ("batch", "group", "none")
 class LossConfig:
     """Objective and its static hyper-parameters. Defaults are ScaleRL's.
 
-    The fields are `rl.losses.policy_loss`'s keywords, one name per setting. The defaults are
+    The fields are `rl.objectives.policy_loss`'s keywords, one name per setting. The defaults are
     valid for every objective; a setting the chosen objective does not read
     (`rl.hparams.OBJECTIVE_HPARAMS`) must keep its default, else construction fails naming the
     setting and the objective (e.g. objective='cispo' with clip_eps_high=0.28).

@@ -14,7 +14,7 @@ from scalerl_jax.data.prompts import (
     load_rows,
     read_records,
 )
-from scalerl_jax.data.synthetic import TASKS, CharTokenizer, SyntheticRow, generate
+from scalerl_jax.data.synthetic_tasks import TASKS, CharTokenizer, SyntheticRow, generate
 
 __all__ = [
     "answer_reader",

@@ -4,7 +4,7 @@
   path.jsonl | path.json | path.parquet | a directory of them   local files (pyarrow for Parquet)
   hf:NAME[:CONFIG] | hf:DIR                                     Hugging Face `datasets` (optional)
   tfds:NAME                                                     TensorFlow Datasets (optional)
-  synthetic:TASK[?knob=value&...]                               CPU testbed (data/synthetic.py)
+  synthetic:TASK[?knob=value&...]                               CPU testbed (synthetic_tasks.py)
 
 Order of operations, all deterministic given the rows and `DataConfig.seed`:
 1. read records (data/records.py); map `prompt_field` / `answer_field` (dotted paths for
@@ -42,7 +42,7 @@ from collections import Counter
 from typing import Any, Callable, Iterator, NamedTuple, Optional
 
 from scalerl_jax.config import DataConfig
-from scalerl_jax.data import synthetic
+from scalerl_jax.data import synthetic_tasks
 from scalerl_jax.data.answers import answer_reader
 from scalerl_jax.data.records import DataError, Invalid, read_records
 
@@ -214,7 +214,7 @@ def _number_or_text(value: str) -> Any:
     return value
 
 
-def synthetic_rows(spec: str, seed: int) -> list[synthetic.SyntheticRow]:
+def synthetic_rows(spec: str, seed: int) -> list[synthetic_tasks.SyntheticRow]:
     """The rows of `TASK[?knob=value&...]` (the part after `synthetic:`); `num` defaults to
     10,000. Several specs joined by `|` give all their rows, task after task (an SFT warm-up
     for a mixture: `synthetic:countup?num=4000|pycode?num=2000`)."""
@@ -225,7 +225,7 @@ def synthetic_rows(spec: str, seed: int) -> list[synthetic.SyntheticRow]:
         k: _number_or_text(v) for k, v in urllib.parse.parse_qsl(query, strict_parsing=bool(query))
     }
     num = knobs.pop("num", 10_000)
-    return synthetic.generate(task, num, seed, **knobs)
+    return synthetic_tasks.generate(task, num, seed, **knobs)
 
 
 def load_rows(

@@ -25,7 +25,7 @@ from scalerl_jax.recipes.paper import scalerl
 def testbed(**overrides) -> RunConfig:
     """The embedded CPU default: a supervised warm-up, then ScaleRL, then the scaling fit.
 
-    Task `countup` (data/synthetic.py): "457+6=", up to 3 digits plus one digit. 30% of the
+    Task `countup` (data/synthetic_tasks.py): "457+6=", up to 3 digits plus one digit. 30% of the
     warm-up's demonstrations count on with the count still to go,
     "<think>458:5,459:4,460:3,461:2,462:1,463:0</think>463", 70% answer from memory,
     "<think></think>461" (an estimate within 3, right one time in seven). A 4-layer,
@@ -52,7 +52,7 @@ def testbed(**overrides) -> RunConfig:
     Validation: 400 held-out prompts x 4 samples every 18 steps (standard error ~0.02, reported
     as `pass_rate_se`).
     """
-    from scalerl_jax.data.synthetic import CharTokenizer
+    from scalerl_jax.data.synthetic_tasks import CharTokenizer
 
     problems = "synthetic:countup?max_start=499&num=4000"
     model_cfg = ModelConfig(

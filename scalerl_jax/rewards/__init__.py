@@ -30,7 +30,7 @@ _EXPORTS = {
         "verify_code",
     ),
     "pool": ("RewardPool", "ScoreResult", "Verifier"),
-    "synthetic": ("extract_final", "verify_exact"),
+    "exact_match": ("extract_final", "verify_exact"),
     "verifiers": (
         "ANSWER_CHECKS",
         "NAMED_VERIFIERS",

@@ -16,7 +16,7 @@ log = logging.getLogger(__name__)
 # imported only when used (it needs nothing at import, but keeps math-only runs lean).
 NAMED_VERIFIERS = {
     "math": "scalerl_jax.rewards.math:verify_math",
-    "exact": "scalerl_jax.rewards.synthetic:verify_exact",
+    "exact": "scalerl_jax.rewards.exact_match:verify_exact",
     "code": "scalerl_jax.rewards.code:verify_code",
 }
 # What validates a verifier's reference answers at load time (a malformed row is skipped and
@@ -25,7 +25,7 @@ ANSWER_CHECKS = {
     "code": "scalerl_jax.rewards.code:check_tests",
     "math": "scalerl_jax.rewards.math:check_reference",
 }
-# The verifier of each synthetic task's reference answers (data/synthetic.py); the others:
+# The verifier of each synthetic task's reference answers (data/synthetic_tasks.py); the others:
 # "exact". Here rather than beside the tasks so that data imports rewards and never the reverse.
 TASK_VERIFIERS = {"pycode": "code"}
 

@@ -1,2 +1,3 @@
-"""RL math: objectives (losses), aggregation, advantages (pure jit-safe array functions) and the
-no-positive-resampling curriculum (host-side state). The public import is `scalerl_jax.losses`."""
+"""RL math: the objectives (`objectives`, with `ppo_clip`, `loss_parts` and the `registry`),
+aggregation, advantages (pure jit-safe array functions) and the no-positive-resampling
+curriculum (host-side state). The public import is `scalerl_jax.losses`."""

@@ -1,4 +1,4 @@
-"""Which hyper-parameters each objective reads: one table for `rl.losses` and `LossConfig`.
+"""Which hyper-parameters each objective reads: one table for `rl.objectives` and `LossConfig`.
 
 Free of JAX on purpose, so that `config/training.py` can validate a LossConfig against the same
 table the losses dispatch with. A setting that the chosen objective would not read is refused (by

@@ -1,4 +1,4 @@
-"""What every objective of `rl.losses` shares: the token frame around its per-token term.
+"""What every objective of `rl.objectives` shares: the token frame around its per-token term.
 
 * `prepare`: shape checks, the aggregation weights, and inputs sanitised to fp32 with zeros at
   tokens that do not count (so NaN/inf there reach neither the loss nor its gradient);
@@ -7,7 +7,7 @@
 * `kl_penalty` and `finish`: the KL and entropy terms and the aggregated
   ``pg_loss + kl_coef * kl - entropy_coef * entropy`` with its metrics.
 
-The objectives themselves (their ratios, clips and caps) live in `rl.losses`, whose docstring
+The objectives themselves (their ratios, clips and caps) live in `rl.objectives`, whose docstring
 states the inputs and the TIS convention these functions implement.
 """
 

@@ -1,7 +1,7 @@
 """The PPO-clip family: PPO-clip itself and its two named settings, GRPO (symmetric clip) and DAPO
 (clip-higher), plus the clipped surrogate GSPO shares. Same inputs, TIS and aggregation as every
-objective (`rl/losses.py`'s docstring; the shared frame is `rl/loss_parts.py`); imported from
-`scalerl_jax.rl.losses` like the others."""
+objective (`rl/objectives.py`'s docstring; the shared frame is `rl/loss_parts.py`); imported from
+`scalerl_jax.rl.objectives` like the others."""
 
 from __future__ import annotations
 

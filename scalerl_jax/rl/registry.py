@@ -16,7 +16,7 @@ from typing import Any, Callable
 from scalerl_jax.rl.hparams import OBJECTIVE_HPARAMS
 from scalerl_jax.rl.loss_parts import check_tis, finish, prepare
 
-# name -> full loss function, filled by @objective at import of rl.losses / rl.ppo_clip.
+# name -> full loss function, filled by @objective at import of rl.objectives / rl.ppo_clip.
 LOSSES: dict[str, Callable[..., Any]] = {}
 
 _P = inspect.Parameter

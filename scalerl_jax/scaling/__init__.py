@@ -6,7 +6,7 @@ Modules: sigmoid (the law, batched jitted fitter), fit (one curve: window, R0, r
 grid (the paper's grid procedure), bootstrap (intervals, bands, per-seed fits), compare (the
 paper's comparison rule, extrapolation checks), alternatives (power law, Tan et al. log-linear),
 plot (PNGs), report (run directories -> table and fit/ outputs), checks (degenerate fits),
-engine (least squares: Optax Adam from several starts, Levenberg-Marquardt finish), forecast
+least_squares (Optax Adam from several starts, Levenberg-Marquardt finish), forecast
 (the online forecast during a run) and forecast_child (its child process's loop).
 
 The names below load their module on first use (PEP 562): the forecast's child process imports

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from scalerl_jax.scaling import checks, engine
+from scalerl_jax.scaling import checks, least_squares
 from scalerl_jax.scaling.fit import Curve, FitFailure, FitSpec, padded, window_mask
 
 
@@ -69,14 +69,14 @@ def _power_starts(u, y, w, k):
     e = zb + Bn * ub
     cand = jnp.stack([jnp.log(1.0 - A), jnp.log(Bn), e], axis=1)
     sse = jax.vmap(lambda t: jnp.sum(w * (_power_predict(t, u, None) - y) ** 2))(cand)
-    return engine.top_k_starts(cand, sse, k)
+    return least_squares.top_k_starts(cand, sse, k)
 
 
 @functools.partial(jax.jit, static_argnames=("steps", "explore_steps", "polish_steps", "lr"))
 def _power_core(x, y, w, *, steps, explore_steps, polish_steps, lr):
-    u, mu, sd = engine.standardise_log_x(x, w)
+    u, mu, sd = least_squares.standardise_log_x(x, w)
     theta0 = _power_starts(u, y, w, 4)
-    theta, mse, mse_before = engine.optimise(
+    theta, mse, mse_before = least_squares.optimise(
         _power_predict,
         theta0,
         u,

@@ -372,7 +372,7 @@ def plot_compare(
 
 
 def plot_allocation(path: str, rec, x_key: str, y_key: str = "pass_rate") -> str:
-    """The planner's view (`allocate.Recommendation`): each setting's short-run evaluations,
+    """The allocation's view (`allocate.Recommendation`): each setting's short-run evaluations,
     its fit extrapolated to the budget, and the predicted pass rate there with its interval."""
     fig, ax = _figure()
     for i, opt in enumerate(rec.options):

@@ -1,5 +1,5 @@
 """Batched sigmoid-law fitting: many curves x many starts in one jitted call (Optax Adam from
-several starts, then a Levenberg-Marquardt finish; see engine.py).
+several starts, then a Levenberg-Marquardt finish; see least_squares.py).
 
     R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B)
 
@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from scalerl_jax.scaling import checks, engine
+from scalerl_jax.scaling import checks, least_squares
 
 PARAMS = ("A", "B", "C_mid", "R0")
 
@@ -71,7 +71,7 @@ def _starts(u, y, w, fixed, value, k, n_b, n_c):
     # One candidate at a time keeps the working set at [curves, points] (cache-sized) instead
     # of [curves, candidates, points], which made this step memory-bound.
     cand, sse = jax.lax.map(candidate, jnp.stack([bb, cc], axis=1))
-    return engine.top_k_starts(cand, sse, k)
+    return least_squares.top_k_starts(cand, sse, k)
 
 
 @functools.partial(
@@ -79,12 +79,12 @@ def _starts(u, y, w, fixed, value, k, n_b, n_c):
 )
 def _fit_core(x, y, w, fixed, value, *, steps, explore_steps, polish_steps, k, lr, n_b, n_c):
     def one(x, y, w, fixed, value):
-        u, mu, sd = engine.standardise_log_x(x, w)
+        u, mu, sd = least_squares.standardise_log_x(x, w)
         # Fixed B and C_mid are given in natural units; map them to u-coordinates.
         value_u = jnp.stack([value[0], value[1] * sd, (jnp.log(value[2]) - mu) / sd, value[3]])
         value_u = jnp.where(fixed, value_u, 1.0)
         theta0 = _starts(u, y, w, fixed, value_u, k, n_b, n_c)
-        theta, mse, mse_before = engine.optimise(
+        theta, mse, mse_before = least_squares.optimise(
             _predict,
             theta0,
             u,
@@ -134,7 +134,7 @@ def fit_sigmoid_batch(
     n_b: int = 4,
     n_c: int = 12,
 ) -> dict:
-    """Fits curves x, y [n, m] (or [m]) in one jitted call (engine.optimise: K starts x
+    """Fits curves x, y [n, m] (or [m]) in one jitted call (least_squares.optimise: K starts x
     explore_steps of Adam, `steps` more for the best, then `polish_steps` of Levenberg-Marquardt).
 
     w: per-point weights (bootstrap counts, fit-window masks); points with x <= 0 or non-finite y

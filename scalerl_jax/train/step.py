@@ -16,7 +16,7 @@ weighted by N_k, token fractions by tokens, maxima by max).
 
 The forward pass runs in the model's compute dtype (bf16 in production); log-probs and entropy
 come from `train.logprobs` in sequence chunks with an fp32 LM head when `fp32_head`. The
-objective is `rl.losses.policy_loss` selected by `LossConfig.objective`.
+objective is `rl.objectives.policy_loss` selected by `LossConfig.objective`.
 
 MoE policies add router metrics: `moe_aux_loss` (the Switch load-balancing loss, mean over MoE
 layers), `moe_load_max` / `moe_load_min` (the largest / smallest share times E, so 1.0 is perfect
@@ -48,7 +48,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from scalerl_jax import mesh as mesh_lib
 from scalerl_jax.config import LossConfig, ModelConfig, OptimConfig
-from scalerl_jax.rl import losses as rl_losses
+from scalerl_jax.rl import objectives as rl_losses
 from scalerl_jax.rl.aggregation import counted_mask, masked_mean
 from scalerl_jax.train.batch import TrainBatch, check_layout
 from scalerl_jax.train.logprobs import token_logprobs
@@ -57,7 +57,7 @@ from scalerl_jax.train.state import TrainState
 
 sg = jax.lax.stop_gradient
 
-# How each per-micro-batch metric of rl.losses combines over micro-batches.
+# How each per-micro-batch metric of rl.objectives combines over micro-batches.
 _SUMMED = ("tokens", "sequences", "prompts", "normaliser", "seq_tokens")
 _LOSS_LIKE = ("loss", "pg_loss", "kl", "entropy")  # aggregated like the loss: weight N_k
 
@@ -199,7 +199,7 @@ def micro_loss(
         **hparams,
     )
     # KL(sampler || trainer) from the sampler's own samples: k1 = log s - log t and
-    # k3 = t/s - log(t/s) - 1 (rl.losses.kl_penalty with the sampler as "policy").
+    # k3 = t/s - log(t/s) - 1 (rl.objectives.kl_penalty with the sampler as "policy").
     counted = counted_mask(mb.loss_mask, mb.prompt_index, num_prompts)
     lp = sg(logp)
     m["kl_sampler_k1"] = masked_mean(mb.behaviour_logp - lp, counted)

@@ -76,7 +76,7 @@ class RunResult:
 
 def load_tokenizer(cfg: RunConfig):
     if all(src.startswith("synthetic:") for src in cfg.data.sources()):
-        from scalerl_jax.data.synthetic import CharTokenizer
+        from scalerl_jax.data.synthetic_tasks import CharTokenizer
 
         return CharTokenizer()
     if cfg.hf_checkpoint is None:

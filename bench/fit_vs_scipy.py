@@ -1,10 +1,11 @@
 """Batched Optax sigmoid fit vs a loop of scipy.optimize.curve_fit on the same noisy curves.
 
-    python bench/fit.py [--curves 1000] [--points 100] [--noise 0.005] [--rounds 3] [--threads 1]
+    python bench/fit_vs_scipy.py [--curves 1000] [--points 100] [--noise 0.005] [--rounds 3]
+        [--threads 1]
 
-Curves cycle through the paper's Table 1 (scaling/synthetic.py): evaluations evenly spaced up to
-8 x C_mid, Gaussian noise, R0 fixed to a noisy step-0 measurement (the same value for both
-fitters). Success: A within 0.01, B within 0.15 and C_mid within 10% of the truth.
+Curves cycle through the paper's Table 1 (scaling/synthetic_curves.py): evaluations evenly
+spaced up to 8 x C_mid, Gaussian noise, R0 fixed to a noisy step-0 measurement (the same value
+for both fitters). Success: A within 0.01, B within 0.15 and C_mid within 10% of the truth.
 
 Timing: after a compile call, --rounds rounds each time one batched call (best of 3) and then one
 pass of the SciPy loop (default Levenberg-Marquardt, unconstrained, from a data-driven p0); the
@@ -46,7 +47,7 @@ import numpy as np  # noqa: E402
 from scipy.optimize import curve_fit  # noqa: E402
 
 from scalerl_jax.scaling.sigmoid import fit_sigmoid_batch, sigmoid_law  # noqa: E402
-from scalerl_jax.scaling.synthetic import make_curves, within_tolerance  # noqa: E402
+from scalerl_jax.scaling.synthetic_curves import make_curves, within_tolerance  # noqa: E402
 
 
 def scipy_loop(x, y, r0, bounds: bool) -> tuple[dict, float]:

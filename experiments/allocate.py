@@ -1,18 +1,18 @@
-"""Compute planner: from short runs of different allocations, the one to run at a budget.
+"""Compute allocation: from short runs of different allocations, the one to run at a budget.
 
-    python experiments/plan.py --budget BUDGET RUN_DIR RUN_DIR [RUN_DIR ...]
+    python experiments/allocate.py --budget BUDGET RUN_DIR RUN_DIR [RUN_DIR ...]
 
 Examples:
-    python experiments/plan.py --budget 20000 runs/scalerl-batch512 runs/scalerl \
+    python experiments/allocate.py --budget 20000 runs/scalerl-batch512 runs/scalerl \
         runs/scalerl-batch2048
-    python experiments/plan.py --budget 5e15 --x compute.flops --record-breaking \
+    python experiments/allocate.py --budget 5e15 --x compute.flops --record-breaking \
         runs/gen8 runs/gen16
 
 Each RUN_DIR is a short run of one setting (prompts per batch x generations per prompt,
 generation length: read from its config.json). Each curve is fitted with the sigmoid law and
 extrapolated to the budget (in the units of --x), with a bootstrap interval; the table ranks the
-settings by the predicted pass rate there. Written to --out (default: ./plan/): plan.txt,
-plan.json, plan.png. Exit status 2 on bad input.
+settings by the predicted pass rate there. Written to --out (default: ./allocation/):
+allocation.txt, allocation.json, allocation.png. Exit status 2 on bad input.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--bootstrap", type=int, default=200, help="resamples (0: no intervals)")
     p.add_argument("--level", type=float, default=0.95)
-    p.add_argument("--out", default="plan", help="output directory (default: ./plan)")
+    p.add_argument("--out", default="allocation", help="output directory (default: ./allocation)")
     return p.parse_args(argv)
 
 
@@ -100,7 +100,7 @@ def _num(v):
     return float(v) if v is not None and math.isfinite(v) else None
 
 
-def plan_json(rec: allocate.Recommendation, args) -> dict:
+def allocation_json(rec: allocate.Recommendation, args) -> dict:
     options = []
     for o in rec.options:
         fitted = (
@@ -135,13 +135,13 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     missing = [d for d in args.run_dirs if not os.path.isfile(os.path.join(d, "metrics.jsonl"))]
     if missing:
-        print(f"plan.py: error: no metrics.jsonl in {', '.join(missing)}", file=sys.stderr)
+        print(f"allocate.py: error: no metrics.jsonl in {', '.join(missing)}", file=sys.stderr)
         return 2
     if len(args.run_dirs) < 2:
-        print("plan.py: error: give at least two RUN_DIRs (one per setting)", file=sys.stderr)
+        print("allocate.py: error: give at least two RUN_DIRs (one per setting)", file=sys.stderr)
         return 2
     if not args.budget > 0:
-        print(f"plan.py: error: --budget {args.budget}: must be > 0", file=sys.stderr)
+        print(f"allocate.py: error: --budget {args.budget}: must be > 0", file=sys.stderr)
         return 2
     candidates = []
     for d in args.run_dirs:
@@ -149,7 +149,7 @@ def main(argv=None) -> int:
         try:
             curve, notes = report.load_curve([d], name=label, x_key=args.x, y_key=args.y)
         except KeyError as err:
-            print(f"plan.py: error: {d}: {err}", file=sys.stderr)
+            print(f"allocate.py: error: {d}: {err}", file=sys.stderr)
             return 2
         for note in notes:
             print(f"note: {note}", file=sys.stderr)
@@ -160,18 +160,18 @@ def main(argv=None) -> int:
             candidates, args.budget, spec, n_boot=args.bootstrap, level=args.level
         )
     except ValueError as err:
-        print(f"plan.py: error: {err}", file=sys.stderr)
+        print(f"allocate.py: error: {err}", file=sys.stderr)
         return 2
     x_label = plot.axis_label(args.x)
     text = table(rec) + "\n\n" + allocate.summary(rec, x_label) + "\n"
     print(text, end="")
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "plan.txt"), "w") as f:
+    with open(os.path.join(args.out, "allocation.txt"), "w") as f:
         f.write(text)
-    with open(os.path.join(args.out, "plan.json"), "w") as f:
-        json.dump(plan_json(rec, args), f, indent=2)
-    plot.plot_allocation(os.path.join(args.out, "plan.png"), rec, args.x, args.y)
-    print(f"written: {args.out}/plan.txt, plan.json, plan.png")
+    with open(os.path.join(args.out, "allocation.json"), "w") as f:
+        json.dump(allocation_json(rec, args), f, indent=2)
+    plot.plot_allocation(os.path.join(args.out, "allocation.png"), rec, args.x, args.y)
+    print(f"written: {args.out}/allocation.txt, allocation.json, allocation.png")
     return 0
 
 

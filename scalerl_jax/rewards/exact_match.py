@@ -1,5 +1,5 @@
-"""Verifiers for the CPU testbed's synthetic tasks (data/synthetic.py): exact match of the text
-after the thinking block. Completions look like "<think>...</think>46"."""
+"""Verifiers for the CPU testbed's synthetic tasks (data/synthetic_tasks.py): exact match of the
+text after the thinking block. Completions look like "<think>...</think>46"."""
 
 from __future__ import annotations
 

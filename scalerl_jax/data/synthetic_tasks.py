@@ -2,7 +2,7 @@
 
 The tasks are chosen so a transformer of a few hundred K to a few M parameters with a ~50-symbol
 vocabulary can improve on them by RL within minutes on a CPU, and so correctness is an exact
-string (verified by rewards/synthetic.verify_exact after the thinking block):
+string (verified by rewards/exact_match.verify_exact after the thinking block):
 
   addition    "12+34="        -> "46"     knobs: min_digits, max_digits
   arithmetic  "52-17="        -> "35"     + and -, never negative; knobs: min_digits, max_digits
