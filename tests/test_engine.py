@@ -82,6 +82,7 @@ def run(engine, params, state, slots, steps, seqs, lps, forced=None):
     return state
 
 
+@pytest.mark.fast
 def test_greedy_equals_argmax_of_full_forward(mesh, params):
     eng = Engine(CFG, mesh, sampler_cfg(temperature=0.0, decode_steps_per_call=3))
     fwd = jax.jit(lambda p, t: transformer.forward_logits(eng.graphdef, p, t))
