@@ -182,6 +182,7 @@ def test_fit_window_and_measured_r0():
     assert not fit_curve(curve, FitSpec(fit_start=15000)).ok  # 6 flat-topped points left
 
 
+@pytest.mark.fast
 def test_paper_grid_procedure():
     fit = fit_curve(_curve("c", seed=3), FitSpec(procedure="grid"))
     assert fit.ok and fit.procedure == "grid"
