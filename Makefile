@@ -19,17 +19,14 @@ run: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --durations=15 tests
 
-# A few quick tests from every test area (the list and how it was chosen: tests/fast.txt).
-FAST_TESTS = $(shell sed -e '/^\#/d' -e '/^$$/d' tests/fast.txt)
+# The fast lane: the tests marked @pytest.mark.fast (which, and why: CONTRIBUTING.md).
 test-fast: $(STAMP)
-	@echo "pytest: the $(words $(FAST_TESTS)) quick tests of tests/fast.txt"
-	@SCALERL_HYPOTHESIS=ci $(PY) -m pytest -q $(FAST_TESTS)
+	SCALERL_HYPOTHESIS=ci $(PY) -m pytest -q -m fast tests
 
 # test-fast under coverage, then the package modules none of whose functions ran.
 test-fast-coverage: $(STAMP)
 	rm -f .coverage .coverage.*
-	@echo "coverage run -m pytest: the $(words $(FAST_TESTS)) quick tests of tests/fast.txt"
-	@SCALERL_HYPOTHESIS=ci $(PY) -m coverage run -m pytest -q $(FAST_TESTS)
+	SCALERL_HYPOTHESIS=ci $(PY) -m coverage run -m pytest -q -m fast tests
 	$(PY) -m coverage combine -q
 	$(PY) tools/check_fast_coverage.py
 

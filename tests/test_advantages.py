@@ -113,6 +113,7 @@ def test_batch_norm_is_std_of_centred_advantages_not_raw_rewards():
     assert not np.allclose(np.asarray(adv), trl_style, rtol=1e-2)
 
 
+@pytest.mark.fast
 def test_group_norm_matches_grpo_formula():
     r = np.array([1.0, 0, 0, 1, 1, 1, 0, 1])
     pidx = np.array([0, 0, 0, 0, 1, 1, 1, 1])
@@ -152,6 +153,7 @@ def test_zero_variance_groups_and_group_mean():
     )
 
 
+@pytest.mark.fast
 def test_all_invalid_is_finite_and_zero():
     r = np.array([1.0, -1.0, 1.0])
     adv, keep, m = losses.group_advantages(

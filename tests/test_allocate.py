@@ -37,7 +37,7 @@ def true_best(budget: float) -> str:
     return max(TRUTH, key=lambda n: sigmoid_law(budget, R0=R0, **TRUTH[n]))
 
 
-@pytest.mark.parametrize("budget", [2.0, 60.0])
+@pytest.mark.parametrize("budget", [2.0, pytest.param(60.0, marks=pytest.mark.fast)])
 def test_planner_picks_the_known_best_allocation(budget):
     # Short runs reach 6 compute units: enough to see each curve bend, far short of the end.
     candidates = [Candidate(n, short_run(n, 6.0, seed=i)) for i, n in enumerate(TRUTH)]

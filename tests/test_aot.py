@@ -104,6 +104,7 @@ def test_a_program_that_does_not_fit_is_named_with_its_figures(v5p_small):
     assert aot.problem(programs, target) is None
 
 
+@pytest.mark.fast
 def test_missing_libtpu_is_one_line_naming_the_install(monkeypatch, capsys):
     monkeypatch.setattr(aot, "has_libtpu", lambda: False)
     code = RUN.main(["--compile", "--tpu", "v5p-8", *SMALL])

@@ -186,6 +186,7 @@ def test_cudnn_path_lowers_for_cuda_where_jax_can_find_cudnn():
         ("splash", "tpu", "bfloat16", 128, 384, "splash"),
     ],
 )
+@pytest.mark.fast
 def test_dispatch_per_platform(impl, platform, dtype, hd, t, want):
     assert resolve_attention_impl(impl, platform, head_dim=hd, dtype=dtype, seq_len=t) == want
 
@@ -239,6 +240,7 @@ def test_model_on_cpu_auto_is_xla_and_named_kernels_refuse():
         jax.eval_shape(lambda tok: model.decode(tok, pos, cache), tokens[:, :1])
 
 
+@pytest.mark.fast
 def test_config_fields_are_validated():
     with pytest.raises(ConfigError, match="ModelConfig.attention_impl='flash'"):
         _tiny(attention_impl="flash")

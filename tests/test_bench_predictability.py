@@ -54,6 +54,7 @@ def test_half_fit_predicts_a_sigmoids_end_from_its_first_half(bench, tmp_path):
     assert os.path.getsize(png) > 10_000
 
 
+@pytest.mark.fast
 def test_forecast_check_counts_misses_no_fit_and_wrong_stable(bench, tmp_path):
     forecasts = [  # x_max reaches 25%, 50%, 75% of the final compute (1e12) in turn
         {"step": 45, "x_max": 2.5e11, "ok": False, "reason": "too few points", "stable": False},

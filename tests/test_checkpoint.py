@@ -368,6 +368,7 @@ def test_corrupt_latest_checkpoint_is_refused_and_the_previous_restored(tmp_path
     assert np.asarray(state["w"]).tobytes() == np.asarray(states[3]["w"]).tobytes()
 
 
+@pytest.mark.fast
 def test_checkpoint_without_manifest_is_accepted(tmp_path):
     states = _states([1, 2])
     _save_all(tmp_path, states)
@@ -411,6 +412,7 @@ def test_no_usable_checkpoint_raises_naming_every_step(tmp_path):
     ckpt.close()
 
 
+@pytest.mark.fast
 def test_nested_layout_round_trip_and_errors():
     tree = (jnp.arange(2), {"a": [jnp.ones(1), jnp.zeros(1)]})
     nested = ckpt_lib.to_nested(tree)
@@ -423,6 +425,7 @@ def test_nested_layout_round_trip_and_errors():
         ckpt_lib.Checkpointer("/tmp/never", save_every=0, keep=1)
 
 
+@pytest.mark.fast
 def test_export_hf_then_init_from_hf_gives_the_same_params(tmp_path):
     pytest.importorskip("safetensors")
     mesh = mesh_lib.trainer_mesh(MeshConfig(fsdp=4, tensor=2), jax.devices())

@@ -35,6 +35,7 @@ def test_missing_data_file_is_named_before_any_tokenizer_talk():
     assert "tokenizer" not in line
 
 
+@pytest.mark.fast
 def test_unknown_model_preset_lists_the_presets():
     refused(
         run_cli("--model", "nonexistent"),

@@ -102,7 +102,10 @@ PROGRAMS = {  # format -> (spec, correct, wrong, crashing)
 }
 
 
-@pytest.mark.parametrize("fmt", sorted(PROGRAMS))
+@pytest.mark.parametrize(
+    "fmt",
+    [pytest.param(f, marks=pytest.mark.fast) if f == "stdio" else f for f in sorted(PROGRAMS)],
+)
 def test_formats_correct_wrong_crash(fmt):
     spec, correct, wrong, crashing = PROGRAMS[fmt]
     reference = json.dumps(spec)

@@ -8,6 +8,7 @@ import pytest
 from scalerl_jax.rl.curriculum import NoPositiveResampling
 
 
+@pytest.mark.fast
 def test_retires_at_threshold_on_latest_observation_and_is_permanent():
     c = NoPositiveResampling(threshold=0.9)
     assert c.update(["a", "b", 3], [0.5, 0.875, 0.9375]) == [3]

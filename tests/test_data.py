@@ -52,6 +52,7 @@ def _write_jsonl(path, n_good, bad_lines, seed=0):
     return path
 
 
+@pytest.mark.fast
 def test_jsonl_bad_rows_counted(tmp_path):
     path = _write_jsonl(tmp_path / "train.jsonl", 600, BAD_LINES)
     rows, stats = load_rows(DataConfig(source=str(path)))
@@ -222,6 +223,7 @@ def test_host_shards_disjoint_covering_and_one_epoch_each(tmp_path):
         _source(path, process_index=4, process_count=4)
 
 
+@pytest.mark.fast
 def test_cursor_roundtrip_resumes_exactly(tmp_path):
     path = _write_jsonl(tmp_path / "t.jsonl", 130, [])
     run = _source(path, process_index=1, process_count=2)  # shard of 40

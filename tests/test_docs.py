@@ -108,6 +108,7 @@ def chain(snippet: Snippet) -> list:
     return on_page[start : k + 1]
 
 
+@pytest.mark.fast
 def test_markers_are_well_formed():
     assert not PROBLEMS, "\n".join(PROBLEMS)
     assert EXPECTED_PAGES <= {s.page for s in SNIPPETS}

@@ -209,6 +209,7 @@ def test_a_batched_first_fill_samples_what_one_prompt_at_a_time_samples(engine1,
         np.testing.assert_allclose(got, ref, atol=1e-5, rtol=0)
 
 
+@pytest.mark.fast
 def test_prefill_batch_tokens_must_not_be_negative():
     with pytest.raises(ConfigError, match=r"SamplerConfig.prefill_batch_tokens=-1: must be >= 0"):
         SamplerConfig(prefill_batch_tokens=-1)

@@ -45,6 +45,14 @@ def params(engine):
 
 
 @pytest.fixture(scope="module")
+def greedy(mesh):
+    """A greedy engine and the jitted full forward its continuations are checked against,
+    compiled once for the tests that share them."""
+    eng = Engine(CFG, mesh, sampler_cfg(temperature=0.0, decode_steps_per_call=3))
+    return eng, jax.jit(lambda p, t: transformer.forward_logits(eng.graphdef, p, t))
+
+
+@pytest.fixture(scope="module")
 def ref_logprobs(engine):
     fn = jax.jit(
         lambda p, t: jax.nn.log_softmax(
@@ -82,9 +90,9 @@ def run(engine, params, state, slots, steps, seqs, lps, forced=None):
     return state
 
 
-def test_greedy_equals_argmax_of_full_forward(mesh, params):
-    eng = Engine(CFG, mesh, sampler_cfg(temperature=0.0, decode_steps_per_call=3))
-    fwd = jax.jit(lambda p, t: transformer.forward_logits(eng.graphdef, p, t))
+@pytest.mark.fast
+def test_greedy_equals_argmax_of_full_forward(greedy, params):
+    eng, fwd = greedy
     prompts = {0: [3, 1, 4, 1, 5, 9, 2, 6], 3: [27, 18, 28]}  # two slots, different lengths
     state = eng.init_decode_state()
     for slot, prompt in prompts.items():
@@ -98,12 +106,11 @@ def test_greedy_equals_argmax_of_full_forward(mesh, params):
         np.testing.assert_array_equal(seq[len(prompt) :], logits[len(prompt) - 1 : -1].argmax(-1))
 
 
-def test_batched_prefill_rows_go_to_their_slots(mesh, params):
+def test_batched_prefill_rows_go_to_their_slots(greedy, params):
     # Three prompts of different lengths in one prefill_batch (plus a padding row), inserted out
     # of order: each slot's cache equals its prompt's own prefill and its greedy continuation
     # is the argmax of the full forward.
-    eng = Engine(CFG, mesh, sampler_cfg(temperature=0.0, decode_steps_per_call=3))
-    fwd = jax.jit(lambda p, t: transformer.forward_logits(eng.graphdef, p, t))
+    eng, fwd = greedy
     prompts = [[3, 1, 4, 1, 5, 9, 2, 6], [27, 18, 28], [7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7]]
     padded = np.zeros((4, eng.max_prefill_length), np.int32)
     for i, p in enumerate(prompts):

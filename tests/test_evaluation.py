@@ -13,7 +13,9 @@ import time
 import numpy as np
 import pytest
 
+from scalerl_jax import evaluation
 from scalerl_jax.evaluation import summary_path
+from scalerl_jax.rewards.pool import ScoreResult
 from test_progress_signals import Lines, TESTBED
 from test_run import run_cli
 
@@ -160,6 +162,40 @@ def test_sigterm_stops_an_evaluation_within_seconds_writing_nothing(run_dir, tmp
     assert not out.exists() and not os.path.exists(summary_path(str(out)))
 
 
+@pytest.mark.fast
+def test_summary_figures_are_those_of_the_records(tmp_path):
+    """mean@k, pass@k and their standard errors over problems, the counts, and the files."""
+    # 3 problems x k=2: correct (1, 1), (1, 0), (0, 0); one truncated, one without an answer.
+    correct = [True, True, True, False, False, False]
+    records = [
+        {
+            "correct": c,
+            "extracted": None if i == 5 else "1",
+            "num_tokens": 4 + i,
+            "finish_reason": "truncated" if i == 0 else "eos",
+        }
+        for i, c in enumerate(correct)
+    ]
+    scored = ScoreResult(np.zeros(6), np.array(correct), num_timeouts=1, num_errors=0, seconds=0.1)
+    mode = evaluation.Mode("t1_k2", temperature=1.0, k=2)
+    s = evaluation.summarize(records, mode, scored, {"tokens": 39}, 2.0, "math")
+    per_problem_mean, per_problem_any = np.array([1, 0.5, 0]), np.array([1.0, 1.0, 0.0])
+    assert s["mean@2"] == pytest.approx(0.5)
+    assert s["mean@2_se"] == pytest.approx(per_problem_mean.std(ddof=1) / np.sqrt(3))
+    assert s["pass@2"] == pytest.approx(2 / 3)
+    assert s["pass@2_se"] == pytest.approx(per_problem_any.std(ddof=1) / np.sqrt(3))
+    assert (s["problems"], s["completions"], s["correct"]) == (3, 6, 3)
+    assert (s["no_answer"], s["truncated"], s["verifier_timeouts"]) == (1, 1, 1)
+    assert s["mean_completion_tokens"] == 6.5 and s["tokens_per_s"] == 19.5
+    line = evaluation.headline("t1_k2", s)
+    assert line.startswith("t1_k2 (T=1): mean@2 0.500 ± 0.289, pass@2 0.667 ± 0.333 over 3")
+    out = str(tmp_path / "sub" / "e.jsonl")
+    assert evaluation.write_results(out, records, s) == str(tmp_path / "sub" / "e.summary.json")
+    assert [json.loads(line) for line in open(out)] == records
+    assert json.load(open(summary_path(out))) == s
+
+
+@pytest.mark.fast
 def test_data_only_is_scored_and_checked_before_the_model(tmp_path):
     """--data FILE alone is scored: a recipe's validation source (gsm8k's test.jsonl beside
     the train file) is neither needed nor read; --data and --recipe fail before any loading."""

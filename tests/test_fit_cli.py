@@ -171,6 +171,7 @@ def test_documented_command_runs(runs):
     assert proc.stdout.splitlines()[1].startswith("scalerl")
 
 
+@pytest.mark.fast
 def test_readable_numbers():
     from scalerl_jax.scaling.plot import readable
 
@@ -296,6 +297,7 @@ def test_compare_png_is_readable_with_seven_runs():
         assert slope == pytest.approx(-fit.B, rel=1e-3)
 
 
+@pytest.mark.fast
 def test_compare_applies_the_paper_rule_with_intervals(runs, capsys, tmp_path):
     root, _ = runs
     write_run(tmp_path / "steep", A=0.605, B=2.6, C_mid=0.8, seed=5)

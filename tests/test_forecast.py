@@ -54,6 +54,7 @@ FIELDS = (
 )
 
 
+@pytest.mark.fast
 def test_stable_once_A_settles_within_the_margin():
     assert not is_stable([])
     assert not is_stable([0.60, 0.61])  # fewer than three forecasts
@@ -66,6 +67,7 @@ def test_stable_once_A_settles_within_the_margin():
     assert not is_stable([0.60, 0.60, float("nan")])
 
 
+@pytest.mark.fast
 def test_required_compute_inverts_the_law():
     A, B, C_mid, R0 = 0.6, 1.9, 800.0, 0.2
     c = required_compute(0.5, A, B, C_mid, R0)

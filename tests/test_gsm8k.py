@@ -83,7 +83,9 @@ def test_accelerator_sizes_on_a_tpu_slice(tmp_path):
     assert "128 rows per step (8 prompts x 16)" in pinned.stdout
 
 
-@pytest.mark.parametrize("gib,micro,remat", [(78, 16, False), (24, 16, True)])
+@pytest.mark.parametrize(
+    "gib,micro,remat", [(78, 16, False), pytest.param(24, 16, True, marks=pytest.mark.fast)]
+)
 def test_accelerator_sizes_on_a_gpu_fit_its_memory(monkeypatch, gib, micro, remat):
     """On a GPU the local plan picks micro-batches / remat / slots for the bigger batch (the
     lengths stay), where the CPU sizes stay as they are."""

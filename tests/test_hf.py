@@ -156,6 +156,7 @@ def test_bf16_checkpoint_loads_exactly(tmp_path):
         assert torch.equal(a.float(), b.float())  # (transformers 4 upcasts to fp32 on load)
 
 
+@pytest.mark.fast
 def test_read_slice_maps_every_block(checkpoint):
     """A device's block read straight from the file equals slicing the fully loaded array,
     including a block that cuts head_dim (read whole, sliced afterwards)."""
@@ -177,6 +178,7 @@ def test_read_slice_maps_every_block(checkpoint):
             np.testing.assert_array_equal(got, full[index])
 
 
+@pytest.mark.fast
 def test_config_from_hf_reads_both_rope_spellings_and_matches_presets():
     v4 = dict(
         architectures=["LlamaForCausalLM"],

@@ -277,6 +277,7 @@ def test_kv_cache_decode_equals_full_forward_across_chunks(checkpoint):
         pos = pos + 1
 
 
+@pytest.mark.fast
 def test_unsupported_settings_are_refused_by_name():
     base = json.loads(json.dumps(transformers.Llama4TextConfig(**HF_CFG).to_dict()))
     base["architectures"] = ["Llama4ForCausalLM"]

@@ -4,6 +4,8 @@ that cannot fit exits 2 before allocating anything; `--dry-run` alone prints the
 
 import dataclasses
 
+import pytest
+
 from scalerl_jax import recipes
 from scalerl_jax.config import apply_overrides
 from scalerl_jax.models import hf
@@ -62,6 +64,7 @@ def test_host_memory_takes_the_lower_of_meminfo_and_a_cgroup_limit(tmp_path):
     assert local.host_memory(str(meminfo), ((str(limit), str(usage)),)) == (8 * GIB, "MemAvailable")
 
 
+@pytest.mark.fast
 def test_the_issue_run_is_refused_with_its_kv_cache_and_settings_that_fit():
     cfg, machine = _issue_run(), _cpu(24 * 0.93)  # 24 GB of RAM, most of it available
     plan = local.local_plan(cfg, machine)

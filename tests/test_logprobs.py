@@ -26,6 +26,7 @@ def _reference(hidden, kernel, targets):
     return logp, entropy
 
 
+@pytest.mark.fast
 def test_unchunked_matches_log_softmax():
     hidden, kernel, targets = _inputs()
     logp, ent = token_logprobs(hidden, kernel, targets, chunk_size=None)

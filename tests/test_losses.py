@@ -244,6 +244,7 @@ HAND = {
 
 
 @pytest.mark.parametrize("objective,aggregation", sorted(HAND))
+@pytest.mark.fast
 def test_hand_values(objective, aggregation):
     lp, blp, adv, mask, pidx = _hand_batch()
     loss, metrics, _ = run(objective, aggregation, lp, blp, adv, mask, pidx, 3)

@@ -58,6 +58,7 @@ def test_hedges_are_not_accepted(reference, answer):
     assert not verify_math(boxed(answer), reference)
 
 
+@pytest.mark.fast
 def test_hedges_across_boxes_and_sentences_are_not_accepted():
     assert not verify_math("So $x = \\boxed{3}$ or $x = \\boxed{4}$.", "4")
     assert not verify_math("Either \\boxed{3}, \\boxed{4}", "4")

@@ -320,6 +320,7 @@ def test_agreement():
         "2^{99999999}",
     ],
 )
+@pytest.mark.fast
 def test_limits_refuse_before_parsing(answer):
     t0 = time.perf_counter()
     assert not within_limits(answer)

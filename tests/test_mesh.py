@@ -21,6 +21,7 @@ def _fake_hosts(hosts, per_host):
     ]
 
 
+@pytest.mark.fast
 def test_split_devices_on_eight_local_devices():
     devices = jax.devices()
     split = mesh_lib.split_devices(MeshConfig(), devices)
@@ -85,6 +86,7 @@ def test_mesh_divisibility_errors_name_the_numbers():
         MeshConfig(tensor=0)
 
 
+@pytest.mark.fast
 def test_logical_to_spec_follows_the_rules_and_replicates_what_does_not_divide():
     mesh = mesh_lib.trainer_mesh(MeshConfig(fsdp=2, tensor=4), jax.devices())
     assert mesh_lib.logical_to_spec(("embed", "mlp"), mesh) == P("fsdp", "tensor")

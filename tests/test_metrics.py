@@ -29,6 +29,7 @@ def _compute(h):
     }
 
 
+@pytest.mark.fast
 def test_round_trip_with_malformed_and_torn_lines(tmp_path):
     with MetricsWriter(tmp_path) as w:
         w.run({"model": {"hidden_size": 64}})

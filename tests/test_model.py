@@ -263,6 +263,7 @@ def test_presets_have_published_parameter_counts():
         (dict(attention_chunk=-1), r"ModelConfig.attention_chunk=-1: must be >= 0"),
     ],
 )
+@pytest.mark.fast
 def test_model_config_errors_name_the_field(kw, match):
     base = dict(
         vocab_size=256,

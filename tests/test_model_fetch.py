@@ -154,6 +154,7 @@ def test_gguf_converts_once_into_a_checkpoint_our_loader_reads(tiny_gguf, tmp_pa
     assert os.path.getmtime(os.path.join(out, "model.safetensors")) == stamp
 
 
+@pytest.mark.fast
 def test_gguf_without_its_packages_names_them(tiny_gguf, monkeypatch, tmp_path):
     path, _, _ = tiny_gguf
     real = fetch.importlib.util.find_spec

@@ -147,6 +147,7 @@ def test_export_reloads_in_transformers(checkpoint, tmp_path):
     )
 
 
+@pytest.mark.fast
 def test_missing_expert_tensor_is_named(checkpoint, tmp_path):
     from safetensors.numpy import load_file, save_file
 
@@ -274,6 +275,7 @@ def test_blocked_grouped_matmul_equals_ragged_dot(sizes, block):
         np.testing.assert_allclose(a, b, atol=1e-4)
 
 
+@pytest.mark.fast
 def test_aux_loss_matches_transformers():
     from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
 
@@ -420,6 +422,7 @@ def test_scout_plan_counts_all_experts_in_memory_and_active_in_flops():
     assert 6 * matmul_params(m) < per_token < 6 * matmul_params(m) * 1.5
 
 
+@pytest.mark.fast
 def test_config_validation_names_field_and_value():
     base = presets.get("tiny-qwen3-moe")
     with pytest.raises(ConfigError, match=r"experts_per_token=9: must be in \[1, num_experts=8\]"):

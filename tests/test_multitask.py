@@ -47,6 +47,7 @@ def mix(math_weight=3.0, code_weight=1.0, seed=0, **kw):
 
 
 # ------------------------------------------------------------------------------ the mixture
+@pytest.mark.fast
 def test_mixture_draws_by_weight_deterministically_and_resumes_exactly():
     source = open_source(mix(), TOK)
     assert isinstance(source, MixtureSource) and source.domains == ("math", "code")

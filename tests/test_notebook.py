@@ -147,6 +147,7 @@ def cell_with(nb, needle: str):
     return found[0]
 
 
+@pytest.mark.fast
 def test_committed_notebook_has_no_outputs():
     nb = nbformat.read(NOTEBOOK, as_version=4)
     nbformat.validate(nb)

@@ -147,6 +147,7 @@ def test_sync_is_reproducible_and_resume_matches_an_uninterrupted_run(tmp_path):
     assert evals_a == evals_b and [s for s, _ in evals_a] == [0, 3, 6]
 
 
+@pytest.mark.fast
 def test_trainer_scores_tokens_at_the_samplers_temperature(tmp_path):
     """In sync mode every batch is sampled by the parameters that train on it, so the trainer's
     log-prob of each token must equal the sampler's: at temperature 0.5 too (the trainer divides

@@ -95,6 +95,7 @@ def test_param_bytes_match_real_shardings(name, shape):
 
 
 # --------------------------------------------------------------------------- the flagship
+@pytest.mark.fast
 def test_scalerl_8b_on_v5p_256_hand_computed():
     cfg = recipes.get("scalerl", model="llama-3.1-8b")
     p = plan.resolve(cfg, plan.topology("v5p-256"))
@@ -238,6 +239,7 @@ def test_70b_on_v5e_8_does_not_fit_and_says_why():
     assert "Smallest slices that fit: v5p-2048" in text
 
 
+@pytest.mark.fast
 def test_pinned_fields_are_kept_and_the_rest_planned():
     cfg = recipes.get("scalerl", model="llama-3.1-8b")
     cfg = dataclasses.replace(

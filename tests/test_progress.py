@@ -122,6 +122,7 @@ def test_progress_off_a_terminal_logs_plain_lines_only(restore_logging, caplog):
     assert "rl: evaluating" in lines
 
 
+@pytest.mark.fast
 def test_progress_time_based_lines_and_final_line(restore_logging, caplog):
     with caplog.at_level(logging.INFO, logger="scalerl_jax.progress"):
         with Progress("sft", 100, fields=SFT_FIELDS, stream=io.StringIO(), log_every_s=3600) as bar:
@@ -195,6 +196,7 @@ def test_bar_on_a_real_pseudo_terminal(restore_logging):
     assert b"sft" in chunks and b"5/5" in chunks and b"loss 0.5000" in chunks
 
 
+@pytest.mark.fast
 def test_summary_with_fit(tmp_path):
     os.makedirs(tmp_path / "tensorboard")
     os.makedirs(tmp_path / "fit")

@@ -92,6 +92,7 @@ def launch(*args, interval="1"):
 
 
 # ------------------------------------------------------------------------------ heartbeat
+@pytest.mark.fast
 def test_heartbeat_names_nested_phases_only_when_nothing_else_printed(caplog):
     beat = Heartbeat()
     with caplog.at_level(logging.INFO, logger="scalerl_jax.heartbeat"):

@@ -145,6 +145,7 @@ def test_loo_covers_the_eight_pieces():
         assert 1 <= len(recipes.documented_diff(recipes.LOO_PREFIX + piece)) <= 2
 
 
+@pytest.mark.fast
 def test_unknown_names_list_the_valid_choices():
     with pytest.raises(KeyError) as err:
         recipes.get("scalerl-xl")

@@ -143,6 +143,7 @@ EQUIVALENCE = [
 
 
 @pytest.mark.parametrize("completion,reference,correct", EQUIVALENCE)
+@pytest.mark.fast
 def test_verify_math_table(completion, reference, correct):
     t0 = time.perf_counter()
     assert verify_math(completion, reference) is correct
@@ -337,6 +338,7 @@ def test_malicious_answers_are_inert(text):
 
 
 # ------------------------------------------------------------------------- synthetic verifiers
+@pytest.mark.fast
 def test_verify_exact():
     assert verify_exact("<think>3+4 carry</think>46", "46")
     assert verify_exact("<think></think> 46 ", "46")
@@ -455,6 +457,7 @@ def test_pool_with_capacity_exhausted_still_returns_on_time():
         _release.set()
 
 
+@pytest.mark.fast
 def test_process_pool_kills_stuck_verifiers():
     # Standard-library verifiers keep the children light (they import only what they unpickle):
     # re.match with a catastrophic pattern hangs, a bad pattern raises, string_at(8) segfaults.

@@ -110,6 +110,7 @@ def test_bad_input_is_refused_without_touching_the_workdir(tmp_path):
     assert sorted(os.listdir(workdir)) == ["config.json"]
 
 
+@pytest.mark.fast
 def test_prompt_feed_replays_inflight_prompts_under_their_tickets():
     tok = CharTokenizer()
     cfg = DataConfig(source="synthetic:addition?num=50", num_validation=5)
@@ -131,6 +132,7 @@ def test_prompt_feed_replays_inflight_prompts_under_their_tickets():
     assert (nxt.prompt_id, nxt.ticket) == (next(feed).prompt_id, 6)
 
 
+@pytest.mark.fast
 def test_run_rejects_unknown_recipe():
     done = run_cli("--recipe", "nope")
     assert done.returncode == 2 and "invalid choice" in done.stderr

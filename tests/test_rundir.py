@@ -127,6 +127,7 @@ def test_failing_command_leaves_no_trace(tmp_path):
     ]
 
 
+@pytest.mark.fast
 def test_config_guard_names_keys_allows_steps_and_override(tmp_path, caplog):
     cfg = RunConfig(model=presets.get("tiny-qwen2", num_layers=1)).to_dict()
     path = write_config(tmp_path, cfg)
@@ -184,6 +185,7 @@ def test_a_run_started_before_a_field_existed_resumes_while_it_keeps_its_default
         check_config(tmp_path, moe, defaults=field_defaults())
 
 
+@pytest.mark.fast
 def test_write_config_is_atomic(tmp_path, monkeypatch):
     write_config(tmp_path, {"seed": 1})
     before = _snapshot(tmp_path)

@@ -58,6 +58,7 @@ def table1_fits(batch):
     return x, y, r0, truth, fit_sigmoid_batch(x, y, R0=r0)
 
 
+@pytest.mark.fast
 def test_recovers_table1_parameters_on_most_seeds(table1_fits):
     # Required: A within 0.01, B within 0.15, C_mid within 10% on >= 90% of the 100 curves (98%
     # when written; the spread of the least-squares estimate under this noise misses the rest).
@@ -172,6 +173,7 @@ def test_degenerate_inputs_give_reasons_not_numbers(case, make, words):
     assert not hasattr(result, "A")
 
 
+@pytest.mark.fast
 def test_fit_window_and_measured_r0():
     curve = _curve("c")
     fit = fit_curve(curve, FitSpec(fit_start=1500))
@@ -180,6 +182,7 @@ def test_fit_window_and_measured_r0():
     assert not fit_curve(curve, FitSpec(fit_start=15000)).ok  # 6 flat-topped points left
 
 
+@pytest.mark.fast
 def test_paper_grid_procedure():
     fit = fit_curve(_curve("c", seed=3), FitSpec(procedure="grid"))
     assert fit.ok and fit.procedure == "grid"
@@ -245,6 +248,7 @@ def test_extrapolation_from_half_the_compute():
     assert not too_early.ok and "fit_start" in too_early.reason
 
 
+@pytest.mark.fast
 def test_power_law_and_log_linear_alternatives():
     x = np.linspace(500, 50000, 100)
     rng = np.random.default_rng(8)

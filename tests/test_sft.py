@@ -37,6 +37,7 @@ DATA = DataConfig(source="synthetic:countup?num=600", num_validation=50)
 OPTIM = OptimConfig(learning_rate=3e-3, warmup_steps=5, eps=1e-8, weight_decay=0.0)
 
 
+@pytest.mark.fast
 def test_packing_keeps_demonstrations_apart_and_masks_only_completions():
     ex = sft_lib.Examples(
         rows=[[5, 6, 7, 1], [8, 9, 1], [10, 11, 12, 13, 1]], prompt_lengths=[2, 1, 3], skipped=0

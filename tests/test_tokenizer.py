@@ -167,6 +167,7 @@ def test_sentencepiece_round_trip_specials_and_default_template(sp_dir):
     assert tok.token_to_id("</s>") == 2 and tok.token_to_id("<definitely-not-a-piece>") is None
 
 
+@pytest.mark.fast
 def test_load_tokenizer_errors(tmp_path):
     with pytest.raises(TokenizerError, match="no tokenizer.json"):
         load_tokenizer(tmp_path)

@@ -215,6 +215,7 @@ def test_workers_per_slice(accelerator, workers):
         ("", "unknown"),
     ],
 )
+@pytest.mark.fast
 def test_bad_accelerator_types(accelerator, message):
     with pytest.raises(C.UsageError, match=message):
         C.create("rl", "us-east5-a", "my-proj", accelerator)

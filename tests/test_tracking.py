@@ -54,6 +54,7 @@ def _eval_record(step, pass_rate, device_hours, flops, **extra):
     }
 
 
+@pytest.mark.fast
 def test_records_become_tagged_scalars(tmp_path):
     with tracking.Tracker(tmp_path) as tracker:
         tracker.write(

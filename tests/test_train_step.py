@@ -145,6 +145,7 @@ def test_sharded_step_equals_unsharded_and_state_is_sharded():
     assert int(s8.step) == int(s1.step) == 1
 
 
+@pytest.mark.fast
 def test_gradient_accumulation_equals_one_big_batch():
     big, info = make_batch(micro_batches=1)
     small, _ = make_batch(micro_batches=2)

@@ -21,6 +21,7 @@ from scalerl_jax.sampler import Engine, WeightSync, count_compilations
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.fast
 def test_single_process_trainer_fsdp4_to_sampler_mesh_without_recompiling():
     split = mesh_lib.split_devices(MeshConfig(trainer_devices_per_host=4))
     trainer = mesh_lib.trainer_mesh(MeshConfig(fsdp=-1), split.trainer)
@@ -238,6 +239,7 @@ def test_grouped_sync_equals_one_group_and_bounds_a_trainer_chips_copy():
         WeightSync(trainer, engine.param_shardings, group_bytes=0)
 
 
+@pytest.mark.fast
 def test_sampler_weight_fields_are_validated():
     from scalerl_jax.config import ConfigError
 

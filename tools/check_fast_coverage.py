@@ -1,10 +1,10 @@
-"""Lists the package modules whose functions the quick tests never enter.
+"""Lists the package modules whose functions the fast lane never enters.
 
-`make test-fast-coverage` runs `make test-fast` under coverage, then this script. A module
-counts as touched when at least one line inside one of its function bodies ran: a module-level
-line runs on import alone, so it proves nothing. Modules without any function (re-exports,
-constants) have nothing to run and are not listed. Exits 1 when a module is listed, apart from
-those in UNMEASURED: code that runs only where coverage cannot follow.
+`make test-fast-coverage` runs the fast lane (`pytest -m fast`) under coverage, then this
+script. A module counts as touched when at least one line inside one of its function bodies
+ran: a module-level line runs on import alone, so it proves nothing. Modules without any
+function (re-exports, constants) have nothing to run and are not listed. Exits 1 when a module
+is listed, apart from those in UNMEASURED: code that runs only where coverage cannot follow.
 """
 
 import argparse
@@ -23,7 +23,7 @@ UNMEASURED = {
     # to stop), so they never write their coverage data.
     "scalerl_jax/rewards/pool_child.py": "the reward pool's child, SIGKILLed when the pool closes",
     # Started only by a training run with forecasting on: test_forecast's end-to-end test, too
-    # slow for the quick tests.
+    # slow for the fast lane.
     "scalerl_jax/scaling/forecast_child.py": "the forecaster's child, started by a training run",
 }
 
@@ -61,11 +61,11 @@ def main() -> int:
     args = parser.parse_args()
     missing = untouched(pathlib.Path(args.package), args.data_file)
     for path in missing:
-        print(f"{path}: no function of it ran in the quick tests (tests/fast.txt)")
+        print(f"{path}: no function of it ran in the fast lane (pytest -m fast)")
     if missing:
         return 1
     print(
-        f"every module of {args.package}/ with functions ran in the quick tests, apart from "
+        f"every module of {args.package}/ with functions ran in the fast lane, apart from "
         f"{len(UNMEASURED)} coverage cannot see (tools/check_fast_coverage.py: UNMEASURED)"
     )
     return 0
