@@ -215,6 +215,14 @@ def _attention_score_elements(t: int, chunk: int) -> int:
     return sum((min(t, c0 + chunk) - c0) * min(t, c0 + chunk) for c0 in range(0, t, chunk))
 
 
+def _largest_query_chunk(t: int, chunk: int) -> int:
+    """Score elements of one head in the largest query chunk of `_attention_score_elements`."""
+    if chunk <= 0 or t <= chunk:
+        return t * t
+    chunk = max(chunk, -(-t // 16))
+    return max((min(t, c0 + chunk) - c0) * min(t, c0 + chunk) for c0 in range(0, t, chunk))
+
+
 def fused_attention(m: ModelConfig, t: int) -> bool:
     """Whether the training forward's attention runs the splash kernel on a TPU
     (`ModelConfig.attention_impl` "splash", or "auto" with shapes the kernel takes: the rule of
@@ -256,8 +264,9 @@ def activation_bytes(
     and F are minor axes, counted in whole lanes (`lanes`).
     The backward runs the LM head first, then the layers (in reverse, a scan): the head's phase
     holds one fp32 [rows, chunk, V] logits buffer (XLA computes the softmax and its gradient in
-    place: one buffer, measured on v5p), the layers' phase one layer's set. Without remat every
-    layer's set is kept through both. With remat (`remat_policy`) "full" keeps each block's
+    place: one buffer, measured on v5p), the layers' phase one layer's set and the gradient of
+    its largest query chunk's scores (4 + b bytes per element, unless fused). Without remat
+    every layer's set is kept through both. With remat (`remat_policy`) "full" keeps each block's
     input stacked over the layers (D per token) and rebuilds one block's set at a time;
     "attn_out" also keeps each layer's attention output (H hd per token); "dots" and
     "dots_no_batch" keep most matmul outputs, planned as no remat (an upper bound). Both add the
@@ -292,13 +301,18 @@ def activation_bytes(
         )
         for i in range(m.num_layers)
     ]
+    # A layer's backward adds its scores' gradient (fp32 and compute dtype), one query chunk
+    # at a time (the chunks are separate ops).
+    grad = rows * h * _largest_query_chunk(t, m.attention_chunk) * (4 + b)
+    grads = [grad if u else 0 for u in unfused]
     chunk = t if logprob_chunk is None else min(t, logprob_chunk)
     head = rows * chunk * lanes(per_shard(m.vocab_size, tensor)) * 4
     if remat and m.remat_policy in ("full", "attn_out"):
         saved = d + (h * hd if m.remat_policy == "attn_out" else 0)
-        kept = m.num_layers * rows * t * saved * b + max(head, max(sets))
+        layer = max(x + g for x, g in zip(sets, grads))
+        kept = m.num_layers * rows * t * saved * b + max(head, layer)
     else:
-        kept = sum(sets) + head
+        kept = sum(sets) + max(head, max(grads))
     return kept + rows * t * t * any(unfused) + rows * t * d * 4
 
 
