@@ -220,7 +220,7 @@ def main():
                 )
             )
         fit = _fit(rows, args.layers, full) if len(args.layers) > 1 else {}
-        mem = estimate.sampler_memory(cfg, 1, 1, cfg.sampler.max_concurrent_decodes)
+        mem = estimate.sampler_memory(cfg, 1, 1, cfg.sampler.max_concurrent_decodes, tpu=False)
         print(
             json.dumps(
                 {
@@ -230,6 +230,7 @@ def main():
                         "params": _gib(mem.params),
                         "kv_cache": _gib(mem.kv_cache),
                         "working": _gib(mem.working),
+                        "decode": _gib(mem.decode),
                         "peak": _gib(mem.peak),
                     },
                 }

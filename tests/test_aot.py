@@ -43,7 +43,10 @@ def _need_libtpu():
 @pytest.fixture(scope="module")
 def v5p_small():
     """(exit status, printed lines, compiled programs, target) of `run.py --compile --tpu
-    v5p:2x2x1` on SMALL."""
+    v5p:2x2x1` on SMALL, at the matmul precision a run uses (conftest sets "highest" for the
+    CPU tests: on a TPU that compiles multi-pass fp32 matmuls with their own temporaries)."""
+    import jax
+
     _need_libtpu()
     seen: list = []
     out: list = []
@@ -51,7 +54,8 @@ def v5p_small():
     mp.setattr(aot, "compile_all", _recording(aot.compile_all, seen))
     mp.setattr("builtins.print", lambda *a, **k: out.append(" ".join(map(str, a))))
     try:
-        code = RUN.main(["--compile", "--tpu", "v5p:2x2x1", *SMALL])
+        with jax.default_matmul_precision(None):
+            code = RUN.main(["--compile", "--tpu", "v5p:2x2x1", *SMALL])
     finally:
         mp.undo()
     programs, target = seen
@@ -82,17 +86,21 @@ def test_every_program_compiles_for_v5p_and_fits(v5p_small):
 
 
 def test_planner_and_xla_agree_on_the_big_programs(v5p_small):
-    """The planner refuses runs by its own estimate: for the train step XLA's bytes per chip
-    stay within 2x of it either way (here 1.6x over it; llama-3.1-8b on v5p-256: 1.8x over).
-    The decode step within 3x: since the stacked KV cache is written in place, XLA keeps one
-    layer's key window as a temporary, which the planner does not count and which dominates
-    at this tiny size (2.7x over here; at 8B on v5p-256 the temporaries are 55 MiB of 60 GiB)."""
+    """The planner refuses runs by its own estimate, so it counts what the scanned programs
+    hold (plan/estimate.py): the train step's stacked residuals, then either one fp32 logits
+    chunk or one layer's set and its scores' gradient (the head's and the layers' backward run
+    one after the other), minor axes in whole 128-lane tiles; the decode step's scores and
+    logits and, with head_dim < 128, the copy of the KV cache its layer scan carries with
+    head_dim minor. XLA's bytes per chip then stay within 1.5x of the estimate either way: here
+    (d=64, head_dim 16) 1.27x over it for the train step, 1.28x for generate; qwen2.5-0.5b's
+    width with 4 layers (16 x 512 tokens) 0.91x (remat), 0.90x (remat, 128-position log-prob
+    chunks), 1.29x (no remat), generate 1.10x."""
     _, _, programs, _ = v5p_small
     by_name = {p.name: p for p in programs}
-    for name, factor in (("train step", 2), (PROGRAMS[-1], 3)):
+    for name in ("train step", PROGRAMS[-1]):
         p = by_name[name]
         assert p.estimate is not None
-        assert 1 / factor <= p.total / p.estimate <= factor, (name, p.total, p.estimate)
+        assert 1 / 1.5 <= p.total / p.estimate <= 1.5, (name, p.total, p.estimate)
 
 
 def test_a_program_that_does_not_fit_is_named_with_its_figures(v5p_small):

@@ -227,7 +227,7 @@ def programs(cfg: RunConfig, devices, held: dict) -> Iterator[_Lowered]:
 
     sync = WeightSync.for_engine(tmesh, engine)
     for i, (fn, args) in enumerate(sync.programs(abstract.params)):
-        yield _Lowered(f"weight sync {i + 1}", "sync", fn, args)
+        yield _Lowered(f"weight sync {i + 1}", "sync", fn, *args)
     # The engine's own jitted functions (those Engine.precompile runs), on the longest prompt
     # and the whole cache window.
     yield _Lowered("decode state init", "sampler", engine._init)
@@ -270,7 +270,9 @@ def _estimate(name: str, role: str, target: Target) -> Optional[int]:
     if s is None:
         return None
     by_name = {"decode state init": s.kv_cache, "insert": s.kv_cache}
-    return by_name.get(name, s.params + s.working if name.startswith("prefill") else s.peak)
+    if name.startswith("prefill"):
+        return s.params + s.working
+    return by_name.get(name, s.params + s.kv_cache + s.decode)
 
 
 def _resident(name: str, role: str, held: dict, target: Target, arguments: int) -> int:

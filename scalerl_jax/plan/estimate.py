@@ -135,8 +135,9 @@ def sampler_param_bytes(m: ModelConfig, mesh_shape: dict, weight_dtype: str) -> 
 
 def sync_group_bytes(cfg: RunConfig) -> int:
     """Bytes of the largest group weight sync gathers at once, in the sampler's dtypes: at
-    most `sampler.weight_sync_group_mib`, or the largest single array when that is larger
-    (sampler/weight_sync.make_groups), never more than the whole model."""
+    most `sampler.weight_sync_group_mib`, never more than the whole model, and not less than
+    the largest piece it cannot cut (sampler/weight_sync.split): one layer's slice of a stacked
+    weight (the inventory's shapes are per layer) or a whole unstacked array."""
     m, wd = cfg.model, cfg.sampler.weight_dtype
     arrays = [math.prod(s) * sampler_item_bytes(m, a, wd) for s, a, _ in param_inventory(m)]
     whole = sampler_param_bytes(m, {}, wd)
@@ -176,11 +177,17 @@ class SamplerMemory:
 
     params: int
     kv_cache: int
-    working: int  # scores of the largest prefill pass, decode scores and fp32 logits of slots
+    working: int  # fp32 scores of the largest prefill pass
+    decode: int  # a decode step's: fp32 scores and logits of the slots, the cache's relayout
+
+    @property
+    def work(self) -> int:
+        """The larger working set: prefill and decode do not run at once."""
+        return max(self.working, self.decode)
 
     @property
     def peak(self) -> int:
-        return self.params + self.kv_cache + self.working
+        return self.params + self.kv_cache + self.work
 
 
 def seq_len(cfg: RunConfig) -> int:
@@ -208,6 +215,14 @@ def _attention_score_elements(t: int, chunk: int) -> int:
     return sum((min(t, c0 + chunk) - c0) * min(t, c0 + chunk) for c0 in range(0, t, chunk))
 
 
+def _largest_query_chunk(t: int, chunk: int) -> int:
+    """Score elements of one head in the largest query chunk of `_attention_score_elements`."""
+    if chunk <= 0 or t <= chunk:
+        return t * t
+    chunk = max(chunk, -(-t // 16))
+    return max((min(t, c0 + chunk) - c0) * min(t, c0 + chunk) for c0 in range(0, t, chunk))
+
+
 def fused_attention(m: ModelConfig, t: int) -> bool:
     """Whether the training forward's attention runs the splash kernel on a TPU
     (`ModelConfig.attention_impl` "splash", or "auto" with shapes the kernel takes: the rule of
@@ -224,6 +239,15 @@ def fused_attention(m: ModelConfig, t: int) -> bool:
     )
 
 
+LANES = 128  # a TPU tile's minor dimension: an array's minor axis is padded to a multiple
+
+
+def lanes(n: int) -> int:
+    """`n` rounded up to whole 128-lane tiles: what a minor axis of n elements takes on a TPU
+    (real widths are multiples of 128; a toy model's d=64 takes twice its bytes)."""
+    return -(-n // LANES) * LANES
+
+
 def activation_bytes(
     m: ModelConfig, rows: int, t: int, tensor: int, logprob_chunk, remat: bool
 ) -> int:
@@ -236,23 +260,27 @@ def activation_bytes(
     scores per row per layer: heads x score elements x (4 + b) bytes (fp32 probabilities for the
     softmax gradient, compute-dtype ones for the value product); with the fused kernel
     (`fused_attention`) 4 bytes per query and head instead, except on Llama-4's chunked-local
-    layers, which always run the XLA path. Heads and F shard over `tensor` when they divide.
-    Without remat every layer's set is kept. With remat (`remat_policy`): "full" keeps each
-    block's input (D per token) and rebuilds one block's set at a time in the backward pass;
+    layers, which always run the XLA path. Heads and F shard over `tensor` when they divide; D
+    and F are minor axes, counted in whole lanes (`lanes`).
+    The backward runs the LM head first, then the layers (in reverse, a scan): the head's phase
+    holds one fp32 [rows, chunk, V] logits buffer (XLA computes the softmax and its gradient in
+    place: one buffer, measured on v5p), the layers' phase one layer's set and the gradient of
+    its largest query chunk's scores (4 + b bytes per element, unless fused). Without remat
+    every layer's set is kept through both. With remat (`remat_policy`) "full" keeps each block's
+    input stacked over the layers (D per token) and rebuilds one block's set at a time;
     "attn_out" also keeps each layer's attention output (H hd per token); "dots" and
-    "dots_no_batch" keep most matmul outputs, planned as no remat (an upper bound).
-    Both add the [rows, T, T] bool mask (unless every layer runs the fused kernel), the fp32
-    final hidden states, and the fp32 log-prob working set: logits, softmax and their gradient
-    for one chunk of positions (3 x chunk x V).
+    "dots_no_batch" keep most matmul outputs, planned as no remat (an upper bound). Both add the
+    [rows, T, T] bool mask (unless every layer runs the fused kernel) and the fp32 final hidden
+    states, live through both phases.
     """
     b = _BYTES[m.compute_dtype]
-    d, f, hd = m.hidden_size, m.intermediate_size, m.dim_per_head
+    d, f, hd = lanes(m.hidden_size), m.intermediate_size, m.dim_per_head
     h, kv = per_shard(m.num_heads, tensor), per_shard(m.num_kv_heads, tensor)
     per_token = b * (5 * d + 3 * h * hd + 3 * kv * hd) + 4 * ((h + kv) * hd + 2 * d)
     # FFN: a dense layer keeps 4 F; an MoE layer the same for each of its k routed rows and the
     # shared expert, plus the gathered rows and the expert outputs (2 k D) and the fp32 router
     # logits and probabilities (2 E).
-    dense_ffn = b * 4 * per_shard(f, tensor)
+    dense_ffn = b * 4 * lanes(per_shard(f, tensor))
     k = m.experts_per_token
     moe_ffn = (
         b
@@ -273,15 +301,19 @@ def activation_bytes(
         )
         for i in range(m.num_layers)
     ]
+    # A layer's backward adds its scores' gradient (fp32 and compute dtype), one query chunk
+    # at a time (the chunks are separate ops).
+    grad = rows * h * _largest_query_chunk(t, m.attention_chunk) * (4 + b)
+    grads = [grad if u else 0 for u in unfused]
+    chunk = t if logprob_chunk is None else min(t, logprob_chunk)
+    head = rows * chunk * lanes(per_shard(m.vocab_size, tensor)) * 4
     if remat and m.remat_policy in ("full", "attn_out"):
         saved = d + (h * hd if m.remat_policy == "attn_out" else 0)
-        kept = m.num_layers * rows * t * saved * b + max(sets)
+        layer = max(x + g for x, g in zip(sets, grads))
+        kept = m.num_layers * rows * t * saved * b + max(head, layer)
     else:
-        kept = sum(sets)
-    chunk = t if logprob_chunk is None else min(t, logprob_chunk)
-    vocab = per_shard(m.vocab_size, tensor)
-    common = rows * t * t * any(unfused) + rows * t * d * 4 + 3 * rows * chunk * vocab * 4
-    return kept + common
+        kept = sum(sets) + max(head, max(grads))
+    return kept + rows * t * t * any(unfused) + rows * t * d * 4
 
 
 def trainer_memory(
@@ -331,24 +363,36 @@ def prefill_score_entries(s, groups: int) -> int:
     return max(p * p, min(groups * t * t, budget * t) if groups >= 2 else 0)
 
 
-def sampler_memory(cfg: RunConfig, data: int, tensor: int, slots: int) -> SamplerMemory:
+def cache_relayout_bytes(cfg: RunConfig, data: int, tensor: int, slots: int) -> int:
+    """Bytes of the copy of the KV cache a TPU decode step makes when head_dim is narrower than
+    a lane tile: the layer scan carries keys and values with head_dim as their minor axis,
+    padded to 128 lanes (measured on v5p: head_dim 16 -> 8x the cache, 64 -> 2x; at 128 the
+    cache stays in place)."""
+    hd = cfg.model.dim_per_head
+    if hd >= LANES:
+        return 0
+    return kv_cache_bytes(cfg, data, tensor, slots) * lanes(hd) // hd
+
+
+def sampler_memory(
+    cfg: RunConfig, data: int, tensor: int, slots: int, tpu: bool = True
+) -> SamplerMemory:
     """Per sampler chip: params in the sampler's dtypes (`sampler_param_bytes`; `embed` is not
-    sharded, the sampler mesh has no fsdp axis), the KV cache, and a working set: fp32
-    scores of the largest prefill pass (heads x `prefill_score_entries`, twice for softmax)
-    plus each slot's fp32 decode scores over the whole cache (the decode path attends to all S
-    entries) and fp32 logits."""
+    sharded, the sampler mesh has no fsdp axis), the KV cache, prefill's working set (fp32
+    scores of the largest prefill pass: heads x `prefill_score_entries`, twice for softmax) and
+    a decode step's (each slot's fp32 scores over the whole cache, the decode path attends to
+    all S entries, and its fp32 logits; on a TPU, `cache_relayout_bytes`)."""
     m, s = cfg.model, cfg.sampler
     params = sampler_param_bytes(m, {"data": data, "tensor": tensor}, s.weight_dtype)
     h, per_chip = per_shard(m.num_heads, tensor), per_shard(slots, data)
     # The driver groups slots by the pipeline's G, an evaluation by its k: the smaller gives
     # more groups, so larger batched prefills.
     groups = -(-slots // min(cfg.pipeline.generations_per_prompt, cfg.eval.k))
-    working = 4 * (
-        2 * h * prefill_score_entries(s, groups)
-        + per_chip * h * s.max_target_length
-        + per_chip * per_shard(m.vocab_size, tensor)
-    )
-    return SamplerMemory(params, kv_cache_bytes(cfg, data, tensor, slots), working)
+    prefill = 4 * 2 * h * prefill_score_entries(s, groups)
+    decode = 4 * per_chip * (h * s.max_target_length + lanes(per_shard(m.vocab_size, tensor)))
+    if tpu:
+        decode += cache_relayout_bytes(cfg, data, tensor, slots)
+    return SamplerMemory(params, kv_cache_bytes(cfg, data, tensor, slots), prefill, decode)
 
 
 # --------------------------------------------------------------------------- compute, time

@@ -212,7 +212,7 @@ def local_plan(cfg: RunConfig, machine: Machine) -> LocalPlan:
         mesh,
         (data, st),
         trainer_memory(cfg, mesh, cfg.optim.micro_batches, cfg.model.remat, k),
-        sampler_memory(cfg, data, st, slots),
+        sampler_memory(cfg, data, st, slots, tpu=machine.platform == "tpu"),
     )
 
 
@@ -241,7 +241,7 @@ def items(plan: LocalPlan) -> list[tuple[str, int]]:
             f"{s.max_target_length:,} tokens per device)",
             ks * sm.kv_cache,
         ),
-        ("sampler working set", ks * sm.working),
+        ("sampler working set", ks * sm.work),
     ]
     return sorted(out, key=lambda x: -x[1])
 
@@ -311,7 +311,11 @@ def fitting_settings(cfg: RunConfig, machine: Machine) -> list[str]:
                         sampler=dataclasses.replace(trial.sampler, max_concurrent_decodes=slots),
                     )
                     if dataclasses.replace(
-                        plan, config=fit, sampler=sampler_memory(fit, *plan.sampler_mesh, slots)
+                        plan,
+                        config=fit,
+                        sampler=sampler_memory(
+                            fit, *plan.sampler_mesh, slots, tpu=machine.platform == "tpu"
+                        ),
                     ).fits:
                         return _diff(cfg, fit)
     return []
@@ -397,7 +401,7 @@ def format_local(plan: LocalPlan) -> str:
         + dash,
         label("weight-sync copy") + g(tm.weight_sync) + dash,
         label("KV cache") + dash + g(sm.kv_cache),
-        label("working set") + dash + g(sm.working),
+        label("working set") + dash + g(sm.work),
         label("peak") + g(tm.peak) + g(sm.peak),
         f"  total     {plan.need / GIB:,.2f} GiB ({total}) of {m.budget / GIB:,.2f} GiB usable: "
         + ("fits" if plan.fits else "DOES NOT FIT"),

@@ -227,6 +227,40 @@ def resolve(
     of the layout that came closest (the default split with its smallest-memory options)."""
     pinned = frozenset(pinned)
     budget = int(topo.chip.hbm_gib * GIB * (1 - assume.headroom))
+    problems = _host_problems(cfg, topo)
+    roles = _roles(cfg, topo, pinned, problems)
+    chosen, closest = _search(cfg, topo, pinned, roles, budget)
+    if closest is None:
+        raise PlanError(
+            f"no trainer / sampler mesh on {topo.describe()} matches the pinned "
+            f"settings (mesh: {dataclasses.asdict(cfg.mesh)})"
+        )
+    layout, tmem, smem = chosen or closest
+    if chosen is None:
+        problems.append(_memory_problem(cfg, topo, layout, tmem, smem, budget))
+    resolved = _apply(cfg, layout)
+    changes = tuple(
+        (key, _get(cfg, key), _get(resolved, key))
+        for key in PLANNED
+        if _get(cfg, key) != _get(resolved, key)
+    )
+    return Plan(
+        topo,
+        layout,
+        tmem,
+        smem,
+        step_time(resolved, topo, layout, smem, assume),
+        assume,
+        resolved,
+        changes,
+        tuple(problems),
+        cfg,
+    )
+
+
+def _roles(cfg: RunConfig, topo: Topology, pinned, problems: list) -> list[tuple[int, bool]]:
+    """(trainer chips per host, colocated) in the order they are tried; a pinned split that
+    cannot be adds to `problems` and falls back to the default one."""
     c = topo.chips_per_host
     colocate = cfg.mesh.colocate if "mesh.colocate" in pinned else c == 1
     if colocate:
@@ -235,7 +269,6 @@ def resolve(
         splits = [cfg.mesh.trainer_devices_per_host]
     else:
         splits = list(range(max(1, c // 4), c))
-    problems = _host_problems(cfg, topo)
     if not colocate and (c < 2 or not all(0 < k < c for k in splits)):
         problems.append(
             f"mesh.trainer_devices_per_host={splits[0]} must be in [1, {c - 1}] with "
@@ -249,8 +282,15 @@ def resolve(
         # all its chips, which a model too large for the non-trainer chips needs (PipelineRL
         # loses its overlap: the step is trainer + sampler time).
         roles.append((c, True))
+    return roles
 
-    @functools.lru_cache(maxsize=None)  # the search asks for the same options repeatedly
+
+def _evaluator(cfg: RunConfig, topo: Topology):
+    """evaluate(trainer chips per host, colocated, trainer option, sampler option) -> (layout,
+    trainer memory, sampler memory), memoised: the search asks for the same options often."""
+    c = topo.chips_per_host
+
+    @functools.lru_cache(maxsize=None)
     def tmemory(k, tr):
         mesh, micro, remat = tr
         return trainer_memory(cfg, dict(zip(("data", "fsdp", "tensor"), mesh)), micro, remat, k)
@@ -262,16 +302,21 @@ def resolve(
     def evaluate(k, co, tr, sa):
         mesh, micro, remat = tr
         data, tensor, slots = sa
-        tmem, smem = tmemory(k, tr), smemory(sa)
         layout = Layout(topo.hosts, c, k, co, mesh, (data, tensor), micro, remat, slots)
-        return layout, tmem, smem
+        return layout, tmemory(k, tr), smemory(sa)
 
+    return evaluate
+
+
+def _search(cfg: RunConfig, topo: Topology, pinned, roles, budget: int):
+    """(the first layout that fits in the order of `roles` and the options, or None; the
+    closest one), each as (layout, trainer memory, sampler memory)."""
+    evaluate = _evaluator(cfg, topo)
+    c = topo.chips_per_host
     chosen = closest = None
     for k, co in roles:
-        n_train = (c if co else k) * topo.hosts
-        sampler_chips = c if co else c - k
-        trs = list(_trainer_options(cfg, n_train, pinned))
-        sas = list(_sampler_options(cfg, sampler_chips, pinned))
+        trs = list(_trainer_options(cfg, (c if co else k) * topo.hosts, pinned))
+        sas = list(_sampler_options(cfg, c if co else c - k, pinned))
         if not trs or not sas:
             continue
         # For the numbers of a plan that cannot run: the roles whose smallest-memory options
@@ -302,32 +347,7 @@ def resolve(
             chosen = evaluate(k, co, tr, sa) if tr and sa else None
         if chosen:
             break
-    if closest is None:
-        raise PlanError(
-            f"no trainer / sampler mesh on {topo.describe()} matches the pinned "
-            f"settings (mesh: {dataclasses.asdict(cfg.mesh)})"
-        )
-    layout, tmem, smem = chosen or closest
-    if chosen is None:
-        problems.append(_memory_problem(cfg, topo, layout, tmem, smem, budget))
-    resolved = _apply(cfg, layout)
-    changes = tuple(
-        (key, _get(cfg, key), _get(resolved, key))
-        for key in PLANNED
-        if _get(cfg, key) != _get(resolved, key)
-    )
-    return Plan(
-        topo,
-        layout,
-        tmem,
-        smem,
-        step_time(resolved, topo, layout, smem, assume),
-        assume,
-        resolved,
-        changes,
-        tuple(problems),
-        cfg,
-    )
+    return chosen, closest
 
 
 def _worst(evaluated, colocated: bool) -> int:
@@ -490,7 +510,7 @@ def format_plan(plan: Plan) -> str:
         f"{tm.activations_remat / GIB:.2f}",
         label("weight-sync copy") + _gib(tm.weight_sync) + dash,
         label("KV cache") + dash + _gib(sm.kv_cache),
-        label("working set") + dash + _gib(sm.working),
+        label("working set") + dash + _gib(sm.work),
         label("peak" + (" (colocated: the sum)" if lay.colocated else ""))
         + _gib(tp)
         + _gib(sp)
