@@ -23,10 +23,7 @@ import math
 import os
 import sys
 
-# Runs from a checkout without installing the package.
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from scalerl_jax.scaling import allocate, fit, plot, report  # noqa: E402
+from scalerl_jax.scaling import allocate, fit, plot, report
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -35,29 +35,14 @@ import os
 import signal
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from scalerl_jax import evaluation, preflight, recipes  # noqa: E402
-from scalerl_jax.config import ConfigError, DataConfig, RewardConfig, apply_overrides  # noqa: E402
-from scalerl_jax.data.prompts import DataError  # noqa: E402
-from scalerl_jax.heartbeat import HEARTBEAT, heartbeat, phase  # noqa: E402
-from scalerl_jax.interrupt import Watchdog  # noqa: E402
-from scalerl_jax.progress import setup_logging  # noqa: E402
+from scalerl_jax import evaluation, preflight, recipes
+from scalerl_jax.config import DataConfig, RewardConfig, apply_overrides
+from scalerl_jax.errors import UserError
+from scalerl_jax.heartbeat import HEARTBEAT, heartbeat, phase
+from scalerl_jax.interrupt import Watchdog
+from scalerl_jax.progress import setup_logging
 
 log = logging.getLogger("scalerl_jax.eval")
-
-# User errors of modules imported late (preflight.raised_by).
-_BAD_INPUT = {
-    "scalerl_jax.models.hf": "HFError",
-    "scalerl_jax.models.tokenizer": "TokenizerError",
-    "scalerl_jax.checkpoint": "CheckpointError",
-}
-
-
-def _bad_input(err: BaseException) -> bool:
-    return isinstance(
-        err, (preflight.UsageError, ConfigError, DataError, evaluation.EvalError)
-    ) or preflight.raised_by(err, _BAD_INPUT)
 
 
 def parse_args(argv=None):
@@ -257,8 +242,8 @@ def main(argv=None) -> int:
                 code = run(args, should_stop=lambda: bool(stop))
         except KeyboardInterrupt:
             code = -1
-        except Exception as err:  # noqa: BLE001 - bad input is one line, anything else a bug
-            if args.debug or not _bad_input(err):
+        except UserError as err:  # one line; anything else is a bug: its traceback
+            if args.debug:
                 raise
             print(f"eval.py: error: {err}", file=sys.stderr)
             return 2

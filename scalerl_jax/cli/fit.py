@@ -27,12 +27,10 @@ import json
 import os
 import sys
 
-# Runs from a checkout without installing the package.
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from scalerl_jax.scaling import compare, fit, plot, report  # noqa: E402
+from scalerl_jax.errors import UserError
+from scalerl_jax.scaling import compare, fit, plot, report
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -162,7 +160,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     try:
         return run(args)
-    except (FileNotFoundError, KeyError, ValueError) as err:
+    except (UserError, FileNotFoundError, KeyError, ValueError) as err:
         # Bad input (missing run dir, key path, config value): one line, not a traceback.
         print(f"fit.py: error: {err.args[0] if err.args else err}", file=sys.stderr)
         return 2

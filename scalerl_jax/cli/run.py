@@ -45,27 +45,15 @@ import os
 import signal
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from scalerl_jax import plan, preflight, recipes  # noqa: E402
-from scalerl_jax.preflight import UsageError  # noqa: E402
-from scalerl_jax.config import ConfigError, ModelConfig, apply_overrides  # noqa: E402
-from scalerl_jax.data.prompts import DataError  # noqa: E402
-from scalerl_jax.models import presets  # noqa: E402
-from scalerl_jax.heartbeat import heartbeat, phase  # noqa: E402
-from scalerl_jax.progress import setup_logging, summary_lines  # noqa: E402
+from scalerl_jax import plan, preflight, recipes
+from scalerl_jax.config import ConfigError, ModelConfig, apply_overrides
+from scalerl_jax.errors import UserError
+from scalerl_jax.heartbeat import heartbeat, phase
+from scalerl_jax.models import presets
+from scalerl_jax.preflight import UsageError
+from scalerl_jax.progress import setup_logging, summary_lines
 
 log = logging.getLogger("scalerl_jax.run")  # under the package: setup_logging shows its INFO
-
-
-# User errors of modules imported late (preflight.raised_by).
-_BAD_INPUT = {
-    "scalerl_jax.rundir": "WorkdirInUseError",
-    "scalerl_jax.mesh": "MeshError",
-    "scalerl_jax.models.hf": "HFError",
-    "scalerl_jax.models.tokenizer": "TokenizerError",
-}
-_RUN_FAILED = {"scalerl_jax.checkpoint": "CheckpointError"}
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter):
@@ -304,12 +292,20 @@ def run(args) -> int:
         if code is not None:
             return code
         from scalerl_jax.train import trainer  # imports jax/orbax: slow and loud, hence here
-    result = trainer.run(
-        cfg,
-        allow_config_change=args.allow_config_change,
-        wandb_project=args.wandb,
-        fit=not args.no_fit,
-    )
+    from scalerl_jax.checkpoint import CheckpointError  # the trainer imported it
+
+    try:
+        result = trainer.run(
+            cfg,
+            allow_config_change=args.allow_config_change,
+            wandb_project=args.wandb,
+            fit=not args.no_fit,
+        )
+    except CheckpointError as err:  # a run that cannot resume failed (1), its input was fine
+        if args.debug:
+            raise
+        print(f"run.py: error: {err}", file=sys.stderr)
+        return 1
     if result.stopped_by:
         log.warning(
             "interrupted by %s at step %d: re-run the same command to resume",
@@ -416,15 +412,11 @@ def _main(args) -> int:
     except KeyboardInterrupt:  # a second Ctrl-C, or one before training started
         print("run.py: interrupted; re-run the same command to resume", file=sys.stderr)
         return 130
-    except Exception as err:  # noqa: BLE001 - sorted below; anything else is a bug: traceback
-        bad_input = isinstance(
-            err, (UsageError, ConfigError, DataError, plan.PlanError)
-        ) or preflight.raised_by(err, _BAD_INPUT)
-        failed = isinstance(err, FloatingPointError) or preflight.raised_by(err, _RUN_FAILED)
-        if args.debug or not (bad_input or failed):
+    except (UserError, FloatingPointError) as err:  # anything else is a bug: its traceback
+        if args.debug:
             raise
         print(f"run.py: error: {err}", file=sys.stderr)
-        return 2 if bad_input else 1
+        return 2 if isinstance(err, UserError) else 1
 
 
 if __name__ == "__main__":
