@@ -34,6 +34,7 @@ import logging
 import os
 import signal
 import sys
+from typing import cast
 
 from scalerl_jax import evaluation, preflight, recipes
 from scalerl_jax.config import DataConfig, RewardConfig, apply_overrides
@@ -136,7 +137,8 @@ def configs(args, run_cfg) -> tuple[DataConfig, RewardConfig, bool]:
     else:
         workers = min(8, os.cpu_count() or 1)
         settings = evaluation.Settings(DataConfig(source=args.data), RewardConfig(workers=workers))
-    settings = apply_overrides(settings, args.overrides)  # type: ignore[arg-type]
+    # apply_overrides takes any dataclass of config sections; it is annotated for RunConfig.
+    settings = cast(evaluation.Settings, apply_overrides(settings, args.overrides))  # type: ignore[arg-type]
     data = settings.data
     if data.is_mixture:
         raise preflight.UsageError(
