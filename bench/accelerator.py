@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 
 import jax
@@ -42,9 +41,7 @@ from scalerl_jax.models import presets
 from scalerl_jax.models.transformer import num_flops_per_token
 from scalerl_jax.sampler import Engine, WeightSync
 from scalerl_jax.train.step import put_batch
-from train_step import cispo_step, matmul_peak
-
-HERE = os.path.dirname(os.path.abspath(__file__))
+from train_step import cispo_step, matmul_peak  # bench/train_step.py, beside this script
 
 GIB = 1 << 30
 

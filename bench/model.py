@@ -16,7 +16,6 @@ import argparse
 import os
 import time
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np

@@ -17,11 +17,10 @@ from __future__ import annotations
 import argparse
 import os
 
-
 import jax
 import jax.numpy as jnp
 
-from model import compiled_step, mfu_rounds
+from model import compiled_step, mfu_rounds  # bench/model.py, beside this script
 from scalerl_jax.config import ModelConfig
 from scalerl_jax.models import transformer
 

@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import argparse
 
-
 import numpy as np
 
-from real_model import read_shape, serve, timed, workload_prompts, workload_rows
+from real_model import read_shape, serve, timed, workload_prompts, workload_rows  # beside this
 
 
 class IdTokenizer:

@@ -19,7 +19,6 @@ import argparse
 import itertools
 import time
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np
