@@ -28,26 +28,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, ".."))
-sys.path.insert(0, HERE)
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from jax.sharding import Mesh  # noqa: E402
-
-from scalerl_jax import mesh as mesh_lib  # noqa: E402
-from scalerl_jax.config import MeshConfig, SamplerConfig  # noqa: E402
-from scalerl_jax.models import presets  # noqa: E402
-from scalerl_jax.models.transformer import num_flops_per_token  # noqa: E402
-from scalerl_jax.sampler import Engine, WeightSync  # noqa: E402
-from scalerl_jax.train.step import put_batch  # noqa: E402
-from train_step import cispo_step, matmul_peak  # noqa: E402
+from scalerl_jax import mesh as mesh_lib
+from scalerl_jax.config import MeshConfig, SamplerConfig
+from scalerl_jax.models import presets
+from scalerl_jax.models.transformer import num_flops_per_token
+from scalerl_jax.sampler import Engine, WeightSync
+from scalerl_jax.train.step import put_batch
+from train_step import cispo_step, matmul_peak  # bench/train_step.py, beside this script
 
 GIB = 1 << 30
 

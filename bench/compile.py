@@ -27,11 +27,10 @@ import os
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from scalerl_jax import plan
+from scalerl_jax.plan import aot
 
-from scalerl_jax import plan  # noqa: E402
-from scalerl_jax.plan import aot  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _run_module():

@@ -40,7 +40,6 @@ if _threads_from_argv() == 1:
         os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen="
         "false intra_op_parallelism_threads=1"
     ).strip()
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402

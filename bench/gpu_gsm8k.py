@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import hashlib
 import json
 import os
 import shutil
@@ -64,8 +65,6 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
-from scalerl_jax.models.fetch import sha256  # noqa: E402  (stdlib only: no jax needed here)
 
 STAGE = "/tmp/gpu_gsm8k"
 PACK_A, PACK_B = os.path.join(HERE, "out", "gpu_a"), os.path.join(HERE, "out", "gpu_b")
@@ -87,7 +86,6 @@ EVAL_OVERRIDES = ["eval.num_prompts=1319", "eval.k=1"]
 # ------------------------------------------------------------------------------ pack / stage
 def pack(args) -> None:
     """Split the cached GGUF into bench/out/gpu_a and gpu_b with the data and the wheels."""
-    sys.path.insert(0, ROOT)
     from scalerl_jax.models import fetch
 
     gguf = args.gguf or os.path.join(fetch.cache_root(), "gguf", GGUF_NAME)
@@ -131,6 +129,11 @@ def pack(args) -> None:
             / 2**20
         )
         print(f"{os.path.relpath(d, ROOT)}: {mib:.1f} MiB")
+
+
+def sha256(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def copy_into(src: str, directory: str) -> None:
@@ -201,6 +204,7 @@ def unpack(args) -> tuple[str, str]:
         ],
         capture_output=True,
         text=True,
+        env=one_device_env(),
     )
     if done.returncode:
         raise SystemExit(f"gpu_gsm8k.py: conversion failed:\n{done.stderr[-3000:]}")
@@ -210,7 +214,6 @@ def unpack(args) -> tuple[str, str]:
 # ------------------------------------------------------------------------------ measure / run
 PEAK_CODE = """
 import json, sys
-sys.path.insert(0, {bench!r})
 import jax, jax.numpy as jnp
 from train_step import matmul_peak
 d = jax.devices()[0]
@@ -223,8 +226,11 @@ print(json.dumps(dict(device=str(d.device_kind), platform=d.platform, n={n},
 
 def one_device_env() -> dict:
     """The environment for the child processes, without a forced host device count (a test
-    session's 8 fake CPU devices): the run is the one-device run a GPU machine makes."""
+    session's 8 fake CPU devices): the run is the one-device run a GPU machine makes. Their
+    imports: this checkout's package and bench/ (train_step), since a lent device has the
+    checkout but no installed package."""
     env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, HERE, env.get("PYTHONPATH")) if p)
     flags = [
         f
         for f in env.get("XLA_FLAGS", "").split()
@@ -236,7 +242,7 @@ def one_device_env() -> dict:
 
 def measure_peak(n: int) -> dict:
     done = subprocess.run(
-        [sys.executable, "-c", PEAK_CODE.format(bench=HERE, n=n)],
+        [sys.executable, "-c", PEAK_CODE.format(n=n)],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -425,7 +431,6 @@ def run(args) -> dict:
     elif os.path.isfile(os.path.join(STAGE, "manifest.json")) and not args.dry_run:
         checkpoint, data = unpack(args)
     else:
-        sys.path.insert(0, ROOT)
         from scalerl_jax.models import fetch
 
         gguf = os.path.join(fetch.cache_root(), "gguf", GGUF_NAME)

@@ -14,18 +14,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from flax import nnx  # noqa: E402
-
-from scalerl_jax.config import ModelConfig  # noqa: E402
-from scalerl_jax.models import presets, transformer  # noqa: E402
+from scalerl_jax.config import ModelConfig
+from scalerl_jax.models import presets, transformer
 
 # ~200M parameters, Llama-3 shaped (GQA 4:1, SwiGLU), 32k vocabulary.
 MID = ModelConfig(

@@ -29,10 +29,9 @@ import sys
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from scalerl_jax.metrics import read_metrics
 
-from scalerl_jax.metrics import read_metrics  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run(workdir: str, *args: str) -> None:

@@ -16,17 +16,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import jax
+import jax.numpy as jnp
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-
-from model import compiled_step, mfu_rounds  # noqa: E402
-from scalerl_jax.config import ModelConfig  # noqa: E402
-from scalerl_jax.models import transformer  # noqa: E402
+from model import compiled_step, mfu_rounds  # bench/model.py, beside this script
+from scalerl_jax.config import ModelConfig
+from scalerl_jax.models import transformer
 
 
 def configs(args) -> tuple[ModelConfig, ModelConfig]:

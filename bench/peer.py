@@ -232,7 +232,6 @@ def bench_mixed(args, engine, params) -> dict:
 
 
 def bench_train(args) -> dict:
-    sys.path.insert(0, HERE)
     import train_step
 
     ns = argparse.Namespace(
@@ -261,7 +260,6 @@ def bench_train(args) -> dict:
 
 
 def run_ours(args) -> dict:
-    sys.path.insert(0, ROOT)
     import jax
 
     res = dict(devices=f"{jax.devices()[0].platform} x1")

@@ -42,14 +42,13 @@ import sys
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from scalerl_jax import recipes
+from scalerl_jax.metrics import eval_xy, read_metrics
+from scalerl_jax.scaling import FitSpec, fit_curve
+from scalerl_jax.scaling.forecast import forecast, forecast_budget, is_stable
+from scalerl_jax.scaling.report import load_curve
 
-from scalerl_jax import recipes  # noqa: E402
-from scalerl_jax.metrics import eval_xy, read_metrics  # noqa: E402
-from scalerl_jax.scaling import FitSpec, fit_curve  # noqa: E402
-from scalerl_jax.scaling.forecast import forecast, forecast_budget, is_stable  # noqa: E402
-from scalerl_jax.scaling.report import load_curve  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 FORECAST_SHARES = (0.25, 0.5, 0.75)
 COMPARE = ("scalerl", "grpo", "dapo", "scalerl-loo:loss", "scalerl-loo:off-policy")

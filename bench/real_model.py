@@ -112,7 +112,6 @@ def read_shape(checkpoint: str) -> dict:
 
 def default_checkpoint() -> str:
     """SmolLM2-135M-Instruct's HF directory from the local cache (no network)."""
-    sys.path.insert(0, ROOT)
     from scalerl_jax.models import fetch
 
     gguf = os.path.join(fetch.cache_root(), "gguf", os.path.basename(fetch.SMOLLM2.member))
@@ -154,8 +153,6 @@ class OursWorker:
     """Our Engine + Driver and CISPO train step on the HF checkpoint, one dtype."""
 
     def __init__(self, args):
-        sys.path.insert(0, ROOT)
-        sys.path.insert(0, HERE)
         import jax
         from jax.sharding import Mesh
 

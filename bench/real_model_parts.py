@@ -29,7 +29,6 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 
 import numpy as np
@@ -39,8 +38,6 @@ ROOT = os.path.dirname(HERE)
 # As bench/real_model.py's torch workers: OpenMP threads sleep at barriers instead of spinning,
 # which stalls torch whenever other jobs hold the cores (set before torch is imported).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-sys.path.insert(0, ROOT)
-sys.path.insert(0, HERE)
 
 
 def best(fn, repeats: int, min_s: float = 0.02) -> float:

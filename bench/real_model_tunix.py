@@ -17,14 +17,10 @@ it has no separate compute dtype, so its AdamW state is bf16 too).
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from real_model import read_shape, serve, timed, workload_prompts, workload_rows  # noqa: E402
+from real_model import read_shape, serve, timed, workload_prompts, workload_rows  # beside this
 
 
 class IdTokenizer:

@@ -33,14 +33,13 @@ import os
 import random
 import subprocess
 import sys
-import tempfile
+import shutil
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from scalerl_jax.rewards import RewardPool
+from scalerl_jax.rewards.math import verify_math
 
-from scalerl_jax.rewards import RewardPool  # noqa: E402
-from scalerl_jax.rewards.math import verify_math  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # (reference, right answers, wrong answers): the answer text a model writes.
 CATEGORIES = [
@@ -112,11 +111,17 @@ def make_completions(n: int, seed: int = 0) -> list[tuple[str, str, bool]]:
     return out
 
 
-def load_before(ref: str, dest: str, package: str, math_verify: bool):
-    """REF's math verifier as package `package` under `dest` (put on sys.path), with its optional
-    math-verify fallback on or off (off: the default install at REF)."""
-    pkg = os.path.join(dest, package)
-    os.makedirs(pkg, exist_ok=True)
+# REF's copies: bench/out/rewards_ref/PACKAGE, imported as `out.rewards_ref.PACKAGE` from this
+# script's folder (sys.path[0]), as the process pool's spawned children do with this sys.path.
+REF_DIR, REF_MODULE = os.path.join(ROOT, "bench", "out", "rewards_ref"), "out.rewards_ref"
+
+
+def load_before(ref: str, package: str, math_verify: bool):
+    """REF's math verifier as package `package` under REF_DIR, with its optional math-verify
+    fallback on or off (off: the default install at REF)."""
+    pkg = os.path.join(REF_DIR, package)
+    shutil.rmtree(pkg, ignore_errors=True)
+    os.makedirs(pkg)
     open(os.path.join(pkg, "__init__.py"), "w").close()
     for name in ("math", "sympy_safe"):
         text = subprocess.run(
@@ -126,16 +131,14 @@ def load_before(ref: str, dest: str, package: str, math_verify: bool):
             capture_output=True,
             text=True,
         ).stdout
-        text = text.replace("scalerl_jax.rewards.sympy_safe", f"{package}.sympy_safe")
+        text = text.replace("scalerl_jax.rewards.sympy_safe", f"{REF_MODULE}.{package}.sympy_safe")
         if not math_verify:
             off = "import math_verify  # optional: pip install math-verify"
             assert name != "math" or off in text, "REF's optional import changed"
             text = text.replace(off, "raise ImportError")
         with open(os.path.join(pkg, f"{name}.py"), "w") as f:
             f.write(text)
-    if dest not in sys.path:
-        sys.path.insert(0, dest)
-    return importlib.import_module(f"{package}.math")
+    return importlib.import_module(f"{REF_MODULE}.{package}.math")
 
 
 def throughput(verifier, items, workers: int, timeout: float, repeats: int) -> dict:
@@ -202,6 +205,15 @@ def startup(workers: int) -> str:
     ).stdout.strip()
 
 
+def load_test(name: str):
+    """tests/NAME.py, imported by its path (tests/ is not a package) and registered as NAME."""
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "tests", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--completions", type=int, default=1000)
@@ -211,44 +223,38 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
 
-    sys.path.insert(0, os.path.join(ROOT, "tests"))  # the case table imports a test helper
-    spec = importlib.util.spec_from_file_location(
-        "cases", os.path.join(ROOT, "tests", "test_math_verify_cases.py")
-    )
-    cases_mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cases_mod)
-    cases = cases_mod.CASES
+    load_test("test_rewards")  # the case table imports a helper from it by name
+    cases = load_test("test_math_verify_cases").CASES
     items = make_completions(args.completions)
     pairs = [(c, r) for c, r, _ in items]
 
-    with tempfile.TemporaryDirectory() as tmp:
-        verifiers = {
-            f"{args.ref} (no math-verify)": load_before(
-                args.ref, tmp, "before_plain", math_verify=False
-            ).verify_math,
-            f"{args.ref} (+ math-verify)": load_before(
-                args.ref, tmp, "before_mv", math_verify=True
-            ).verify_math,
-            "after": verify_math,
-        }
-        mean_chars = sum(len(c) for c, _ in pairs) / len(pairs)
+    verifiers = {
+        f"{args.ref} (no math-verify)": load_before(
+            args.ref, "before_plain", math_verify=False
+        ).verify_math,
+        f"{args.ref} (+ math-verify)": load_before(
+            args.ref, "before_mv", math_verify=True
+        ).verify_math,
+        "after": verify_math,
+    }
+    mean_chars = sum(len(c) for c, _ in pairs) / len(pairs)
+    print(
+        f"{len(items)} completions, mean {mean_chars:.0f} chars; case table {len(cases)} "
+        f"cases; {args.workers} workers, timeout {args.timeout} s"
+    )
+    print(f"child start-up (after, {args.workers} workers): {startup(args.workers)}")
+    for name, fn in verifiers.items():
+        intended = sum(fn(c, r) == ok for c, r, ok in items[:200]) / 200
+        tp = throughput(fn, pairs, args.workers, args.timeout, args.repeats)
+        ag = agreement(fn, cases, args.workers, args.timeout)
         print(
-            f"{len(items)} completions, mean {mean_chars:.0f} chars; case table {len(cases)} "
-            f"cases; {args.workers} workers, timeout {args.timeout} s"
+            f"{name:28s} verif/s inline {tp['inline']:7.1f}  threads {tp['threads']:7.1f}"
+            f"  processes {tp['processes']:7.1f} (cold {tp['processes_cold']:6.1f}, "
+            f"timeouts {tp['processes_timeouts']}) | intended verdict on generated "
+            f"{intended:.3f} | table agreement {ag['agreement']:.3f}, false positives "
+            f"{ag['false_positives']}, missed {ag['missed']}, timeouts {ag['timeouts']}",
+            flush=True,
         )
-        print(f"child start-up (after, {args.workers} workers): {startup(args.workers)}")
-        for name, fn in verifiers.items():
-            intended = sum(fn(c, r) == ok for c, r, ok in items[:200]) / 200
-            tp = throughput(fn, pairs, args.workers, args.timeout, args.repeats)
-            ag = agreement(fn, cases, args.workers, args.timeout)
-            print(
-                f"{name:28s} verif/s inline {tp['inline']:7.1f}  threads {tp['threads']:7.1f}"
-                f"  processes {tp['processes']:7.1f} (cold {tp['processes_cold']:6.1f}, "
-                f"timeouts {tp['processes_timeouts']}) | intended verdict on generated "
-                f"{intended:.3f} | table agreement {ag['agreement']:.3f}, false positives "
-                f"{ag['false_positives']}, missed {ag['missed']}, timeouts {ag['timeouts']}",
-                flush=True,
-            )
 
 
 if __name__ == "__main__":

@@ -17,20 +17,16 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import os
-import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from jax.sharding import Mesh  # noqa: E402
-
-from scalerl_jax.config import ModelConfig, SamplerConfig  # noqa: E402
-from scalerl_jax.models import transformer  # noqa: E402
-from scalerl_jax.sampler import Driver, Engine, Prompt, prefill_buckets  # noqa: E402
+from scalerl_jax.config import ModelConfig, SamplerConfig
+from scalerl_jax.models import transformer
+from scalerl_jax.sampler import Driver, Engine, Prompt, prefill_buckets
 
 MODEL = ModelConfig(
     name="bench-small",

@@ -87,13 +87,16 @@ def main() -> None:
         ratios = [r[mode]["ms"] / r["before"]["ms"] for r in rows]
         print(f"{mode} / before: {', '.join(f'x{x:.2f}' for x in ratios)}")
 
-    sys.path.insert(0, ROOT)
-    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    import importlib.util
     import time
 
-    from test_sandbox_redteam import ONE, RESOURCE_ATTACKS
-
     from scalerl_jax.rewards import SandboxLimits, run_tests
+
+    path = os.path.join(ROOT, "tests", "test_sandbox_redteam.py")  # tests/ is not a package
+    spec = importlib.util.spec_from_file_location("test_sandbox_redteam", path)
+    redteam = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(redteam)
+    ONE, RESOURCE_ATTACKS = redteam.ONE, redteam.RESOURCE_ATTACKS
 
     limits = SandboxLimits(
         timeout_s=1.5, cpu_s=2.0, memory_mb=512, max_output_bytes=1 << 16, total_timeout_s=4.0

@@ -12,19 +12,17 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import numpy as np
 
-from scalerl_jax import mesh as mesh_lib  # noqa: E402
-from scalerl_jax.config import MeshConfig, ModelConfig, SamplerConfig  # noqa: E402
-from scalerl_jax.sampler import Engine, WeightSync  # noqa: E402
+from scalerl_jax import mesh as mesh_lib
+from scalerl_jax.config import MeshConfig, ModelConfig, SamplerConfig
+from scalerl_jax.sampler import Engine, WeightSync
 
 MIB = 1 << 20
 

@@ -4,4 +4,7 @@ Kept import-light on purpose: `from scalerl_jax import losses` must not pull in 
 the trainer or optional dependencies.
 """
 
+from scalerl_jax.errors import UserError
+
+__all__ = ["UserError"]
 __version__ = "0.1.0"

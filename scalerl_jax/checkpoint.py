@@ -58,6 +58,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+from scalerl_jax.errors import UserError
 from scalerl_jax.rundir import manifest_files, verify_manifest, write_manifest
 
 log = logging.getLogger(__name__)
@@ -67,7 +68,7 @@ REJECTED = "rejected"
 _SIGNALS = {"SIGTERM": 1, "SIGINT": 2}  # codes all-gathered across processes
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
     """No usable checkpoint; the message names every step tried and why it was refused."""
 
 

@@ -35,12 +35,13 @@ import numpy as np
 
 from scalerl_jax.config import DataConfig, ModelConfig, RewardConfig, RunConfig, SamplerConfig
 from scalerl_jax.data.prompts import PromptSource, format_prompt, load_rows
+from scalerl_jax.errors import UserError
 from scalerl_jax.heartbeat import phase
 
 log = logging.getLogger(__name__)
 
 
-class EvalError(ValueError):
+class EvalError(UserError, ValueError):
     """The evaluation cannot run as asked; the message names the flag or field and the value."""
 
 

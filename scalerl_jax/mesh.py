@@ -20,6 +20,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from scalerl_jax.config import MeshConfig
+from scalerl_jax.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ RULES: dict[str, Optional[str | tuple[str, ...]]] = {
 }
 
 
-class MeshError(ValueError):
+class MeshError(UserError, ValueError):
     """Device counts or mesh shapes do not fit. The message names the numbers."""
 
 
@@ -185,7 +186,7 @@ def logical_to_spec(
     for i, name in enumerate(logical_axes):
         target = RULES.get(name) if name is not None else None
         if name is not None and name not in RULES:
-            raise MeshError(f"logical axis {name!r} has no entry in mesh.RULES")
+            raise KeyError(f"logical axis {name!r} has no entry in mesh.RULES")  # a bug
         axes = (target,) if isinstance(target, str) else tuple(target or ())
         axes = tuple(a for a in axes if a in mesh.shape and mesh.shape[a] > 1 and a not in used)
         if shape is not None and axes:

@@ -13,17 +13,17 @@ import importlib.util
 import json
 import logging
 import os
-import sys
 from typing import Optional
 
 from scalerl_jax import plan
 from scalerl_jax.config import ConfigError, ModelConfig, apply_overrides, field_defaults
 from scalerl_jax.data.prompts import DataError
+from scalerl_jax.errors import UserError
 
 log = logging.getLogger(__name__)
 
 
-class UsageError(ValueError):
+class UsageError(UserError, ValueError):
     """A flag or its value cannot work. The message names the flag, the value and what would."""
 
 
@@ -283,17 +283,6 @@ def check_inputs(cfg, args, *, dry_run: bool) -> list[str]:
     if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
         raise UsageError(f"--workdir {cfg.workdir}: {parent} is not a writable directory")
     return notes
-
-
-def raised_by(err: BaseException, table: dict) -> bool:
-    """Whether `err` is one of the exception classes named in `table` ({module: class name}).
-    An entry point's user errors may come from modules it imports late (jax-heavy ones): they
-    are looked up in sys.modules, since a module never imported cannot have raised, and
-    importing it to check would cost seconds on every error."""
-    return any(
-        name in sys.modules and isinstance(err, getattr(sys.modules[name], cls))
-        for name, cls in table.items()
-    )
 
 
 # ------------------------------------------------------------------------------------ sizes

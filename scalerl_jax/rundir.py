@@ -44,6 +44,7 @@ import zlib
 from typing import Any, Optional, Sequence
 
 from scalerl_jax.config import ConfigError
+from scalerl_jax.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +57,7 @@ MANIFEST = "scalerl_manifest.json"
 _CHUNK = 4 << 20
 
 
-class WorkdirInUseError(RuntimeError):
+class WorkdirInUseError(UserError, RuntimeError):
     """Another live process holds the workdir's lock; the message names it."""
 
 

@@ -10,10 +10,9 @@ import sys
 
 import pytest
 
-from _scripts import load_script
+from scalerl_jax.cli import run
 from scalerl_jax.plan import aot
 
-RUN = load_script("experiments/run.py", "run_for_aot")
 
 # A tiny Qwen2 under the scalerl recipe with short rows: every program of the run, quickly.
 SMALL = [
@@ -55,7 +54,7 @@ def v5p_small():
     mp.setattr("builtins.print", lambda *a, **k: out.append(" ".join(map(str, a))))
     try:
         with jax.default_matmul_precision(None):
-            code = RUN.main(["--compile", "--tpu", "v5p:2x2x1", *SMALL])
+            code = run.main(["--compile", "--tpu", "v5p:2x2x1", *SMALL])
     finally:
         mp.undo()
     programs, target = seen
@@ -115,7 +114,7 @@ def test_a_program_that_does_not_fit_is_named_with_its_figures(v5p_small):
 @pytest.mark.fast
 def test_missing_libtpu_is_one_line_naming_the_install(monkeypatch, capsys):
     monkeypatch.setattr(aot, "has_libtpu", lambda: False)
-    code = RUN.main(["--compile", "--tpu", "v5p-8", *SMALL])
+    code = run.main(["--compile", "--tpu", "v5p-8", *SMALL])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2
     assert len(err) == 1, err
@@ -139,7 +138,7 @@ def test_local_devices_compile_the_same_programs(monkeypatch, capsys):
     colocated, the train step's chip also holds the sampler's weights and decode state."""
     seen: list = []
     monkeypatch.setattr(aot, "compile_all", _recording(aot.compile_all, seen))
-    code = RUN.main(["--compile", *SMALL, "--colocate", "mesh.fsdp=8"])
+    code = run.main(["--compile", *SMALL, "--colocate", "mesh.fsdp=8"])
     out = capsys.readouterr().out
     assert code == 0, out
     assert "compile for 8 cpu device(s)" in out

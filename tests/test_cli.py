@@ -237,7 +237,7 @@ def test_dry_run_impossible_plan_fails_with_the_numbers():
 def test_dry_run_initialises_no_jax_backend():
     """--dry-run must be safe on a TPU VM whose chips a running job holds: no backend starts."""
     script = (
-        "import sys; sys.path.insert(0, 'experiments'); import run; "
+        "from scalerl_jax.cli import run; "
         "rc = run.main(['--dry-run', '--tpu', 'v5p-64', '--recipe', 'scalerl']); "
         "from jax._src import xla_bridge; print('backends', rc, dict(xla_bridge._backends))"
     )

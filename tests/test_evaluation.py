@@ -28,7 +28,7 @@ def eval_cmd(*args):
         "JAX_PLATFORMS": "cpu",
         "XLA_FLAGS": "",
         "PYTHONUNBUFFERED": "1",
-        "PYTHONPATH": os.path.join(ROOT, "tests"),
+        "PYTHONPATH": os.pathsep.join([ROOT, os.path.join(ROOT, "tests")]),  # this checkout first
         "SCALERL_PROGRESS_INTERVAL": "1",
     }
     return [sys.executable, os.path.join(ROOT, "experiments", "eval.py"), *args], env
@@ -199,9 +199,8 @@ def test_summary_figures_are_those_of_the_records(tmp_path):
 def test_data_only_is_scored_and_checked_before_the_model(tmp_path):
     """--data FILE alone is scored: a recipe's validation source (gsm8k's test.jsonl beside
     the train file) is neither needed nor read; --data and --recipe fail before any loading."""
-    from _scripts import load_script
+    from scalerl_jax.cli import eval as script
 
-    script = load_script("experiments/eval.py", "eval_script")
     lone = tmp_path / "mine.jsonl"  # no test.jsonl beside it
     lone.write_text(json.dumps({"question": "1+1?", "answer": "#### 2"}) + "\n")
     args = script.parse_args(["--recipe", "gsm8k", "--hf-checkpoint", "M", "--data", str(lone)])

@@ -9,12 +9,11 @@ import matplotlib.image as mpimg
 import numpy as np
 import pytest
 
+from scalerl_jax.cli import fit as fit_cli
 from scalerl_jax.metrics import ComputeMeter, MetricsWriter
 from scalerl_jax.scaling import sigmoid_law
-from _scripts import load_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-fit_cli = load_script("experiments/fit.py", "experiments_fit")
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

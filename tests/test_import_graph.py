@@ -41,6 +41,7 @@ def test_child_entry_points_import_nothing_heavy():
     ).stdout.split()
     assert out == [
         "scalerl_jax",
+        "scalerl_jax.errors",  # the package exports UserError; it imports nothing
         "scalerl_jax.rewards",
         "scalerl_jax.rewards.pool_child",
         "scalerl_jax.scaling",

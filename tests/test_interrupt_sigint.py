@@ -27,7 +27,7 @@ def launch_in_group(*args):
         "XLA_FLAGS": "",
         "PYTHONUNBUFFERED": "1",
         "SCALERL_PROGRESS_INTERVAL": "1",
-        "PYTHONPATH": os.path.join(ROOT, "tests"),
+        "PYTHONPATH": os.pathsep.join([ROOT, os.path.join(ROOT, "tests")]),  # this checkout first
     }
     proc = subprocess.Popen(
         [sys.executable, os.path.join(ROOT, "experiments", "run.py"), *args],

@@ -50,7 +50,7 @@ def _launch(workdir, steps, log_dir, tag):
             **os.environ,
             "JAX_PLATFORMS": "cpu",
             "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
-            "PYTHONPATH": os.path.join(ROOT, "tests"),
+            "PYTHONPATH": os.pathsep.join([ROOT, os.path.join(ROOT, "tests")]),
             "SCALERL_COORDINATOR": f"127.0.0.1:{port}",
             "SCALERL_NUM_PROCESSES": "2",
             "SCALERL_PROCESS_ID": str(pid),

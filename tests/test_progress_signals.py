@@ -78,7 +78,7 @@ def launch(*args, interval="1"):
         "XLA_FLAGS": "",
         "PYTHONUNBUFFERED": "1",
         "SCALERL_PROGRESS_INTERVAL": interval,
-        "PYTHONPATH": os.path.join(ROOT, "tests"),
+        "PYTHONPATH": os.pathsep.join([ROOT, os.path.join(ROOT, "tests")]),  # this checkout first
     }
     proc = subprocess.Popen(
         [sys.executable, os.path.join(ROOT, "experiments", "run.py"), *args],

@@ -43,7 +43,7 @@ def cli_env(tmp_path_factory):
         "JAX_PLATFORMS": "cpu",
         "XLA_FLAGS": "",
         "JAX_COMPILATION_CACHE_DIR": str(cache),
-        "PYTHONPATH": os.path.join(ROOT, "tests"),
+        "PYTHONPATH": os.pathsep.join([ROOT, os.path.join(ROOT, "tests")]),  # this checkout first
     }
 
 

@@ -37,7 +37,7 @@ def _command(workdir):
         **os.environ,
         "JAX_PLATFORMS": "cpu",
         "XLA_FLAGS": "",
-        "PYTHONPATH": os.path.join(ROOT, "tests"),
+        "PYTHONPATH": os.pathsep.join([ROOT, os.path.join(ROOT, "tests")]),  # this checkout first
     }
     return [
         sys.executable,

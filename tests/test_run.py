@@ -39,7 +39,7 @@ def run_cli(*args, timeout=600, env=None):
         **os.environ,
         "JAX_PLATFORMS": "cpu",
         "XLA_FLAGS": "",
-        "PYTHONPATH": os.path.join(ROOT, "tests"),
+        "PYTHONPATH": os.pathsep.join([ROOT, os.path.join(ROOT, "tests")]),  # this checkout first
         **(env or {}),
     }
     return subprocess.run(

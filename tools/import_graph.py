@@ -35,6 +35,8 @@ ENTRY_DIRS = ("experiments", "bench")
 LAYERS: tuple[tuple[str, ...], ...] = (
     # entry points: command-line scripts and benchmarks
     ("experiments", "bench"),
+    # the command-line programs (experiments/ calls their `main`s)
+    ("cli",),
     # what the commands add around a run: the evaluation command, the checks before a run
     ("evaluation", "preflight"),
     # what a run is planned and configured from: the launch planner (which applies the
@@ -48,6 +50,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("models", "rewards"),
     # math, fits, configuration and small utilities with no knowledge of the parts above
     (
+        "errors",
         "rl",
         "scaling",
         "losses",

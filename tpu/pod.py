@@ -16,8 +16,7 @@ import sys
 import time
 from typing import Callable, List, Optional, Sequence, Tuple
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import commands as C  # noqa: E402  (tpu/commands.py, next to this file)
+import commands as C  # tpu/commands.py: a script's own folder is first on sys.path
 
 PROG = os.environ.get("POD_PROG", "tpu/pod.sh")
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from scalerl_jax.errors import UserError
 
-class ConfigError(ValueError):
+
+class ConfigError(UserError, ValueError):
     """A configuration value is invalid. The message names the field and the value."""
 
 

@@ -11,8 +11,10 @@ import json
 import os
 from typing import Any, Iterator, NamedTuple
 
+from scalerl_jax.errors import UserError
 
-class DataError(ValueError):
+
+class DataError(UserError, ValueError):
     """The data cannot be used as configured. The message names the source and the numbers."""
 
 

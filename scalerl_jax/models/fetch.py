@@ -31,6 +31,8 @@ import sys
 import zipfile
 from typing import Any, NamedTuple, Optional
 
+from scalerl_jax.errors import UserError
+
 log = logging.getLogger(__name__)
 
 # What this project reads from a checkpoint (models/hf/, models/tokenizer.py); the rest of a
@@ -40,7 +42,7 @@ HUB_CONFIG_FILES = ("*.json", "*.model", "*.jinja")  # a plan needs the config, 
 _DONE = ".scalerl_converted"  # written last: a directory without it is an interrupted conversion
 
 
-class FetchError(ValueError):
+class FetchError(UserError, ValueError):
     """A checkpoint source cannot be turned into a local HF directory. One line: what failed and
     what to pass instead."""
 

@@ -20,6 +20,8 @@ import re
 import shutil
 from typing import Any, Optional, Sequence
 
+from scalerl_jax.errors import UserError
+
 DEFAULT_CHAT_TEMPLATE = (
     "{{ bos_token }}"
     "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
@@ -27,7 +29,7 @@ DEFAULT_CHAT_TEMPLATE = (
 )
 
 
-class TokenizerError(ValueError):
+class TokenizerError(UserError, ValueError):
     """A tokenizer file is missing or malformed, or a chat template failed."""
 
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
+from scalerl_jax.errors import UserError
 
-class PlanError(ValueError):
+
+class PlanError(UserError, ValueError):
     """A topology is unknown, or a config cannot run on it. The message names the numbers."""
 
 

@@ -51,6 +51,7 @@ import tempfile
 import time
 from typing import IO, Optional, cast
 
+from scalerl_jax.errors import UserError
 from scalerl_jax.rewards import _inside
 from scalerl_jax.rewards.sandbox_policy import UidLease, seccomp_bpf
 
@@ -70,7 +71,7 @@ def owner_tag() -> str:
     return f"--scalerl-sandbox-of={os.getpid()}"
 
 
-class SandboxUnavailable(RuntimeError):
+class SandboxUnavailable(UserError, RuntimeError):
     """The strong mode was asked for and this host cannot provide it."""
 
 

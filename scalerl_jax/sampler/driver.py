@@ -68,6 +68,7 @@ import jax
 import numpy as np
 
 from scalerl_jax.config import SamplerConfig
+from scalerl_jax.errors import UserError
 from scalerl_jax.sampler.engine import Engine
 from scalerl_jax.sampler.types import Completion, Group
 from scalerl_jax.sampler.work import (
@@ -96,7 +97,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-class PromptTooLongError(ValueError):
+class PromptTooLongError(UserError, ValueError):
     """A prompt exceeds max_prefill_length and truncation is off."""
 
 

@@ -9,9 +9,10 @@ import os
 from typing import Optional, Union
 
 from scalerl_jax.config import ModelConfig, RopeScaling
+from scalerl_jax.errors import UserError
 
 
-class HFError(ValueError):
+class HFError(UserError, ValueError):
     """An HF checkpoint does not fit: unknown architecture, missing/unexpected tensor, bad shape."""
 
 
