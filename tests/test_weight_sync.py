@@ -17,6 +17,7 @@ from scalerl_jax import mesh as mesh_lib
 from scalerl_jax.config import MeshConfig, SamplerConfig
 from scalerl_jax.models import presets
 from scalerl_jax.sampler import Engine, WeightSync, count_compilations
+from scalerl_jax.sampler.weight_sync import Piece, split
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -226,7 +227,8 @@ def test_grouped_sync_equals_one_group_and_bounds_a_trainer_chips_copy():
         assert y.sharding == target and y.dtype == x.dtype
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
     assert len(whole.groups) == 1 and len(grouped.groups) > 4
-    assert all(sum(sizes[i] for i in g) <= budget or len(g) == 1 for g in grouped.groups)
+    assert all(n <= budget for n in grouped.group_sizes)  # no array exceeds it: none is cut
+    assert sum(grouped.group_sizes) == sum(sizes)
     # Measured on the trainer devices: a group's shards, not the model's.
     assert grouped.largest_group_bytes <= budget
     assert whole.largest_group_bytes >= sum(sizes) // 4 > budget
@@ -236,6 +238,66 @@ def test_grouped_sync_equals_one_group_and_bounds_a_trainer_chips_copy():
     assert whole.largest_group_bytes < 0.6 * fp32.largest_group_bytes
     with pytest.raises(ValueError, match="group_bytes=0"):
         WeightSync(trainer, engine.param_shardings, group_bytes=0)
+
+
+def test_split_cuts_only_what_exceeds_the_bound_along_a_free_leading_axis():
+    # 100 bytes over 10 rows with a 25-byte bound: slices of 2 rows; 30 bytes that may not be
+    # cut (length 0) stay whole; 70 over 7 rows with a 40-byte bound: 4 rows at 0 and at 3.
+    pieces, sizes = split([100, 30, 8], [10, 0, 4], 25)
+    assert [(p.leaf, p.start, p.rows) for p in pieces] == [
+        *[(0, s, 2) for s in (0, 2, 4, 6, 8)],
+        (1, 0, None),
+        (2, 0, None),
+    ]
+    assert sizes == [20] * 5 + [30, 8]
+    pieces, sizes = split([70], [7], 40)
+    assert [(p.start, p.rows) for p in pieces] == [(0, 4), (3, 4)] and sizes == [40, 40]
+    assert split([70], [7], None)[0] == [Piece(0)]
+
+
+def test_a_stacked_weight_larger_than_the_bound_arrives_exactly_in_bounded_slices():
+    """A weight stacked over 7 layers (the MLP's, 112 KiB in bf16) with a 64 KiB bound: cut
+    along its layer axis into slices of 4 layers (the second overlapping the first by one),
+    every group within the bound on the wire and on a trainer chip, and the sampler's copy
+    bit-equal to the trainer's weights in the sampler's dtypes; a second sync compiles
+    nothing."""
+    cfg = presets.get("tiny-llama", compute_dtype="bfloat16", num_layers=7)
+    devices = jax.devices()
+    trainer = mesh_lib.trainer_mesh(MeshConfig(fsdp=-1), devices[:4])
+    sampler = mesh_lib.sampler_mesh(MeshConfig(sampler_tensor=2), devices[4:8])
+    engine = Engine(
+        cfg,
+        sampler,
+        SamplerConfig(
+            max_concurrent_decodes=2,
+            max_prefill_length=8,
+            max_target_length=16,
+            interruptions=False,
+        ),
+    )
+    host, master = _trainer_params(cfg, trainer)
+    dtypes = jax.tree.leaves(engine.param_dtypes)
+    sizes = [x.size * np.dtype(d).itemsize for x, d in zip(jax.tree.leaves(host), dtypes)]
+    budget = 64 << 10
+    stacked = [i for i, x in enumerate(jax.tree.leaves(host)) if x.shape[:1] == (7,)]
+    assert max(sizes) > budget and sizes.index(max(sizes)) in stacked
+    sync = WeightSync(trainer, engine.param_shardings, engine.param_dtypes, budget)
+    out = sync(master)
+    for got, want, target, dt in zip(
+        jax.tree.leaves(out), jax.tree.leaves(host), jax.tree.leaves(engine.param_shardings), dtypes
+    ):
+        assert got.sharding == target and got.dtype == dt
+        np.testing.assert_array_equal(np.asarray(got), want.astype(dt))
+    cut = [p for g in sync.groups for p in g if p.rows is not None]
+    assert {p.leaf for p in cut} == {i for i in stacked if sizes[i] > budget}
+    assert {(p.start, p.rows) for p in cut} == {(0, 4), (3, 4)}
+    assert max(sync.group_sizes) <= budget and sync.largest_group_bytes <= budget
+    doubled = jax.tree.map(lambda x: x * 2, master)
+    with count_compilations() as compiles:
+        again = sync(doubled)
+    assert compiles == []
+    for got, want, dt in zip(jax.tree.leaves(again), jax.tree.leaves(host), dtypes):
+        np.testing.assert_array_equal(np.asarray(got), (2 * want).astype(dt))
 
 
 def test_sampler_weight_fields_are_validated():

@@ -228,7 +228,7 @@ def programs(cfg: RunConfig, devices, held: dict) -> Iterator[_Lowered]:
 
     sync = WeightSync.for_engine(tmesh, engine)
     for i, (fn, args) in enumerate(sync.programs(abstract.params)):
-        yield _Lowered(f"weight sync {i + 1}", "sync", fn, args)
+        yield _Lowered(f"weight sync {i + 1}", "sync", fn, *args)
     # The engine's own jitted functions (those Engine.precompile runs), on the longest prompt
     # and the whole cache window.
     yield _Lowered("decode state init", "sampler", engine._init)

@@ -135,8 +135,9 @@ def sampler_param_bytes(m: ModelConfig, mesh_shape: dict, weight_dtype: str) -> 
 
 def sync_group_bytes(cfg: RunConfig) -> int:
     """Bytes of the largest group weight sync gathers at once, in the sampler's dtypes: at
-    most `sampler.weight_sync_group_mib`, or the largest single array when that is larger
-    (sampler/weight_sync.make_groups), never more than the whole model."""
+    most `sampler.weight_sync_group_mib`, never more than the whole model, and not less than
+    the largest piece it cannot cut (sampler/weight_sync.split): one layer's slice of a stacked
+    weight (the inventory's shapes are per layer) or a whole unstacked array."""
     m, wd = cfg.model, cfg.sampler.weight_dtype
     arrays = [math.prod(s) * sampler_item_bytes(m, a, wd) for s, a, _ in param_inventory(m)]
     whole = sampler_param_bytes(m, {}, wd)

@@ -13,12 +13,16 @@ address the other hosts' shards. So the sync runs in two steps, per group of par
    its sampler mesh with exactly the sampler's shardings, so `Engine.generate` sees identical
    shapes, dtypes and shardings and does not recompile.
 
-Groups: consecutive parameters (a layer's arrays are adjacent in the tree) whose sampler-dtype
-bytes add up to at most `group_bytes`; an array larger than that is a group of its own. Each
-group's transfer completes before the next group is gathered, so a trainer chip holds at most
-one gathered group (its bytes / trainer chips per host), not a copy of the model: what the plan
-counts as the weight-sync memory (plan/estimate.py). The cast comes before the gather, so the
-gather moves half the bytes of fp32 masters.
+Groups: consecutive pieces (a layer's arrays are adjacent in the tree) whose sampler-dtype
+bytes add up to at most `group_bytes`. A piece is an array, or, for an array larger than the
+bound whose leading axis neither mesh shards (a weight stacked over the scanned layers), a slice
+of its leading axis that fits the bound (`split`); the sampler writes the slices into its copy
+in place. Only a piece larger than the bound by itself (one layer's slice, an embedding sharded
+along its leading axis) is a group alone. Each group's transfer completes before the next group
+is gathered, so a trainer chip holds at most one gathered group (its bytes / trainer chips per
+host), not a copy of the model: what the plan counts as the weight-sync memory
+(plan/estimate.py). The cast comes before the gather, so the gather moves half the bytes of
+fp32 masters.
 
 If the trainer mesh's device order interleaves hosts in a way no `(hosts, local)` reshape
 captures, step 1 falls back to full replication on every trainer device (correct, more memory).
@@ -27,7 +31,8 @@ captures, step 1 falls back to full replication on every trainer device (correct
 from __future__ import annotations
 
 import logging
-from typing import Any, Optional
+import math
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -115,17 +120,56 @@ def with_dtypes(abstract_params, dtypes):
 
 
 # ----------------------------------------------------------------------------- the sync
-def _local_spec(x, local: int) -> PartitionSpec:
+def _local_spec(shape: tuple, spec, local: int) -> PartitionSpec:
     """Shard one dimension over the host's trainer devices: preferably one the trainer already
-    shards (less data moves), else the largest that `local` divides; else replicate."""
+    shards (`spec`; less data moves), else the largest that `local` divides; else replicate."""
     if local <= 1:
         return PartitionSpec()
-    spec = getattr(getattr(x, "sharding", None), "spec", ())
     sharded = [i for i, s in enumerate(spec) if s is not None]
-    for i in sharded + sorted(range(x.ndim), key=lambda i: -x.shape[i]):
-        if x.shape[i] % local == 0:
+    for i in sharded + sorted(range(len(shape)), key=lambda i: -shape[i]):
+        if shape[i] % local == 0:
             return PartitionSpec(*([None] * i), "local")
     return PartitionSpec()
+
+
+def _spec(sharding) -> tuple:
+    return tuple(getattr(sharding, "spec", ()))
+
+
+def _cuttable(x, sampler_sharding) -> int:
+    """The length of `x`'s leading axis when neither the trainer's nor the sampler's sharding
+    splits it (a slice of it then stays on the devices that hold it), else 0."""
+    specs = (_spec(getattr(x, "sharding", None)), _spec(sampler_sharding))
+    return x.shape[0] if len(x.shape) and all(not s or s[0] is None for s in specs) else 0
+
+
+class Piece(NamedTuple):
+    """Array `leaf` whole (`rows` None) or its rows [start, start + rows) along axis 0."""
+
+    leaf: int
+    start: int = 0
+    rows: Optional[int] = None
+
+
+def split(sizes: list, lengths: list, budget: Optional[int]) -> tuple[list[Piece], list[int]]:
+    """(pieces, their bytes): array i whole, or, when it is larger than `budget` and
+    `lengths[i]` > 1 (its leading axis, 0 where it may not be cut), in slices of as many rows as
+    fit the budget (at least one). The last slice ends at the last row, overlapping the one
+    before when the slice does not divide the axis: every slice of an array then has one shape,
+    so one program gathers them all, and rewriting a row with its own value keeps the copy exact."""
+    pieces: list[Piece] = []
+    out: list[int] = []
+    for i, (n, length) in enumerate(zip(sizes, lengths)):
+        if budget is None or n <= budget or length <= 1:
+            pieces.append(Piece(i))
+            out.append(n)
+            continue
+        row = n // length
+        k = min(length, max(1, budget // row))
+        starts = list(range(0, length - k, k)) + [length - k]
+        pieces += [Piece(i, s, k) for s in starts]
+        out += [k * row] * len(starts)
+    return pieces, out
 
 
 def make_groups(sizes: list, budget: Optional[int]) -> list[list[int]]:
@@ -150,8 +194,9 @@ class WeightSync:
     dtypes (`Engine.param_dtypes`); None keeps the trainer's. group_bytes: bound on one group's
     bytes in the sampler's dtypes (None: the whole model in one group).
 
-    After each call `largest_group_bytes` is the most bytes one trainer device held for one
-    gathered group (measured from the gathered arrays' shards) and `groups` the index groups.
+    `groups` lists each group's pieces and `group_sizes` its bytes in the sampler's dtypes;
+    after each call `largest_group_bytes` is the most bytes one trainer device held for one
+    gathered group (measured from the gathered arrays' shards).
     """
 
     def __init__(
@@ -168,11 +213,12 @@ class WeightSync:
                 f"{len(self._sampler_leaves)}"
             )
         self.group_bytes = group_bytes
-        self.groups: list[list[int]] = []
+        self.groups: list[list[Piece]] = []
+        self.group_sizes: list[int] = []
         self.largest_group_bytes = 0
-        self._gathers: dict = {}  # (specs, dtypes) -> jitted cast + gather; layers share one
-        self._specs: Any = None  # one PartitionSpec per leaf, from the first sync on
-        self._shapes = None
+        self._jits: dict = {}  # key -> jitted program; the layers' groups share them
+        self._specs: Any = None  # one PartitionSpec per piece, from the first sync on
+        self._shapes: list = []  # (shape, dtype) per leaf
 
     @classmethod
     def for_engine(cls, trainer_mesh: Mesh, engine) -> "WeightSync":
@@ -187,28 +233,65 @@ class WeightSync:
 
     def _build(self, leaves):
         local = self.local_mesh.size if self.local_mesh is not None else 1
-        self._specs = [_local_spec(x, local) for x in leaves]
-        targets = (
+        self._targets = (
             [np.dtype(x.dtype) for x in leaves]
             if self._dtypes is None
             else [np.dtype(d) for d in self._dtypes]
         )
-        self._targets = targets
         self._shapes = [(x.shape, x.dtype) for x in leaves]
-        sizes = [int(np.prod(x.shape)) * dt.itemsize for x, dt in zip(leaves, targets)]
-        self.groups = make_groups(sizes, self.group_bytes)
+        sizes = [math.prod(x.shape) * dt.itemsize for x, dt in zip(leaves, self._targets)]
+        lengths = [_cuttable(x, sh) for x, sh in zip(leaves, self._sampler_leaves)]
+        pieces, piece_bytes = split(sizes, lengths, self.group_bytes)
+        trainer_specs = [_spec(getattr(x, "sharding", None)) for x in leaves]
+        self._specs = {
+            p: _local_spec(self._piece_shape(p), trainer_specs[p.leaf], local) for p in pieces
+        }
+        index = make_groups(piece_bytes, self.group_bytes)
+        self.groups = [[pieces[j] for j in g] for g in index]
+        self.group_sizes = [sum(piece_bytes[j] for j in g) for g in index]
 
-    def _gather(self, idx: list[int]):
-        key = tuple((self._specs[i], self._targets[i]) for i in idx)
-        fn = self._gathers.get(key)
+    def _piece_shape(self, p: Piece) -> tuple:
+        shape = self._shapes[p.leaf][0]
+        return shape if p.rows is None else (p.rows, *shape[1:])
+
+    def _jit(self, key, make):
+        fn = self._jits.get(key)
         if fn is None:
-            out = [NamedSharding(self.host_mesh, self._specs[i]) for i in idx]
-            dts = [self._targets[i] for i in idx]
-            fn = jax.jit(lambda xs: [x.astype(dt) for x, dt in zip(xs, dts)], out_shardings=out)
-            self._gathers[key] = fn
+            fn = self._jits[key] = make()
         return fn
 
-    def programs(self, params) -> list[tuple[Any, list]]:
+    def _gather(self, group: list[Piece]):
+        """Cast and gather a group: (arrays, their slices' starts) -> the pieces, replicated
+        across hosts and sharded over each host's trainer devices."""
+        rows = [p.rows for p in group]
+        dts = [self._targets[p.leaf] for p in group]
+
+        def cast(xs, starts):
+            return [
+                (x if k is None else jax.lax.dynamic_slice_in_dim(x, s, k)).astype(dt)
+                for x, s, k, dt in zip(xs, starts, rows, dts)
+            ]
+
+        out = [NamedSharding(self.host_mesh, self._specs[p]) for p in group]
+        key = ("gather", tuple(zip((self._specs[p] for p in group), dts, rows)))
+        return self._jit(key, lambda: jax.jit(cast, out_shardings=out))
+
+    def _write(self, sharding):
+        """(the sampler's copy of a stacked array, a slice of it, start) -> the copy with the
+        slice written in place (the copy is donated)."""
+        return self._jit(
+            ("write", sharding),
+            lambda: jax.jit(
+                lambda buf, x, s: jax.lax.dynamic_update_slice_in_dim(buf, x, s, 0),
+                donate_argnums=0,
+                out_shardings=sharding,
+            ),
+        )
+
+    def _args(self, leaves, group: list[Piece]) -> tuple[list, list]:
+        return [leaves[p.leaf] for p in group], [np.int32(p.start) for p in group]
+
+    def programs(self, params) -> list[tuple[Any, tuple]]:
         """(jitted cast-and-gather, its arguments) of each distinct program a sync of `params`
         (concrete, or ShapeDtypeStructs with their trainer shardings) runs: what `__call__`
         compiles, for compiling ahead of time."""
@@ -216,9 +299,9 @@ class WeightSync:
         if self._specs is None:
             self._build(leaves)
         out: dict = {}
-        for idx in self.groups:
-            fn, args = self._gather(idx), [leaves[i] for i in idx]
-            out.setdefault((id(fn), tuple(x.shape for x in args)), (fn, args))
+        for group in self.groups:
+            fn, args = self._gather(group), self._args(leaves, group)
+            out.setdefault((id(fn), tuple(x.shape for x in args[0])), (fn, args))
         return list(out.values())
 
     def __call__(self, params):
@@ -234,29 +317,37 @@ class WeightSync:
                 "params changed shape or dtype since the first sync: the sampler "
                 "would recompile; build a new WeightSync for a new model"
             )
-        out = [None] * len(leaves)
+        out: list = [None] * len(leaves)
         largest = 0
-        for idx in self.groups:
-            gathered = self._gather(idx)([leaves[i] for i in idx])
+        for group in self.groups:
+            gathered = self._gather(group)(*self._args(leaves, group))
             per_device: dict = {}
             for x in gathered:
                 for s in x.addressable_shards:
                     per_device[s.device] = per_device.get(s.device, 0) + s.data.nbytes
             largest = max(largest, max(per_device.values(), default=0))
-            for i, x in zip(idx, gathered):
+            for p, x in zip(group, gathered):
                 shards = x.addressable_shards
                 if self.local_mesh is not None:
                     host_copy = jax.make_array_from_single_device_arrays(
                         x.shape,
-                        NamedSharding(self.local_mesh, self._specs[i]),
+                        NamedSharding(self.local_mesh, self._specs[p]),
                         [s.data for s in shards],
                     )
                 else:  # fully replicated fallback: any one local copy is complete
                     host_copy = shards[0].data
-                out[i] = jax.device_put(host_copy, self._sampler_leaves[i])
+                target = self._sampler_leaves[p.leaf]
+                piece = jax.device_put(host_copy, target)
+                if p.rows is None:
+                    out[p.leaf] = piece
+                    continue
+                if out[p.leaf] is None:
+                    shape, dt = self._shapes[p.leaf][0], self._targets[p.leaf]
+                    out[p.leaf] = jnp.zeros(shape, dt, device=target)
+                out[p.leaf] = self._write(target)(out[p.leaf], piece, np.int32(p.start))
             # The group's copies must land before the next group is gathered: then the
             # gathered buffers are free and a trainer chip never holds two groups.
-            jax.block_until_ready([out[i] for i in idx])
-            del gathered, host_copy, shards
+            jax.block_until_ready([out[p.leaf] for p in group])
+            del gathered, host_copy, shards, piece
         self.largest_group_bytes = largest
         return jax.tree.unflatten(treedef, out)
