@@ -111,6 +111,7 @@ def main(argv=None) -> int:
         row = {
             "program": prog.name,
             "seconds": round(prog.seconds, 1),
+            "lowering_s": round(prog.lowering, 1),  # tracing + lowering, in `seconds`
             "total_bytes": prog.total,
             "held_bytes": prog.resident,
             "plan_bytes": prog.estimate,

@@ -79,6 +79,7 @@ def test_every_program_compiles_for_v5p_and_fits(v5p_small):
         assert p.name in text
         assert p.total > 0 and p.need <= target.budget, p
         assert p.bytes_accessed > 0, p
+        assert 0 < p.lowering < p.seconds, p  # the Python side, part of the whole
     step = programs[1]
     assert step.flops > 0 and step.aliases > 0  # the donated state
     assert "roofline" in text and "programs in" in text

@@ -91,7 +91,7 @@ class Program:
     """One compiled program: XLA's bytes per chip and cost analysis (per chip)."""
 
     name: str
-    seconds: float
+    seconds: float  # tracing + lowering + XLA's compile
     arguments: int
     outputs: int
     temporaries: int
@@ -101,6 +101,7 @@ class Program:
     bytes_accessed: float
     estimate: Optional[int]  # the planner's bytes for the same program, when it has one
     refused: Optional[str] = None  # XLA's reason when it refused to compile it (out of HBM)
+    lowering: float = 0.0  # of `seconds`, the Python side: tracing and lowering to StableHLO
 
     @property
     def total(self) -> int:
@@ -321,7 +322,9 @@ def _compile(p: _Lowered, held: dict, target: Target) -> Program:
         seconds = p.seconds + time.perf_counter() - t0
         reason = str(err).strip().splitlines()[0]
         est = _estimate(p.name, p.role, target)
-        return Program(p.name, seconds, 0, 0, 0, 0, 0, 0.0, 0.0, est, refused=reason)
+        return Program(
+            p.name, seconds, 0, 0, 0, 0, 0, 0.0, 0.0, est, refused=reason, lowering=p.seconds
+        )
     seconds = p.seconds + time.perf_counter() - t0
     mem = compiled.memory_analysis()
     cost = compiled.cost_analysis()
@@ -338,6 +341,7 @@ def _compile(p: _Lowered, held: dict, target: Target) -> Program:
         float(cost.get("flops", 0.0)),
         float(cost.get("bytes accessed", 0.0)),
         _estimate(p.name, p.role, target),
+        lowering=p.seconds,
     )
 
 
