@@ -148,22 +148,9 @@ def open_policy(
     good checkpoint, else the initial policy (SFT warm-up, HF checkpoint, or init); the jitted
     train step."""
     _, abstract = state_lib.abstract_train_state(cfg.model, cfg.optim, mesh, cfg.seed)
-    checkpoints = ckpt_lib.Checkpointer(
-        os.path.join(cfg.workdir, "checkpoints"),
-        save_every=cfg.checkpoint_every,
-        keep=cfg.keep_checkpoints,
-        keep_every=cfg.keep_every,
-    )
-    checkpoints.install_signal_handlers()
-    cleanup.callback(checkpoints.close)
     sft_trained = [0]  # steps of an SFT warm-up under way: it keeps no checkpoint of its own
-    cleanup.enter_context(
-        Watchdog(
-            can_exit=lambda: not first_step_done.is_set(),
-            describe=HEARTBEAT.line,
-            nothing_lost=lambda: _lost_on_exit(cfg, sft_trained[0]),
-            acknowledged=lambda: checkpoints.stop_signal is not None,
-        )
+    checkpoints = _open_checkpoints(
+        cfg, cleanup=cleanup, first_step_done=first_step_done, sft_trained=sft_trained
     )
     restored = checkpoints.restore(abstract)
     if jax.process_index() == 0:  # the first write: everything above has validated
@@ -172,20 +159,8 @@ def open_policy(
         Tracker(cfg.workdir, enabled=jax.process_index() == 0, wandb_project=wandb_project)
     )
     if restored is None:
-        init = cfg.hf_checkpoint
-        if cfg.sft is not None:
-            init = stages.warm_up(
-                cfg,
-                cfg.sft,
-                mesh,
-                tokenizer,
-                data.source.validation(),
-                tracker,
-                on_trained=lambda step: sft_trained.__setitem__(0, step),
-            )
-            sft_trained[0] = 0  # written: nothing of it is lost any more
-        model_cfg, graphdef, state = state_lib.create_train_state(
-            cfg.model, cfg.optim, mesh, seed=cfg.seed, hf_checkpoint=init
+        model_cfg, graphdef, state = _initial_state(
+            cfg, tokenizer=tokenizer, mesh=mesh, data=data, tracker=tracker, sft_trained=sft_trained
         )
         meta = {}
     else:
@@ -200,6 +175,54 @@ def open_policy(
         meta=meta,
         model_cfg=model_cfg,
         train_step=build_train_step(cfg, model_cfg, graphdef, abstract, mesh),
+    )
+
+
+def _open_checkpoints(
+    cfg: RunConfig,
+    *,
+    cleanup: contextlib.ExitStack,
+    first_step_done: threading.Event,
+    sft_trained: list,
+) -> ckpt_lib.Checkpointer:
+    """The checkpointer with its stop-signal handlers, and the watchdog that ends the process
+    on a stop signal while nothing is unsaved (before the first step)."""
+    checkpoints = ckpt_lib.Checkpointer(
+        os.path.join(cfg.workdir, "checkpoints"),
+        save_every=cfg.checkpoint_every,
+        keep=cfg.keep_checkpoints,
+        keep_every=cfg.keep_every,
+    )
+    checkpoints.install_signal_handlers()
+    cleanup.callback(checkpoints.close)
+    cleanup.enter_context(
+        Watchdog(
+            can_exit=lambda: not first_step_done.is_set(),
+            describe=HEARTBEAT.line,
+            nothing_lost=lambda: _lost_on_exit(cfg, sft_trained[0]),
+            acknowledged=lambda: checkpoints.stop_signal is not None,
+        )
+    )
+    return checkpoints
+
+
+def _initial_state(cfg: RunConfig, *, tokenizer, mesh, data: Data, tracker: Tracker, sft_trained):
+    """A fresh start's (model config, graphdef, train state): the SFT warm-up's model when the
+    run has one, else the HF checkpoint or a random init."""
+    init = cfg.hf_checkpoint
+    if cfg.sft is not None:
+        init = stages.warm_up(
+            cfg,
+            cfg.sft,
+            mesh,
+            tokenizer,
+            data.source.validation(),
+            tracker,
+            on_trained=lambda step: sft_trained.__setitem__(0, step),
+        )
+        sft_trained[0] = 0  # written: nothing of it is lost any more
+    return state_lib.create_train_state(
+        cfg.model, cfg.optim, mesh, seed=cfg.seed, hf_checkpoint=init
     )
 
 

@@ -189,13 +189,6 @@ def _start(
         policy=policy,
     )
     starting.end()
-    bar = Progress(
-        "rl",
-        cfg.steps,
-        initial=start,
-        tokens_key="batch_seq_tokens",
-        enabled=None if jax.process_index() == 0 else False,
-    )
     return _Run(
         cfg=cfg,
         tokenizer=tokenizer,
@@ -206,8 +199,18 @@ def _start(
         metrics=metrics,
         meter=_compute_meter(policy),
         sampling=sampling,
-        bar=cleanup.enter_context(bar),
+        bar=cleanup.enter_context(_progress_bar(cfg, start)),
         first_step_done=first_step_done,
+    )
+
+
+def _progress_bar(cfg: RunConfig, start: int) -> Progress:
+    return Progress(
+        "rl",
+        cfg.steps,
+        initial=start,
+        tokens_key="batch_seq_tokens",
+        enabled=None if jax.process_index() == 0 else False,
     )
 
 
