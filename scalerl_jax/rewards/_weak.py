@@ -69,28 +69,9 @@ def drop_root(workdir, drop_privileges):
     return True
 
 
-def audit_hook(workdir, violations):
-    """PEP 578 hook of the weak mode: refuses what a test program never needs. It binds only
-    Python-level calls, and a program aimed at it can undo it; the strong mode does not rely
-    on it."""
-    workdir = os.path.realpath(workdir)
-    read_roots = {
-        workdir,
-        "/usr",
-        "/lib",
-        "/lib64",
-        "/etc",
-        "/dev/null",
-        "/dev/zero",
-        "/dev/urandom",
-        "/dev/random",
-        os.path.realpath("/proc/self"),
-    }
-    for p in [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, *sys.path]:
-        if p:
-            read_roots.add(os.path.realpath(p))
-    read_roots = tuple(read_roots)
-    deny_events = {
+# Events a test program never needs, refused outright.
+_DENY_EVENTS = frozenset(
+    {
         "os.fork",
         "os.forkpty",
         "os.system",
@@ -118,22 +99,48 @@ def audit_hook(workdir, violations):
         "os.removexattr",
         "sqlite3.connect",
     }
-    path_events = {
-        "os.remove": (0,),
-        "os.rmdir": (0,),
-        "os.mkdir": (0,),
-        "os.rename": (0, 1),
-        "os.link": (0, 1),
-        "os.symlink": (1,),
-        "os.truncate": (0,),
-        "os.chmod": (0,),
-        "os.chown": (0,),
-        "os.utime": (0,),
-        "os.chflags": (0,),
-        "os.lchflags": (0,),
-        "shutil.rmtree": (0,),
-        "shutil.chown": (0,),
+)
+# Path events: the positions of the arguments that must lie inside the work directory.
+_PATH_EVENTS = {
+    "os.remove": (0,),
+    "os.rmdir": (0,),
+    "os.mkdir": (0,),
+    "os.rename": (0, 1),
+    "os.link": (0, 1),
+    "os.symlink": (1,),
+    "os.truncate": (0,),
+    "os.chmod": (0,),
+    "os.chown": (0,),
+    "os.utime": (0,),
+    "os.chflags": (0,),
+    "os.lchflags": (0,),
+    "shutil.rmtree": (0,),
+    "shutil.chown": (0,),
+}
+
+
+def audit_hook(workdir, violations):
+    """PEP 578 hook of the weak mode: refuses what a test program never needs. It binds only
+    Python-level calls, and a program aimed at it can undo it; the strong mode does not rely
+    on it."""
+    workdir = os.path.realpath(workdir)
+    read_roots = {
+        workdir,
+        "/usr",
+        "/lib",
+        "/lib64",
+        "/etc",
+        "/dev/null",
+        "/dev/zero",
+        "/dev/urandom",
+        "/dev/random",
+        os.path.realpath("/proc/self"),
     }
+    for p in [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, *sys.path]:
+        if p:
+            read_roots.add(os.path.realpath(p))
+    read_roots = tuple(read_roots)
+    deny_events, path_events = _DENY_EVENTS, _PATH_EVENTS  # bound in the hook's closure
     write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
     realpath, fspath, sep = os.path.realpath, os.fspath, os.sep
 
