@@ -77,6 +77,11 @@ class Policy:
     model_cfg: Any
     train_step: Callable
 
+    @property
+    def start(self) -> int:
+        """The step this invocation starts from."""
+        return int(self.state.step)
+
 
 @dataclasses.dataclass(frozen=True)
 class Metrics:
@@ -255,12 +260,10 @@ def build_train_step(cfg: RunConfig, model_cfg, graphdef, abstract, trainer_mesh
     )
 
 
-def open_metrics(
-    cfg: RunConfig, *, cleanup: contextlib.ExitStack, policy: Policy, start: int
-) -> Metrics:
+def open_metrics(cfg: RunConfig, *, cleanup: contextlib.ExitStack, policy: Policy) -> Metrics:
     """The metrics writer and the forecaster, after the run's opening record. Records after
-    the restored step `start` are superseded."""
-    main = jax.process_index() == 0
+    the step the policy starts from are superseded."""
+    main, start = jax.process_index() == 0, policy.start
     writer = None
     if main:
         metrics_lib.truncate_after(cfg.workdir, start)
@@ -324,7 +327,7 @@ def open_sampler(
         params,
         feed,
         group_size=cfg.pipeline.generations_per_prompt,
-        version=int(policy.state.step),
+        version=policy.start,
         seed=seed,
         admit=lambda version: feed.issued < schedule.limit(version),
         max_queued_groups=schedule.window + schedule.batch,

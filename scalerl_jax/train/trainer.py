@@ -124,8 +124,7 @@ def _run(
             cfg.workdir, cfg.to_dict(), allow_change=allow_config_change, defaults=field_defaults()
         )
     ctx = _start(cfg, tokenizer=tokenizer, cleanup=cleanup, wandb_project=wandb_project)
-    state = ctx.policy.state
-    start = int(state.step)
+    state, start = ctx.policy.state, ctx.policy.start
     if startup.eval_missing(cfg, start):
         _evaluate(ctx, start, ctx.sampling.params)
     last, stopped_by = {}, None
@@ -176,8 +175,7 @@ def _start(
     )
     if "curriculum" in policy.meta:
         curriculum = NoPositiveResampling.from_dict(policy.meta["curriculum"])
-    start = int(policy.state.step)
-    metrics = startup.open_metrics(cfg, cleanup=cleanup, policy=policy, start=start)
+    metrics = startup.open_metrics(cfg, cleanup=cleanup, policy=policy)
     schedule = Schedule.from_config(cfg.pipeline, jax.process_count(), jax.process_index())
     sampling = startup.open_sampler(
         cfg,
@@ -199,7 +197,7 @@ def _start(
         metrics=metrics,
         meter=_compute_meter(policy),
         sampling=sampling,
-        bar=cleanup.enter_context(_progress_bar(cfg, start)),
+        bar=cleanup.enter_context(_progress_bar(cfg, policy.start)),
         first_step_done=first_step_done,
     )
 
