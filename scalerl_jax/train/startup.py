@@ -72,15 +72,11 @@ class Policy:
     checkpoints: ckpt_lib.Checkpointer
     tracker: Tracker
     restored: bool  # resumed from a checkpoint of this run directory
-    state: Any  # the start's train state (the loop carries it on)
+    state: Any  # the start's train state, donated to the first step (the loop carries it on)
+    start: int  # its step: where this invocation starts
     meta: dict  # the checkpoint's host-side state ({} for a fresh start)
     model_cfg: Any
     train_step: Callable
-
-    @property
-    def start(self) -> int:
-        """The step this invocation starts from."""
-        return int(self.state.step)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,6 +173,7 @@ def open_policy(
         tracker=tracker,
         restored=restored is not None,
         state=state,
+        start=int(state.step),
         meta=meta,
         model_cfg=model_cfg,
         train_step=build_train_step(cfg, model_cfg, graphdef, abstract, mesh),
