@@ -218,7 +218,7 @@ def run_mode(
 
     from scalerl_jax import mesh as mesh_lib
     from scalerl_jax.config import MeshConfig
-    from scalerl_jax.rewards import extract_answer, verifier_by_name
+    from scalerl_jax.rewards import verifier_by_name
     from scalerl_jax.sampler.driver import Prompt as SamplerPrompt
     from scalerl_jax.sampler.driver import driver_token_ids
     from scalerl_jax.sampler.engine import Engine
@@ -258,6 +258,14 @@ def run_mode(
         scored = score_groups(
             groups, tokenizer=model.tokenizer, verifier=verifier_by_name(verifier_name), pool=pool
         )
+    records = _records(groups, problems, mode, model, scored.correct, verifier_name)
+    return records, summarize(records, mode, scored, stats, sampled_s, verifier_name)
+
+
+def _records(groups, problems, mode: Mode, model: Model, correct, verifier_name: str) -> list:
+    """One record per completion, in problem order then sample order."""
+    from scalerl_jax.rewards import extract_answer
+
     records, n = [], 0
     for g in groups:
         p = problems[g.ticket]
@@ -276,7 +284,7 @@ def run_mode(
                     "prompt": p.prompt,
                     "completion": text,
                     "extracted": extracted,
-                    "correct": bool(scored.correct[n]),
+                    "correct": bool(correct[n]),
                     "finish_reason": c.finish_reason,
                     "num_tokens": int(len(c.tokens)),
                     "completion_tokens": [int(t) for t in c.tokens],
@@ -284,7 +292,7 @@ def run_mode(
                 }
             )
             n += 1
-    return records, summarize(records, mode, scored, stats, sampled_s, verifier_name)
+    return records
 
 
 def evaluate_model(

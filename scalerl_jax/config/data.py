@@ -202,42 +202,8 @@ class DataConfig:
             self.template,
             "must be 'chat' or contain '{prompt}'",
         )
-        domains = tuple(self.domains)  # a list (JSON, hand-written) becomes the hashable tuple
-        object.__setattr__(self, "domains", domains)
-        for d in domains:
-            _check(isinstance(d, DomainConfig), c, "domains", d, "items must be DomainConfig")
-        names = [d.name for d in domains]
-        repeated = sorted({n for n in names if names.count(n) > 1})
-        _check(
-            not repeated, c, "domains", names, f"domain names must be unique; repeated: {repeated}"
-        )
-        if not domains:
-            _check(
-                self.source != MIXTURE,
-                c,
-                "source",
-                self.source,
-                "a mixture needs DataConfig.domains (e.g. data.domains.math.source=...)",
-            )
-            return
-        _check(
-            self.source == MIXTURE,
-            c,
-            "source",
-            self.source,
-            f"must be {MIXTURE!r} when domains are set (each domain has its own source: "
-            f"{dict(zip(names, (d.source for d in domains)))})",
-        )
-        for f in dataclasses.fields(self):
-            if f.name in _PER_DOMAIN:
-                _check(
-                    getattr(self, f.name) == f.default,
-                    c,
-                    f.name,
-                    getattr(self, f.name),
-                    f"a mixture sets this per domain (data.domains.NAME.{f.name}); leave "
-                    f"it at its default {f.default!r}",
-                )
+        object.__setattr__(self, "domains", tuple(self.domains))  # JSON lists: hashable tuple
+        _check_domains(self)
 
     @property
     def is_mixture(self) -> bool:
@@ -276,6 +242,45 @@ class DataConfig:
             validation_source=d.validation_source,
             validation_split=self.validation_split,
         )
+
+
+def _check_domains(cfg: DataConfig) -> None:
+    """A mixture's domains: DomainConfigs with unique names, source "mixture", and no
+    per-domain field set on the mixture itself."""
+    c = "DataConfig"
+    domains = cfg.domains
+    for d in domains:
+        _check(isinstance(d, DomainConfig), c, "domains", d, "items must be DomainConfig")
+    names = [d.name for d in domains]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    _check(not repeated, c, "domains", names, f"domain names must be unique; repeated: {repeated}")
+    if not domains:
+        _check(
+            cfg.source != MIXTURE,
+            c,
+            "source",
+            cfg.source,
+            "a mixture needs DataConfig.domains (e.g. data.domains.math.source=...)",
+        )
+        return
+    _check(
+        cfg.source == MIXTURE,
+        c,
+        "source",
+        cfg.source,
+        f"must be {MIXTURE!r} when domains are set (each domain has its own source: "
+        f"{dict(zip(names, (d.source for d in domains)))})",
+    )
+    for f in dataclasses.fields(cfg):
+        if f.name in _PER_DOMAIN:
+            _check(
+                getattr(cfg, f.name) == f.default,
+                c,
+                f.name,
+                getattr(cfg, f.name),
+                f"a mixture sets this per domain (data.domains.NAME.{f.name}); leave "
+                f"it at its default {f.default!r}",
+            )
 
 
 _PER_DOMAIN = (

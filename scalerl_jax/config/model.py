@@ -107,133 +107,12 @@ class ModelConfig:
     name: str = "custom"
 
     def __post_init__(self):
-        c = "ModelConfig"
-        _positive(
-            c,
-            vocab_size=self.vocab_size,
-            hidden_size=self.hidden_size,
-            intermediate_size=self.intermediate_size,
-            num_layers=self.num_layers,
-            num_heads=self.num_heads,
-            num_kv_heads=self.num_kv_heads,
-            rope_theta=self.rope_theta,
-            rms_norm_eps=self.rms_norm_eps,
-            max_position_embeddings=self.max_position_embeddings,
-        )
-        _check(
-            self.num_heads % self.num_kv_heads == 0,
-            c,
-            "num_kv_heads",
-            self.num_kv_heads,
-            f"must divide num_heads={self.num_heads} (grouped-query attention)",
-        )
-        if self.head_dim is None:
-            _check(
-                self.hidden_size % self.num_heads == 0,
-                c,
-                "hidden_size",
-                self.hidden_size,
-                f"must be divisible by num_heads={self.num_heads} when head_dim is not set",
-            )
-        else:
-            _positive(c, head_dim=self.head_dim)
-        _check(self.dim_per_head % 2 == 0, c, "head_dim", self.dim_per_head, "must be even (RoPE)")
-        _choice(c, "param_dtype", self.param_dtype, DTYPES)
-        _choice(c, "compute_dtype", self.compute_dtype, DTYPES)
-        _check(
-            self.attention_chunk >= 0,
-            c,
-            "attention_chunk",
-            self.attention_chunk,
-            "must be >= 0 (0: no chunking)",
-        )
-        _choice(c, "attention_impl", self.attention_impl, ATTENTION_IMPLS)
-        _choice(c, "remat_policy", self.remat_policy, REMAT_POLICIES)
-        _check(
-            self.remat or self.remat_policy == "full",
-            c,
-            "remat_policy",
-            self.remat_policy,
-            "needs remat=True (without remat every activation is kept)",
-        )
+        _check_dims(self)
+        _check_numerics(self)
         object.__setattr__(self, "dense_layers", tuple(self.dense_layers))  # JSON lists
         object.__setattr__(self, "nope_layers", tuple(self.nope_layers))
-        _check(
-            all(0 <= i < self.num_layers for i in self.nope_layers),
-            c,
-            "nope_layers",
-            self.nope_layers,
-            f"must be layer indices in [0, {self.num_layers})",
-        )
-        _check(
-            self.local_attention_chunk >= 0,
-            c,
-            "local_attention_chunk",
-            self.local_attention_chunk,
-            "must be >= 0 (0: global attention)",
-        )
-        _check(
-            not (self.qk_l2_norm and self.qk_norm),
-            c,
-            "qk_l2_norm",
-            self.qk_l2_norm,
-            "excludes qk_norm=True (weightless L2 norm or Qwen3's RMSNorm, not both)",
-        )
-        _positive(c, attn_floor_scale=self.attn_floor_scale)
-        _check(self.attn_scale >= 0, c, "attn_scale", self.attn_scale, "must be >= 0")
-        _check(self.num_experts >= 0, c, "num_experts", self.num_experts, "must be >= 0 (0: dense)")
-        if self.num_experts:
-            _check(
-                0 < self.experts_per_token <= self.num_experts,
-                c,
-                "experts_per_token",
-                self.experts_per_token,
-                f"must be in [1, num_experts={self.num_experts}]",
-            )
-            if self.moe_intermediate_size is not None:
-                _positive(c, moe_intermediate_size=self.moe_intermediate_size)
-            _check(
-                self.shared_expert_size >= 0,
-                c,
-                "shared_expert_size",
-                self.shared_expert_size,
-                "must be >= 0 (0: no shared expert)",
-            )
-            _positive(c, moe_layer_step=self.moe_layer_step)
-            _check(
-                all(0 <= i < self.num_layers for i in self.dense_layers),
-                c,
-                "dense_layers",
-                self.dense_layers,
-                f"must be layer indices in [0, {self.num_layers})",
-            )
-            _choice(c, "router", self.router, ("softmax", "sigmoid"))
-            _check(
-                not (self.norm_topk_prob and self.router != "softmax"),
-                c,
-                "norm_topk_prob",
-                self.norm_topk_prob,
-                "only applies to router='softmax'",
-            )
-            _check(
-                self.router_aux_loss_coef >= 0,
-                c,
-                "router_aux_loss_coef",
-                self.router_aux_loss_coef,
-                "must be >= 0 (0: no load-balancing loss)",
-            )
-        else:
-            _check(
-                self.experts_per_token == 0
-                and self.shared_expert_size == 0
-                and self.router_aux_loss_coef == 0,
-                c,
-                "num_experts",
-                0,
-                "experts_per_token, shared_expert_size and router_aux_loss_coef need "
-                f"num_experts > 0 (got {self.experts_per_token}, {self.shared_expert_size}, "
-                f"{self.router_aux_loss_coef})",
-            )
+        _check_llama4_attention(self)
+        _check_experts(self)
 
     @property
     def dim_per_head(self) -> int:
@@ -292,6 +171,150 @@ class ModelConfig:
 
     def replace(self, **kw) -> "ModelConfig":
         return dataclasses.replace(self, **kw)
+
+
+def _check_dims(cfg: ModelConfig) -> None:
+    """Sizes, heads and head_dim."""
+    c = "ModelConfig"
+    _positive(
+        c,
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_layers=cfg.num_layers,
+        num_heads=cfg.num_heads,
+        num_kv_heads=cfg.num_kv_heads,
+        rope_theta=cfg.rope_theta,
+        rms_norm_eps=cfg.rms_norm_eps,
+        max_position_embeddings=cfg.max_position_embeddings,
+    )
+    _check(
+        cfg.num_heads % cfg.num_kv_heads == 0,
+        c,
+        "num_kv_heads",
+        cfg.num_kv_heads,
+        f"must divide num_heads={cfg.num_heads} (grouped-query attention)",
+    )
+    if cfg.head_dim is None:
+        _check(
+            cfg.hidden_size % cfg.num_heads == 0,
+            c,
+            "hidden_size",
+            cfg.hidden_size,
+            f"must be divisible by num_heads={cfg.num_heads} when head_dim is not set",
+        )
+    else:
+        _positive(c, head_dim=cfg.head_dim)
+    _check(cfg.dim_per_head % 2 == 0, c, "head_dim", cfg.dim_per_head, "must be even (RoPE)")
+
+
+def _check_numerics(cfg: ModelConfig) -> None:
+    """Dtypes, the attention kernel and chunking, rematerialisation."""
+    c = "ModelConfig"
+    _choice(c, "param_dtype", cfg.param_dtype, DTYPES)
+    _choice(c, "compute_dtype", cfg.compute_dtype, DTYPES)
+    _check(
+        cfg.attention_chunk >= 0,
+        c,
+        "attention_chunk",
+        cfg.attention_chunk,
+        "must be >= 0 (0: no chunking)",
+    )
+    _choice(c, "attention_impl", cfg.attention_impl, ATTENTION_IMPLS)
+    _choice(c, "remat_policy", cfg.remat_policy, REMAT_POLICIES)
+    _check(
+        cfg.remat or cfg.remat_policy == "full",
+        c,
+        "remat_policy",
+        cfg.remat_policy,
+        "needs remat=True (without remat every activation is kept)",
+    )
+
+
+def _check_llama4_attention(cfg: ModelConfig) -> None:
+    """NoPE layers, local attention chunks, the L2 q/k norm, temperature tuning."""
+    c = "ModelConfig"
+    _check(
+        all(0 <= i < cfg.num_layers for i in cfg.nope_layers),
+        c,
+        "nope_layers",
+        cfg.nope_layers,
+        f"must be layer indices in [0, {cfg.num_layers})",
+    )
+    _check(
+        cfg.local_attention_chunk >= 0,
+        c,
+        "local_attention_chunk",
+        cfg.local_attention_chunk,
+        "must be >= 0 (0: global attention)",
+    )
+    _check(
+        not (cfg.qk_l2_norm and cfg.qk_norm),
+        c,
+        "qk_l2_norm",
+        cfg.qk_l2_norm,
+        "excludes qk_norm=True (weightless L2 norm or Qwen3's RMSNorm, not both)",
+    )
+    _positive(c, attn_floor_scale=cfg.attn_floor_scale)
+    _check(cfg.attn_scale >= 0, c, "attn_scale", cfg.attn_scale, "must be >= 0")
+
+
+def _check_experts(cfg: ModelConfig) -> None:
+    """The mixture-of-experts fields (all zero for a dense model)."""
+    c = "ModelConfig"
+    _check(cfg.num_experts >= 0, c, "num_experts", cfg.num_experts, "must be >= 0 (0: dense)")
+    if cfg.num_experts:
+        _check(
+            0 < cfg.experts_per_token <= cfg.num_experts,
+            c,
+            "experts_per_token",
+            cfg.experts_per_token,
+            f"must be in [1, num_experts={cfg.num_experts}]",
+        )
+        if cfg.moe_intermediate_size is not None:
+            _positive(c, moe_intermediate_size=cfg.moe_intermediate_size)
+        _check(
+            cfg.shared_expert_size >= 0,
+            c,
+            "shared_expert_size",
+            cfg.shared_expert_size,
+            "must be >= 0 (0: no shared expert)",
+        )
+        _positive(c, moe_layer_step=cfg.moe_layer_step)
+        _check(
+            all(0 <= i < cfg.num_layers for i in cfg.dense_layers),
+            c,
+            "dense_layers",
+            cfg.dense_layers,
+            f"must be layer indices in [0, {cfg.num_layers})",
+        )
+        _choice(c, "router", cfg.router, ("softmax", "sigmoid"))
+        _check(
+            not (cfg.norm_topk_prob and cfg.router != "softmax"),
+            c,
+            "norm_topk_prob",
+            cfg.norm_topk_prob,
+            "only applies to router='softmax'",
+        )
+        _check(
+            cfg.router_aux_loss_coef >= 0,
+            c,
+            "router_aux_loss_coef",
+            cfg.router_aux_loss_coef,
+            "must be >= 0 (0: no load-balancing loss)",
+        )
+    else:
+        _check(
+            cfg.experts_per_token == 0
+            and cfg.shared_expert_size == 0
+            and cfg.router_aux_loss_coef == 0,
+            c,
+            "num_experts",
+            0,
+            "experts_per_token, shared_expert_size and router_aux_loss_coef need "
+            f"num_experts > 0 (got {cfg.experts_per_token}, {cfg.shared_expert_size}, "
+            f"{cfg.router_aux_loss_coef})",
+        )
 
 
 @dataclasses.dataclass(frozen=True)

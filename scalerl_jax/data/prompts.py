@@ -282,6 +282,46 @@ def _rank(seed: int, prompt_id: str) -> bytes:
     return hashlib.sha256(f"{seed}\x00{prompt_id}".encode("utf-8")).digest()
 
 
+def _validation_rows(config: DataConfig, id_field, check_answer):
+    """The rows of `config.validation_source` (ids prefixed by the split) and their load
+    stats; ([], None) when validation is held out of `source` instead."""
+    val_path = config.validation_path()
+    if val_path is None:
+        return [], None
+    val_config = dataclasses.replace(
+        config, source=val_path, split=config.validation_split, validation_source=None
+    )
+    val_rows, stats = load_rows(val_config, id_field, check_answer)
+    log_skipped(stats, val_path)
+    prefix = config.validation_split
+    return [r._replace(prompt_id=f"{prefix}:{r.prompt_id}") for r in val_rows], stats
+
+
+def _split_by_problem(config: DataConfig, ranked: list, val_rows: list, val_path: str):
+    """(validation prompts, training rows): the first `num_validation` validation rows by
+    rank, and the training rows whose problem none of them has."""
+    ranked_val = sorted(val_rows, key=lambda r: _rank(config.seed, r.prompt_id))
+    validation = ranked_val[: config.num_validation]
+    held_out = {r.problem for r in validation}
+    train = [r for r in ranked if r.problem not in held_out]
+    if not train:
+        raise DataError(
+            f"every one of the {len(ranked)} usable rows of "
+            f"{config.source!r} is also a validation prompt of "
+            f"DataConfig.validation_source={val_path!r}"
+        )
+    log.info(
+        "validation: %d prompts from %s (%d usable rows); %d of %d training rows "
+        "dropped as validation problems",
+        len(validation),
+        val_path,
+        len(val_rows),
+        len(ranked) - len(train),
+        len(ranked),
+    )
+    return validation, train
+
+
 class PromptSource:
     """An endless, checkpointable stream of this host's training prompts, plus the validation
     split. Iterate it (`next(source)`) or call `take(n)`; one consumer thread."""
@@ -309,18 +349,9 @@ class PromptSource:
         self.domain = domain
         rows, self.stats = load_rows(config, id_field, check_answer)
         log_skipped(self.stats, config.source)
-        self.validation_stats: Optional[LoadStats] = None
         self.num_overlap = 0  # training rows dropped: their problem is a validation prompt's
         val_path = config.validation_path()
-        if val_path is not None:
-            val_config = dataclasses.replace(
-                config, source=val_path, split=config.validation_split, validation_source=None
-            )
-            val_rows, self.validation_stats = load_rows(val_config, id_field, check_answer)
-            log_skipped(self.validation_stats, val_path)
-            val_rows = [
-                r._replace(prompt_id=f"{config.validation_split}:{r.prompt_id}") for r in val_rows
-            ]
+        val_rows, self.validation_stats = _validation_rows(config, id_field, check_answer)
         if domain:  # ids unique across a mixture's domains (both may have an id "17")
             rows = [row._replace(prompt_id=f"{domain}/{row.prompt_id}") for row in rows]
             if val_path is not None:
@@ -335,27 +366,8 @@ class PromptSource:
                 )
             self._validation, train = ranked[:n_val], ranked[n_val:]
         else:
-            self._validation = sorted(val_rows, key=lambda r: _rank(config.seed, r.prompt_id))[
-                :n_val
-            ]
-            held_out = {r.problem for r in self._validation}
-            train = [r for r in ranked if r.problem not in held_out]
+            self._validation, train = _split_by_problem(config, ranked, val_rows, val_path)
             self.num_overlap = len(ranked) - len(train)
-            if not train:
-                raise DataError(
-                    f"every one of the {len(ranked)} usable rows of "
-                    f"{config.source!r} is also a validation prompt of "
-                    f"DataConfig.validation_source={val_path!r}"
-                )
-            log.info(
-                "validation: %d prompts from %s (%d usable rows); %d of %d training rows "
-                "dropped as validation problems",
-                len(self._validation),
-                val_path,
-                len(val_rows),
-                self.num_overlap,
-                len(ranked),
-            )
         if len(train) < process_count:
             raise DataError(
                 f"{len(train)} training prompts cannot give each of process_count="

@@ -69,6 +69,54 @@ def drop_root(workdir, drop_privileges):
     return True
 
 
+# Events a test program never needs, refused outright.
+_DENY_EVENTS = {
+    "os.fork",
+    "os.forkpty",
+    "os.system",
+    "os.exec",
+    "os.posix_spawn",
+    "os.spawn",
+    "subprocess.Popen",
+    "os.kill",
+    "os.killpg",
+    "signal.pthread_kill",
+    "socket.__new__",
+    "socket.getaddrinfo",
+    "socket.gethostbyname",
+    "socket.gethostbyname_ex",
+    "socket.gethostbyaddr",
+    "socket.getnameinfo",
+    "ctypes.dlsym",
+    "ctypes.dlsym/handle",
+    "ctypes.call_function",
+    "ctypes.cdata",
+    "ctypes.cdata/buffer",
+    "ctypes.string_at",
+    "ctypes.wstring_at",
+    "os.setxattr",
+    "os.removexattr",
+    "sqlite3.connect",
+}
+# Path events: the positions of the arguments that must lie inside the work directory.
+_PATH_EVENTS = {
+    "os.remove": (0,),
+    "os.rmdir": (0,),
+    "os.mkdir": (0,),
+    "os.rename": (0, 1),
+    "os.link": (0, 1),
+    "os.symlink": (1,),
+    "os.truncate": (0,),
+    "os.chmod": (0,),
+    "os.chown": (0,),
+    "os.utime": (0,),
+    "os.chflags": (0,),
+    "os.lchflags": (0,),
+    "shutil.rmtree": (0,),
+    "shutil.chown": (0,),
+}
+
+
 def audit_hook(workdir, violations):
     """PEP 578 hook of the weak mode: refuses what a test program never needs. It binds only
     Python-level calls, and a program aimed at it can undo it; the strong mode does not rely
@@ -90,50 +138,7 @@ def audit_hook(workdir, violations):
         if p:
             read_roots.add(os.path.realpath(p))
     read_roots = tuple(read_roots)
-    deny_events = {
-        "os.fork",
-        "os.forkpty",
-        "os.system",
-        "os.exec",
-        "os.posix_spawn",
-        "os.spawn",
-        "subprocess.Popen",
-        "os.kill",
-        "os.killpg",
-        "signal.pthread_kill",
-        "socket.__new__",
-        "socket.getaddrinfo",
-        "socket.gethostbyname",
-        "socket.gethostbyname_ex",
-        "socket.gethostbyaddr",
-        "socket.getnameinfo",
-        "ctypes.dlsym",
-        "ctypes.dlsym/handle",
-        "ctypes.call_function",
-        "ctypes.cdata",
-        "ctypes.cdata/buffer",
-        "ctypes.string_at",
-        "ctypes.wstring_at",
-        "os.setxattr",
-        "os.removexattr",
-        "sqlite3.connect",
-    }
-    path_events = {
-        "os.remove": (0,),
-        "os.rmdir": (0,),
-        "os.mkdir": (0,),
-        "os.rename": (0, 1),
-        "os.link": (0, 1),
-        "os.symlink": (1,),
-        "os.truncate": (0,),
-        "os.chmod": (0,),
-        "os.chown": (0,),
-        "os.utime": (0,),
-        "os.chflags": (0,),
-        "os.lchflags": (0,),
-        "shutil.rmtree": (0,),
-        "shutil.chown": (0,),
-    }
+    deny_events, path_events = _DENY_EVENTS, _PATH_EVENTS  # bound in the hook's closure
     write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
     realpath, fspath, sep = os.path.realpath, os.fspath, os.sep
 

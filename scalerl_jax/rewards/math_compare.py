@@ -266,6 +266,39 @@ def _chain(p: str, g: str, depth: int):
 _JUXTAPOSED_RE = re.compile(r"[\d)\]}]\s+\.?\d")  # "2 3", "\frac{1}{2} 3" (not matrices)
 
 
+def _compare_matrices(p: str, g: str, pm, gm, depth: int) -> Optional[bool]:
+    """Answers of which at least one is a matrix: entry by entry, or as matrix expressions."""
+    if pm is None or gm is None:
+        pe, ge = _matrix_expression(p), _matrix_expression(g)  # "A + B" against a matrix
+        if pe is None or ge is None or "." in p + g:
+            return None
+        return pe.shape == ge.shape and all(proved_equal(a, b) for a, b in zip(pe, ge))
+    if [len(r) for r in pm] != [len(r) for r in gm]:
+        return False
+    return _all_true(compare(a, b, depth + 1) for pr, gr in zip(pm, gm) for a, b in zip(pr, gr))
+
+
+def _compare_unions(p_union: list, g_union: list, depth: int) -> Optional[bool]:
+    """Unions of sets or intervals: equal when each part of one matches a part of the other."""
+    if len(p_union) != len(g_union):
+        return False if len(p_union) > 1 and len(g_union) > 1 else None
+    p_parts, g_parts = [collection(x) for x in p_union], [collection(x) for x in g_union]
+    remaining = list(g_parts)
+    for kind, items in p_parts:
+        hit = next(
+            (
+                j
+                for j, (k, xs) in enumerate(remaining)
+                if k == kind and _items(items, xs, True, depth) is True
+            ),
+            None,
+        )
+        if hit is None:
+            return None
+        remaining.pop(hit)
+    return True
+
+
 def compare(p: str, g: str, depth: int = 0) -> Optional[bool]:
     """Our verdict on normalised answers: True / False when decided, None when undecided."""
     if p == g:
@@ -281,14 +314,7 @@ def compare(p: str, g: str, depth: int = 0) -> Optional[bool]:
         return None if p and g else False
     pm, gm = _matrix(p), _matrix(g)
     if pm is not None or gm is not None:
-        if pm is None or gm is None:
-            pe, ge = _matrix_expression(p), _matrix_expression(g)  # "A + B" against a matrix
-            if pe is None or ge is None or "." in p + g:
-                return None
-            return pe.shape == ge.shape and all(proved_equal(a, b) for a, b in zip(pe, ge))
-        if [len(r) for r in pm] != [len(r) for r in gm]:
-            return False
-        return _all_true(compare(a, b, depth + 1) for pr, gr in zip(pm, gm) for a, b in zip(pr, gr))
+        return _compare_matrices(p, g, pm, gm, depth)
     if decimal_comma(p, g):
         return True
     pi, gi = _inequality(p), _inequality(g)
@@ -305,23 +331,7 @@ def compare(p: str, g: str, depth: int = 0) -> Optional[bool]:
         return verdict
     p_union, g_union = split_top_level(p, "\\cup"), split_top_level(g, "\\cup")
     if len(p_union) > 1 or len(g_union) > 1:
-        if len(p_union) != len(g_union):
-            return False if len(p_union) > 1 and len(g_union) > 1 else None
-        p_parts, g_parts = [collection(x) for x in p_union], [collection(x) for x in g_union]
-        remaining = list(g_parts)
-        for kind, items in p_parts:
-            hit = next(
-                (
-                    j
-                    for j, (k, xs) in enumerate(remaining)
-                    if k == kind and _items(items, xs, True, depth) is True
-                ),
-                None,
-            )
-            if hit is None:
-                return None
-            remaining.pop(hit)
-        return True
+        return _compare_unions(p_union, g_union, depth)
     p_kind, p_items = collection(p)
     g_kind, g_items = collection(g)
     kinds = {p_kind, g_kind}

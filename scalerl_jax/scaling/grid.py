@@ -33,18 +33,7 @@ def fit_grid(
     lr: float = 0.05,
 ) -> dict:
     """One curve x, y, w [m]; R0 NaN = free. Returns fit_sigmoid_batch's dict for one curve."""
-    a_values = np.asarray(PAPER_A_GRID if a_grid is None else a_grid, np.float64)
-    cmid_values = np.asarray(PAPER_CMID_GRID if cmid_grid is None else cmid_grid, np.float64)
-    if a_values.ndim != 1 or cmid_values.ndim != 1 or len(a_values) < 2 or len(cmid_values) < 2:
-        raise ValueError(
-            f"grid procedure: a_grid ({a_values.shape}) and cmid_grid "
-            f"({cmid_values.shape}) must be 1-D with >= 2 values"
-        )
-    if a_values.max() > 1 or cmid_values.min() <= 0:
-        raise ValueError(
-            f"grid procedure: need A <= 1 (max {a_values.max()}) and C_mid > 0 "
-            f"(min {cmid_values.min()})"
-        )
+    a_values, cmid_values = _grids(a_grid, cmid_grid)
     r0_free = not np.isfinite(R0)
     free = np.array([[False, True, False, r0_free]])
     on = w > 0
@@ -90,6 +79,23 @@ def fit_grid(
         one = {k: nan for k in one}
     one["reasons"] = [reason]
     return one
+
+
+def _grids(a_grid: Optional[tuple], cmid_grid: Optional[tuple]):
+    """The A and C_mid grids (the paper's by default), checked."""
+    a_values = np.asarray(PAPER_A_GRID if a_grid is None else a_grid, np.float64)
+    cmid_values = np.asarray(PAPER_CMID_GRID if cmid_grid is None else cmid_grid, np.float64)
+    if a_values.ndim != 1 or cmid_values.ndim != 1 or len(a_values) < 2 or len(cmid_values) < 2:
+        raise ValueError(
+            f"grid procedure: a_grid ({a_values.shape}) and cmid_grid "
+            f"({cmid_values.shape}) must be 1-D with >= 2 values"
+        )
+    if a_values.max() > 1 or cmid_values.min() <= 0:
+        raise ValueError(
+            f"grid procedure: need A <= 1 (max {a_values.max()}) and C_mid > 0 "
+            f"(min {cmid_values.min()})"
+        )
+    return a_values, cmid_values
 
 
 def _edge_reason(name: str, value: float, grid: np.ndarray) -> Optional[str]:

@@ -7,7 +7,7 @@ rendered by Agg, without pyplot, so importing this never changes the caller's ba
 from __future__ import annotations
 
 import textwrap
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -111,6 +111,37 @@ def run_figure(
     evaluations, hence the wider one) lies underneath, hatched and outlined; the confidence band
     of the fit goes on top, more opaque and outlined too."""
     fig, ax = _figure()
+    _draw_points(ax, curve, spec)
+    xs = _curve_x(curve, fit, target)
+    at_end = extrap is not None and spec.fit_end is not None and extrap.split == spec.fit_end
+    if extrap is not None:
+        _draw_extrapolation(ax, extrap, xs, at_end=at_end)
+    _draw_fit(ax, fit, boot, xs)
+    if spec.fit_end is not None:
+        check = f": RMSE after it {extrap.rmse:.4f}" if at_end else ""  # type: ignore[union-attr]
+        ax.axvline(
+            spec.fit_end,
+            color="C3",
+            lw=1.2,
+            ls="--",
+            zorder=3,
+            label=f"fit end = {readable(spec.fit_end)}{check}",
+        )
+    if target:
+        _draw_target(ax, target, at_target)
+    log_x(ax)
+    ax.set_xlabel(axis_label(curve.x_key))
+    ax.set_ylabel(axis_label(curve.y_key))
+    seeds = f" ({len(curve.seeds)} seeds pooled)" if len(curve.seeds) > 1 else ""
+    failure = "" if fit.ok else "\n" + textwrap.fill(f"no fit: {fit.reason}", 95)
+    ax.set_title(f"{curve.name}{seeds}{failure}", fontsize=9 if failure else 10)
+    ax.grid(True, which="both", alpha=0.25)
+    ax.legend(fontsize=7, loc="lower right")
+    return fig
+
+
+def _draw_points(ax, curve: Curve, spec: FitSpec) -> None:
+    """The evaluations: filled inside the fit window, hollow outside it."""
     on = window_mask(curve, spec) & (curve.x > 0)
     off = ~on & (curve.x > 0)
     ax.scatter(
@@ -126,95 +157,78 @@ def run_figure(
             label="evaluations (outside fit window)",
             zorder=4,
         )
-    xs = _curve_x(curve, fit, target)
-    at_end = extrap is not None and spec.fit_end is not None and extrap.split == spec.fit_end
-    if extrap is not None:
-        e = extrap
-        if e.band is not None and np.isfinite(e.band.band_lo).all():
-            ax.fill_between(
-                e.band.band_x,
-                e.band.band_lo,
-                e.band.band_hi,
-                facecolor="none",
-                edgecolor="C1",
-                hatch="////",
-                lw=0.8,
-                alpha=0.6,
-                zorder=1,
-                label=f"{100 * e.band.level:.0f}% prediction band (new evaluations)",
-            )
-        if not at_end:  # a separate fit on part of the window: its own curve
-            ax.plot(
-                xs,
-                e.fit.predict(xs),
-                color="C1",
-                lw=1.6,
-                ls="--",
-                zorder=3,
-                label=f"fit on x <= {readable(e.split)}: RMSE on rest {e.rmse:.4f}",
-            )
-            ax.axvline(e.split, color="C1", lw=0.8, ls=":")
-    if fit.ok:
-        if boot is not None and np.isfinite(boot.band_lo).all():
-            ax.fill_between(
-                boot.band_x,
-                boot.band_lo,
-                boot.band_hi,
-                facecolor="C0",
-                edgecolor="C0",
-                alpha=0.3,
-                lw=0.8,
-                zorder=2,
-                label=f"{100 * boot.level:.0f}% confidence band (fit)",
-            )
-        ax.plot(
-            xs, fit.predict(xs), color="C0", lw=2, zorder=3, label=f"sigmoid fit: {fit_label(fit)}"
+
+
+def _draw_extrapolation(ax, e: Extrapolation, xs, *, at_end: bool) -> None:
+    """The extrapolation check's prediction band and, for a fit on part of the window, its
+    own curve and split."""
+    if e.band is not None and np.isfinite(e.band.band_lo).all():
+        ax.fill_between(
+            e.band.band_x,
+            e.band.band_lo,
+            e.band.band_hi,
+            facecolor="none",
+            edgecolor="C1",
+            hatch="////",
+            lw=0.8,
+            alpha=0.6,
+            zorder=1,
+            label=f"{100 * e.band.level:.0f}% prediction band (new evaluations)",
         )
-        ax.axhline(fit.A, color="C0", ls="--", lw=1, alpha=0.7, label=f"asymptote A = {fit.A:.3f}")
-        ax.axhline(fit.R0, color="0.4", ls=":", lw=1, label=f"R0 = {fit.R0:.3f} ({fit.r0_mode})")
-    if spec.fit_end is not None:
-        check = f": RMSE after it {extrap.rmse:.4f}" if at_end else ""  # type: ignore[union-attr]
-        ax.axvline(
-            spec.fit_end,
-            color="C3",
-            lw=1.2,
+    if not at_end:  # a separate fit on part of the window: its own curve
+        ax.plot(
+            xs,
+            e.fit.predict(xs),
+            color="C1",
+            lw=1.6,
             ls="--",
             zorder=3,
-            label=f"fit end = {readable(spec.fit_end)}{check}",
+            label=f"fit on x <= {readable(e.split)}: RMSE on rest {e.rmse:.4f}",
         )
-    if target:
-        ax.axvline(target, color="0.3", lw=0.8, ls="-.", label=f"target C = {readable(target)}")
-        if at_target is not None:
-            r, lo, hi = at_target
-            err = [[r - lo], [hi - r]] if np.isfinite(lo) and np.isfinite(hi) else None
-            ax.errorbar([target], [r], yerr=err, fmt="D", color="C3", ms=6, capsize=4, zorder=5)
-            text = f"R = {r:.3f}" + (f" [{lo:.3f}, {hi:.3f}]" if err is not None else "")
-            ax.annotate(
-                text,
-                (target, r),
-                xytext=(-10, 12),
-                textcoords="offset points",
-                ha="right",
-                fontsize=8,
-                color="C3",
-                zorder=5,
-                bbox={
-                    "boxstyle": "round,pad=0.2",
-                    "fc": "white",
-                    "ec": "C3",
-                    "lw": 0.6,
-                    "alpha": 0.9,
-                },
-            )
-    log_x(ax)
-    ax.set_xlabel(axis_label(curve.x_key))
-    ax.set_ylabel(axis_label(curve.y_key))
-    seeds = f" ({len(curve.seeds)} seeds pooled)" if len(curve.seeds) > 1 else ""
-    failure = "" if fit.ok else "\n" + textwrap.fill(f"no fit: {fit.reason}", 95)
-    ax.set_title(f"{curve.name}{seeds}{failure}", fontsize=9 if failure else 10)
-    ax.grid(True, which="both", alpha=0.25)
-    ax.legend(fontsize=7, loc="lower right")
-    return fig
+        ax.axvline(e.split, color="C1", lw=0.8, ls=":")
+
+
+def _draw_fit(ax, fit: FitResult, boot: Optional[Bootstrap], xs) -> None:
+    """The fit's confidence band, its curve, the asymptote A and R0."""
+    if not fit.ok:
+        return
+    if boot is not None and np.isfinite(boot.band_lo).all():
+        ax.fill_between(
+            boot.band_x,
+            boot.band_lo,
+            boot.band_hi,
+            facecolor="C0",
+            edgecolor="C0",
+            alpha=0.3,
+            lw=0.8,
+            zorder=2,
+            label=f"{100 * boot.level:.0f}% confidence band (fit)",
+        )
+    ax.plot(xs, fit.predict(xs), color="C0", lw=2, zorder=3, label=f"sigmoid fit: {fit_label(fit)}")
+    ax.axhline(fit.A, color="C0", ls="--", lw=1, alpha=0.7, label=f"asymptote A = {fit.A:.3f}")
+    ax.axhline(fit.R0, color="0.4", ls=":", lw=1, label=f"R0 = {fit.R0:.3f} ({fit.r0_mode})")
+
+
+def _draw_target(ax, target: float, at_target: Optional[tuple]) -> None:
+    """The target compute and, when given, the prediction there with its interval."""
+    ax.axvline(target, color="0.3", lw=0.8, ls="-.", label=f"target C = {readable(target)}")
+    if at_target is None:
+        return
+    r, lo, hi = at_target
+    err = [[r - lo], [hi - r]] if np.isfinite(lo) and np.isfinite(hi) else None
+    ax.errorbar([target], [r], yerr=err, fmt="D", color="C3", ms=6, capsize=4, zorder=5)
+    text = f"R = {r:.3f}" + (f" [{lo:.3f}, {hi:.3f}]" if err is not None else "")
+    ax.annotate(
+        text,
+        (target, r),
+        xytext=(-10, 12),
+        textcoords="offset points",
+        ha="right",
+        fontsize=8,
+        color="C3",
+        zorder=5,
+        bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "C3", "lw": 0.6, "alpha": 0.9},
+    )
 
 
 LINE_STYLES = ("-", "--", "-.", ":")
@@ -274,77 +288,16 @@ def compare_figure(
     ax, eff = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.25, 1]})
     handles, asymptotes = [], []
     for i, (curve, fit) in enumerate(zip(curves, fits)):
-        st = run_style(i)
-        pos = curve.x > 0
-        ax.scatter(
-            curve.x[pos],
-            curve.y[pos],
-            s=12,
-            color=st["color"],
-            marker=st["marker"],
-            alpha=0.45,
-            lw=0,
-        )
-        if not fit.ok:
-            handles.append(
-                ax.plot(
-                    [],
-                    [],
-                    color=st["color"],
-                    ls=st["ls"],
-                    marker=st["marker"],
-                    label=f"{curve.name}: {fit_label(fit)}",
-                )[0]
-            )
-            continue
-        xs = _curve_x(curve, fit, target)
-        handles.append(
-            ax.plot(
-                xs,
-                fit.predict(xs),
-                color=st["color"],
-                ls=st["ls"],
-                lw=1.8,
-                marker=st["marker"],
-                markevery=[len(xs) - 1],
-                label=f"{curve.name}: {fit_label(fit)}",
-            )[0]
-        )
-        ax.axhline(fit.A, color=st["color"], ls=st["ls"], lw=0.7, alpha=0.45)
-        asymptotes.append((fit.A, st["color"], curve.name))
-        if fit.A > fit.R0:
-            v = log_f(curve.y[pos], fit.A, fit.R0)
-            eff.scatter(
-                curve.x[pos], v, s=12, color=st["color"], marker=st["marker"], alpha=0.45, lw=0
-            )
-            eff.plot(
-                xs, log_f(fit.predict(xs), fit.A, fit.R0), color=st["color"], ls=st["ls"], lw=1.8
-            )
+        handles.append(_draw_compared_run(ax, eff, curve, fit, run_style(i), target))
+        if fit.ok:
+            asymptotes.append((fit.A, run_style(i)["color"], curve.name))
     log_x(ax)
     ax.set_xlabel(axis_label(curves[0].x_key))
     ax.set_ylabel(axis_label(curves[0].y_key))
     ax.set_title("scaling curves (thin lines: asymptotes A, labelled right)", fontsize=10)
     ax.grid(True, which="both", alpha=0.25)
     if asymptotes:
-        lo, hi = ax.get_ylim()
-        gap = 0.045 * (hi - lo)  # about 1.5 lines of 7-point text on this figure
-        ys = spread_labels(
-            [a for a, _, _ in asymptotes], gap=gap, bounds=(lo + gap / 2, hi - gap / 2)
-        )
-        for (A, color, name), y in zip(asymptotes, ys):
-            short = name if len(name) <= 20 else name[:19] + "…"
-            ax.annotate(
-                f"A={A:.3f} {short}",
-                xy=(1.0, A),
-                xycoords=("axes fraction", "data"),
-                xytext=(1.02, y),
-                textcoords=("axes fraction", "data"),
-                fontsize=7,
-                color=color,
-                va="center",
-                annotation_clip=False,
-                arrowprops={"arrowstyle": "-", "color": color, "lw": 0.6},
-            )
+        _label_asymptotes(ax, asymptotes)
     log_x(eff)
     eff.set_xlabel(axis_label(curves[0].x_key))
     eff.set_ylabel("ln((A - R) / (R - R0))")
@@ -362,6 +315,62 @@ def compare_figure(
     rows = -(-len(handles) // 3)
     fig.subplots_adjust(left=0.06, right=0.97, top=0.93, bottom=0.13 + 0.035 * rows, wspace=0.42)
     return fig
+
+
+def _draw_compared_run(ax, eff, curve: Curve, fit: FitResult, st: dict, target) -> Any:
+    """One run of `compare_figure`: its points and fit on `ax` (with its asymptote) and on the
+    efficiency panel `eff`; returns its legend handle."""
+    pos = curve.x > 0
+    ax.scatter(
+        curve.x[pos],
+        curve.y[pos],
+        s=12,
+        color=st["color"],
+        marker=st["marker"],
+        alpha=0.45,
+        lw=0,
+    )
+    label = f"{curve.name}: {fit_label(fit)}"
+    if not fit.ok:
+        return ax.plot([], [], color=st["color"], ls=st["ls"], marker=st["marker"], label=label)[0]
+    xs = _curve_x(curve, fit, target)
+    handle = ax.plot(
+        xs,
+        fit.predict(xs),
+        color=st["color"],
+        ls=st["ls"],
+        lw=1.8,
+        marker=st["marker"],
+        markevery=[len(xs) - 1],
+        label=label,
+    )[0]
+    ax.axhline(fit.A, color=st["color"], ls=st["ls"], lw=0.7, alpha=0.45)
+    if fit.A > fit.R0:
+        v = log_f(curve.y[pos], fit.A, fit.R0)
+        eff.scatter(curve.x[pos], v, s=12, color=st["color"], marker=st["marker"], alpha=0.45, lw=0)
+        eff.plot(xs, log_f(fit.predict(xs), fit.A, fit.R0), color=st["color"], ls=st["ls"], lw=1.8)
+    return handle
+
+
+def _label_asymptotes(ax, asymptotes: list) -> None:
+    """Label each (A, colour, run name) at the right edge of `ax`, the labels kept apart."""
+    lo, hi = ax.get_ylim()
+    gap = 0.045 * (hi - lo)  # about 1.5 lines of 7-point text on this figure
+    ys = spread_labels([a for a, _, _ in asymptotes], gap=gap, bounds=(lo + gap / 2, hi - gap / 2))
+    for (A, color, name), y in zip(asymptotes, ys):
+        short = name if len(name) <= 20 else name[:19] + "…"
+        ax.annotate(
+            f"A={A:.3f} {short}",
+            xy=(1.0, A),
+            xycoords=("axes fraction", "data"),
+            xytext=(1.02, y),
+            textcoords=("axes fraction", "data"),
+            fontsize=7,
+            color=color,
+            va="center",
+            annotation_clip=False,
+            arrowprops={"arrowstyle": "-", "color": color, "lw": 0.6},
+        )
 
 
 def plot_compare(

@@ -252,27 +252,7 @@ def format_table(analyses: Sequence[RunAnalysis]) -> str:
             "extrapolation",
         ]
     ]
-    for a in analyses:
-        f = a.fit
-        if not f.ok:
-            rows.append([a.curve.name, str(f.n_points), f"no fit: {f.reason}"])
-            continue
-        r, lo, hi = a.at_target()  # type: ignore[misc]  # a fit: never None
-        pred = f"{r:.3f}" + (f" [{lo:.3f}, {hi:.3f}]" if np.isfinite(lo) else "")
-        rows.append(
-            [
-                a.curve.name,
-                str(f.n_points),
-                _x_fitted(f),
-                _interval(f, a.boot, "A", ".3f"),
-                _interval(f, a.boot, "B", ".2f"),
-                _interval(f, a.boot, "C_mid", plot.readable),
-                f"{f.R0:.3f} ({f.r0_mode})",
-                f"{f.rmse:.4f}",
-                f"{pred} @ {plot.readable(a.target)}",
-                _extrap_text(a),
-            ]
-        )
+    rows += [_fit_row(a) for a in analyses]
     text = [_columns(rows)]
     methods = sorted({f"{a.boot.describe()}" for a in analyses if a.boot is not None})
     if methods:
@@ -283,6 +263,37 @@ def format_table(analyses: Sequence[RunAnalysis]) -> str:
             spread = seed_spread(a.per_seed)
             extra = "" if spread is None else f" (half-range {spread:.3f}; paper's margin 0.02)"
             text.append(f"{a.curve.name}: per-seed A = {', '.join(parts)}{extra}")
+    alt_rows = _alternative_rows(analyses)
+    if len(alt_rows) > 1:
+        text += ["", "alternative forms (same fit window):", _columns(alt_rows)]
+    for a in analyses:
+        text += [f"note: {n}" for n in a.notes]
+    return "\n".join(text)
+
+
+def _fit_row(a: RunAnalysis) -> list:
+    """A run's row of `format_table`: name, points, then its fit (or why there is none)."""
+    f = a.fit
+    if not f.ok:
+        return [a.curve.name, str(f.n_points), f"no fit: {f.reason}"]
+    r, lo, hi = a.at_target()  # type: ignore[misc]  # a fit: never None
+    pred = f"{r:.3f}" + (f" [{lo:.3f}, {hi:.3f}]" if np.isfinite(lo) else "")
+    return [
+        a.curve.name,
+        str(f.n_points),
+        _x_fitted(f),
+        _interval(f, a.boot, "A", ".3f"),
+        _interval(f, a.boot, "B", ".2f"),
+        _interval(f, a.boot, "C_mid", plot.readable),
+        f"{f.R0:.3f} ({f.r0_mode})",
+        f"{f.rmse:.4f}",
+        f"{pred} @ {plot.readable(a.target)}",
+        _extrap_text(a),
+    ]
+
+
+def _alternative_rows(analyses: Sequence[RunAnalysis]) -> list:
+    """The alternative forms' table (its header row first)."""
     alt_rows = [["run", "form", "parameters", "RMSE", "R at target C", "note"]]
     for a in analyses:
         for form, fit in a.alternatives.items():
@@ -304,11 +315,7 @@ def format_table(analyses: Sequence[RunAnalysis]) -> str:
                     getattr(fit, "note", ""),
                 ]
             )
-    if len(alt_rows) > 1:
-        text += ["", "alternative forms (same fit window):", _columns(alt_rows)]
-    for a in analyses:
-        text += [f"note: {n}" for n in a.notes]
-    return "\n".join(text)
+    return alt_rows
 
 
 def compare_all(analyses: Sequence[RunAnalysis], spec: FitSpec, margin: float) -> list:

@@ -151,6 +151,42 @@ def from_groups(
     Returns (batch, info) where info counts groups, kept/dropped groups, rows, loss tokens,
     forced tokens, sequence length and padding, plus the advantage metrics.
     """
+    _check_groups(groups, rewards, num_prompts, micro_batches, row_multiple, seq_bucket)
+    row_group = np.array([i for i, g in enumerate(groups) for _ in g.completions], np.int32)
+    flat_rewards = _shaped_rewards(groups, rewards, loss_cfg, correct)
+    if len(row_group):
+        adv, keep, adv_metrics = _host_advantages(flat_rewards, row_group, num_prompts, loss_cfg)
+    else:
+        adv, keep, adv_metrics = np.zeros(0, np.float32), np.zeros(0, bool), {}
+    kept = _kept_rows(groups, keep)
+    largest = max((len(g.completions) for g in groups), default=1)
+    if rows_per_micro is None:
+        rows_per_micro = -(-num_prompts * largest // micro_batches)
+    rows_per_micro = _round_up(rows_per_micro, row_multiple)
+    place = _place(groups, kept, micro_batches, rows_per_micro)
+    comp_of_row = [(g, c) for g in groups for c in g.completions]
+    seq_len = _seq_len(comp_of_row, place, seq_bucket, max_seq_len)
+    batch, forced_tokens = _fill(
+        comp_of_row, place, adv, (micro_batches, rows_per_micro, seq_len), pad_id, num_prompts
+    )
+    check_layout(batch)
+    real = int(batch.segment_ids.sum())
+    info = {
+        "groups": len(groups),
+        "kept_groups": len(kept),
+        "dropped_groups": len(groups) - len(kept),
+        "rows": len(place),
+        "loss_tokens": int(batch.loss_mask.sum()),
+        "forced_tokens": forced_tokens,
+        "seq_tokens": real,
+        "seq_len": seq_len,
+        "padding_frac": 1.0 - real / float(np.prod(batch.tokens.shape)),
+        **adv_metrics,
+    }
+    return batch, info
+
+
+def _check_groups(groups, rewards, num_prompts, micro_batches, row_multiple, seq_bucket):
     if len(rewards) != len(groups):
         raise ValueError(f"from_groups: {len(groups)} groups but {len(rewards)} reward lists")
     if len(groups) > num_prompts:
@@ -172,30 +208,24 @@ def from_groups(
             f"{row_multiple}, seq_bucket={seq_bucket} must all be > 0"
         )
 
-    row_group = np.array([i for i, g in enumerate(groups) for _ in g.completions], np.int32)
-    flat_rewards = _shaped_rewards(groups, rewards, loss_cfg, correct)
-    if len(row_group):
-        adv, keep, adv_metrics = _host_advantages(flat_rewards, row_group, num_prompts, loss_cfg)
-    else:
-        adv, keep, adv_metrics = np.zeros(0, np.float32), np.zeros(0, bool), {}
 
-    # Kept groups, in order, with dense prompt indices; their kept rows (global row numbers).
-    kept = []  # (group index, [global row ids])
+def _kept_rows(groups, keep) -> list:
+    """Kept groups, in order, as (group index, [global row ids of its kept rows])."""
+    kept = []
     start = 0
     for i, g in enumerate(groups):
         rows = [start + j for j in range(len(g.completions)) if keep[start + j]]
         if rows:
             kept.append((i, rows))
         start += len(g.completions)
+    return kept
 
-    largest = max((len(g.completions) for g in groups), default=1)
-    if rows_per_micro is None:
-        rows_per_micro = -(-num_prompts * largest // micro_batches)
-    rows_per_micro = _round_up(rows_per_micro, row_multiple)
 
-    # Whole prompts per micro-batch, each to the emptiest one (balances rows, hence compute).
+def _place(groups, kept, micro_batches: int, rows_per_micro: int) -> list:
+    """Whole prompts per micro-batch, each to the emptiest one (balances rows, hence compute):
+    (micro, row slot, group index, global row, dense prompt index) per kept row."""
     fill = [0] * micro_batches
-    place = []  # (micro, row slot, group index, global row, dense prompt index)
+    place = []
     for dense, (i, rows) in enumerate(kept):
         m = min(range(micro_batches), key=lambda k: (fill[k], k))
         if fill[m] + len(rows) > rows_per_micro:
@@ -207,8 +237,11 @@ def from_groups(
         for r in rows:
             place.append((m, fill[m], i, r, dense))
             fill[m] += 1
+    return place
 
-    comp_of_row = [(g, c) for g in groups for c in g.completions]
+
+def _seq_len(comp_of_row, place, seq_bucket: int, max_seq_len: Optional[int]) -> int:
+    """The longest placed sequence rounded up to `seq_bucket` (at most `max_seq_len`)."""
     longest = max(
         (
             len(comp_of_row[r][0].prompt_tokens) + len(comp_of_row[r][1].tokens) - 1
@@ -223,8 +256,11 @@ def from_groups(
                 f"from_groups: a sequence needs {longest} positions, max_seq_len={max_seq_len}"
             )
         seq_len = min(seq_len, max_seq_len)
+    return seq_len
 
-    shape = (micro_batches, rows_per_micro, seq_len)
+
+def _fill(comp_of_row, place, adv, shape, pad_id: int, num_prompts: int):
+    """The padded batch of the placed rows, and its number of forced tokens."""
     tokens = np.full(shape, pad_id, np.int32)
     targets = np.full(shape, pad_id, np.int32)
     positions = np.zeros(shape, np.int32)
@@ -251,7 +287,6 @@ def from_groups(
         advantages[m, slot] = adv[r]
         prompt_index[m, slot] = dense
         forced_tokens += int(forced.sum())
-
     batch = TrainBatch(
         tokens=tokens,
         targets=targets,
@@ -263,18 +298,4 @@ def from_groups(
         prompt_index=prompt_index,
         num_prompts=num_prompts,
     )
-    check_layout(batch)
-    real = int(segment_ids.sum())
-    info = {
-        "groups": len(groups),
-        "kept_groups": len(kept),
-        "dropped_groups": len(groups) - len(kept),
-        "rows": len(place),
-        "loss_tokens": int(loss_mask.sum()),
-        "forced_tokens": forced_tokens,
-        "seq_tokens": real,
-        "seq_len": seq_len,
-        "padding_frac": 1.0 - real / float(np.prod(shape)),
-        **adv_metrics,
-    }
-    return batch, info
+    return batch, forced_tokens

@@ -186,6 +186,12 @@ def evaluate(
     shared = allgather_objects(local)
     if any(part is None for part in shared):
         return None
+    return _figures(shared, k, seconds=time.monotonic() - start)
+
+
+def _figures(shared: list, k: int, *, seconds: float) -> dict:
+    """The evaluation record's fields from every process's (per-prompt pass rates, domains,
+    tokens, truncated, interrupted)."""
     per_prompt = np.concatenate([part[0] for part in shared])
     domains = np.array([d for part in shared for d in part[1]], dtype=object)
     tokens, truncated, interrupted = (sum(part[i] for part in shared) for i in (2, 3, 4))
@@ -196,7 +202,7 @@ def evaluate(
         "pass_rate_se": se,
         "k": k,
         "num_prompts": int(per_prompt.size),
-        "eval_seconds": time.monotonic() - start,
+        "eval_seconds": seconds,
         "eval_tokens": tokens,
         "eval_truncation_rate": truncated / samples,
         "eval_interruption_rate": interrupted / samples,

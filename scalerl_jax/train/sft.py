@@ -30,7 +30,7 @@ import os
 import random
 import shutil
 import time
-from typing import Any, Callable, Iterable, NamedTuple, Optional
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -258,18 +258,47 @@ def run_sft(
     if is_done(out_dir):
         log.info("SFT warm-up: reusing %s", out_dir)
         return model_dir(out_dir)
-    demos, counts = load_demonstrations(sft, data, exclude)
-    ex = tokenize(demos, tokenizer, data, sft.max_length)
-    counts["too_long"] = ex.skipped
-    log.info(
-        "SFT warm-up: %d demonstrations (%d RL validation prompts removed, %d too long), "
-        "%d steps of %d packed rows",
-        len(ex.rows),
-        counts["excluded"],
-        ex.skipped,
-        sft.steps,
-        sft.batch_size,
+    ex, counts = _examples(sft, data, tokenizer, exclude)
+    model_cfg, state, step_fn = _start(
+        sft, model_cfg, mesh, seed=seed, hf_checkpoint=hf_checkpoint, logprob_chunk=logprob_chunk
     )
+    writer_proc = jax.process_index() == 0
+    partial = out_dir.rstrip("/") + ".partial"
+    if writer_proc:
+        shutil.rmtree(partial, ignore_errors=True)
+    writer = MetricsWriter(partial) if writer_proc else None
+    t0 = time.monotonic()
+    try:
+        state, first, last = _steps(
+            step_fn,
+            state,
+            _batches(ex, sft, tokenizer.pad_id, seed),
+            sft,
+            t0=t0,
+            writer=writer,
+            on_step=on_step,
+            on_trained=on_trained,
+        )
+        extra = {"eos_token_id": int(tokenizer.eos_id)}
+        export_hf(state.params, model_cfg, model_dir(partial), extra_config=extra)
+    finally:
+        if writer is not None:
+            writer.close()
+    if writer_proc:
+        summary = {
+            "steps": sft.steps,
+            "first_loss": first,
+            "final_loss": last,
+            "seconds": time.monotonic() - t0,
+            **counts,
+        }
+        _publish(partial, out_dir, hf_checkpoint, summary)
+    barrier("sft_written")  # the other processes load what process 0 just renamed into place
+    return model_dir(out_dir)
+
+
+def _start(sft: SFTConfig, model_cfg, mesh, *, seed, hf_checkpoint, logprob_chunk):
+    """The warm-up's initial state and its jitted step: (model config, state, step)."""
     model_cfg, graphdef, state = create_train_state(
         model_cfg, sft.optim, mesh, seed=seed, hf_checkpoint=hf_checkpoint
     )
@@ -284,75 +313,94 @@ def run_sft(
         optim_cfg=sft.optim,
         logprob_chunk=logprob_chunk,
     )
-    writer_proc = jax.process_index() == 0
-    partial = out_dir.rstrip("/") + ".partial"
-    if writer_proc:
-        shutil.rmtree(partial, ignore_errors=True)
-    writer = MetricsWriter(partial) if writer_proc else None
+    return model_cfg, state, step_fn
+
+
+def _steps(step_fn, state, batches, sft: SFTConfig, *, t0: float, writer, on_step, on_trained):
+    """Train on `batches`, logging every `sft.log_every` steps; (state, first and last logged
+    loss)."""
+    first = last = None
+    tokens_done = 0.0
+    for step, batch in enumerate(batches, start=1):
+        tokens_done += float(batch["loss_mask"].sum())
+        state, metrics = step_fn(state, batch)
+        if on_trained is not None:
+            on_trained(step)
+        if step % sft.log_every == 0 or step in (1, sft.steps):
+            metrics = _logged(metrics, sft, step, tokens_done / max(time.monotonic() - t0, 1e-9))
+            first = metrics["loss"] if first is None else first
+            last = metrics["loss"]
+            if writer is not None:
+                writer.write("sft", step, **metrics)
+            if on_step is not None:
+                on_step(step, metrics)
+    return state, first, last
+
+
+def _examples(sft: SFTConfig, data: DataConfig, tokenizer, exclude: Iterable[Prompt]):
+    """The tokenized demonstrations and their counts (excluded prompts, too long ones)."""
+    demos, counts = load_demonstrations(sft, data, exclude)
+    ex = tokenize(demos, tokenizer, data, sft.max_length)
+    counts["too_long"] = ex.skipped
+    log.info(
+        "SFT warm-up: %d demonstrations (%d RL validation prompts removed, %d too long), "
+        "%d steps of %d packed rows",
+        len(ex.rows),
+        counts["excluded"],
+        ex.skipped,
+        sft.steps,
+        sft.batch_size,
+    )
+    return ex, counts
+
+
+def _logged(metrics, sft: SFTConfig, step: int, tokens_per_s: float) -> dict:
+    """A logged step's metrics as floats; FloatingPointError on a non-finite loss."""
+    metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+    metrics["tokens_per_s"] = tokens_per_s
+    if not np.isfinite(metrics["loss"]):
+        raise FloatingPointError(
+            f"SFT loss is {metrics['loss']} at step {step}: lower "
+            f"SFTConfig.optim.learning_rate="
+            f"{sft.optim.learning_rate}"
+        )
+    return metrics
+
+
+def _batches(ex, sft: SFTConfig, pad_id: int, seed: int) -> Iterator[dict]:
+    """`sft.steps` batches of `sft.batch_size` packed rows; each epoch is shuffled and packed
+    anew, and its last partial batch dropped."""
     rng = random.Random(f"sft:{seed}")
     length = -(-sft.max_length // 16) * 16
     packed: dict = {}
     cursor = 0
-    first = last = None
-    t0, tokens_done = time.monotonic(), 0.0
-    try:
-        for step in range(1, sft.steps + 1):
-            if not packed or cursor + sft.batch_size > len(packed["tokens"]):
-                # A new epoch, shuffled and packed; its last partial batch is dropped.
-                epoch = list(range(len(ex.rows)))
-                rng.shuffle(epoch)
-                packed, cursor = pack(ex, epoch, length, tokenizer.pad_id), 0
-                if len(packed["tokens"]) < sft.batch_size:
-                    raise DataError(
-                        f"SFT demonstrations fill {len(packed['tokens'])} rows of "
-                        f"{length} tokens, fewer than SFTConfig.batch_size="
-                        f"{sft.batch_size}"
-                    )
-            batch = {k: v[cursor : cursor + sft.batch_size] for k, v in packed.items()}
-            cursor += sft.batch_size
-            tokens_done += float(batch["loss_mask"].sum())
-            state, metrics = step_fn(state, batch)
-            if on_trained is not None:
-                on_trained(step)
-            if step % sft.log_every == 0 or step in (1, sft.steps):
-                metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
-                metrics["tokens_per_s"] = tokens_done / max(time.monotonic() - t0, 1e-9)
-                first = metrics["loss"] if first is None else first
-                last = metrics["loss"]
-                if not np.isfinite(last):
-                    raise FloatingPointError(
-                        f"SFT loss is {last} at step {step}: lower "
-                        f"SFTConfig.optim.learning_rate="
-                        f"{sft.optim.learning_rate}"
-                    )
-                if writer is not None:
-                    writer.write("sft", step, **metrics)
-                if on_step is not None:
-                    on_step(step, metrics)
-        extra = {"eos_token_id": int(tokenizer.eos_id)}
-        export_hf(state.params, model_cfg, model_dir(partial), extra_config=extra)
-    finally:
-        if writer is not None:
-            writer.close()
-    if writer_proc:
-        copy_tokenizer_files(hf_checkpoint, model_dir(partial))
-        summary = {
-            "steps": sft.steps,
-            "first_loss": first,
-            "final_loss": last,
-            "seconds": time.monotonic() - t0,
-            **counts,
-        }
-        with open(os.path.join(partial, "summary.json"), "w") as f:
-            json.dump(summary, f, indent=2)
-        shutil.rmtree(out_dir, ignore_errors=True)
-        os.replace(partial, out_dir)
-        log.info(
-            "SFT warm-up: loss %.3f -> %.3f in %.0f s, wrote %s",
-            first,
-            last,
-            summary["seconds"],
-            out_dir,
-        )
-    barrier("sft_written")  # the other processes load what process 0 just renamed into place
-    return model_dir(out_dir)
+    for _ in range(sft.steps):
+        if not packed or cursor + sft.batch_size > len(packed["tokens"]):
+            epoch = list(range(len(ex.rows)))
+            rng.shuffle(epoch)
+            packed, cursor = pack(ex, epoch, length, pad_id), 0
+            if len(packed["tokens"]) < sft.batch_size:
+                raise DataError(
+                    f"SFT demonstrations fill {len(packed['tokens'])} rows of "
+                    f"{length} tokens, fewer than SFTConfig.batch_size="
+                    f"{sft.batch_size}"
+                )
+        yield {k: v[cursor : cursor + sft.batch_size] for k, v in packed.items()}
+        cursor += sft.batch_size
+
+
+def _publish(partial: str, out_dir: str, hf_checkpoint: Optional[str], summary: dict) -> None:
+    """Complete the warm-up written in `partial` (tokenizer files, summary.json) and rename it
+    into place as `out_dir`."""
+    copy_tokenizer_files(hf_checkpoint, model_dir(partial))
+    with open(os.path.join(partial, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    os.replace(partial, out_dir)
+    log.info(
+        "SFT warm-up: loss %.3f -> %.3f in %.0f s, wrote %s",
+        summary["first_loss"],
+        summary["final_loss"],
+        summary["seconds"],
+        out_dir,
+    )

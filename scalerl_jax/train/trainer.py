@@ -33,13 +33,11 @@ import dataclasses
 import logging
 import threading
 import time
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, NamedTuple, Optional
 
 import jax
 import numpy as np
 
-from scalerl_jax import checkpoint as ckpt_lib
-from scalerl_jax import mesh as mesh_lib
 from scalerl_jax import metrics as metrics_lib
 from scalerl_jax import rundir
 from scalerl_jax.config import ConfigError, RunConfig, field_defaults
@@ -47,10 +45,7 @@ from scalerl_jax.models.transformer import matmul_params
 from scalerl_jax.multihost import allgather_objects
 from scalerl_jax.heartbeat import phase
 from scalerl_jax.progress import Progress
-from scalerl_jax.rewards import RewardPool
 from scalerl_jax.rl.curriculum import NoPositiveResampling
-from scalerl_jax.scaling.forecast import Forecaster
-from scalerl_jax.tracking import Tracker
 from scalerl_jax.train import batch as batch_lib
 from scalerl_jax.train import stages
 from scalerl_jax.train import startup
@@ -105,103 +100,36 @@ def run(
     with contextlib.ExitStack() as cleanup:
         if jax.process_index() == 0:
             cleanup.callback(rundir.lock_workdir(cfg.workdir).release)
-        return _run(cfg, tokenizer, cleanup, allow_config_change, wandb_project, fit)
+        return _run(
+            cfg,
+            tokenizer=tokenizer,
+            cleanup=cleanup,
+            allow_config_change=allow_config_change,
+            wandb_project=wandb_project,
+            fit=fit,
+        )
 
 
 def _run(
     cfg: RunConfig,
+    *,
     tokenizer,
     cleanup: contextlib.ExitStack,
-    allow_config_change,
-    wandb_project,
-    fit,
+    allow_config_change: bool,
+    wandb_project: Optional[str],
+    fit: bool,
 ) -> RunResult:
-    main = jax.process_index() == 0
-    if main:
+    if jax.process_index() == 0:
         rundir.check_config(
             cfg.workdir, cfg.to_dict(), allow_change=allow_config_change, defaults=field_defaults()
         )
-    starting = phase(
-        "start-up: data, reward workers, initial policy, sampler", announce=True
-    ).begin()
-    cleanup.callback(starting.end)
-
-    # Meshes: trainer devices of all hosts, this host's sampler devices.
-    split = mesh_lib.split_devices(cfg.mesh)
-    trainer_mesh = mesh_lib.trainer_mesh(cfg.mesh, split.trainer)
-    sampler_mesh = mesh_lib.sampler_mesh(cfg.mesh, split.sampler)
-    schedule = Schedule.from_config(cfg.pipeline, jax.process_count(), jax.process_index())
-
-    curriculum = NoPositiveResampling(threshold=cfg.pipeline.retire_pass_rate)
-    retire = cfg.pipeline.no_positive_resampling
-    # `skip` looks `curriculum` up at call time: it sees the one restored below.
-    verifiers, source, validation, pool = startup.open_data(
-        cfg, tokenizer, cleanup, skip=lambda pid: curriculum.is_retired(pid) if retire else False
-    )
-    first_step_done = threading.Event()  # before this invocation's first step, nothing is unsaved
-    policy = startup.open_policy(
-        cfg, tokenizer, cleanup, trainer_mesh, source, first_step_done, wandb_project
-    )
-    state, meta, model_cfg = policy.state, policy.meta, policy.model_cfg
-    start = int(state.step)
-    if "curriculum" in meta:
-        curriculum = NoPositiveResampling.from_dict(meta["curriculum"])
-    meter = metrics_lib.ComputeMeter(
-        matmul_params(model_cfg), model_cfg.num_layers, model_cfg.num_heads * model_cfg.dim_per_head
-    )
-    if "compute" in meta:
-        meter.load_state_dict(meta["compute"])
-    writer, forecaster, missing = startup.open_metrics(
-        cfg, cleanup, policy.tracker, start, resumed=policy.restored
-    )
-    sampling, sampler_params = startup.open_sampler(
-        cfg,
-        tokenizer,
-        cleanup,
-        model_cfg,
-        sampler_mesh,
-        trainer_mesh,
-        schedule,
-        source,
-        state,
-        meta,
-    )
-    starting.end()
-    bar = cleanup.enter_context(
-        Progress(
-            "rl",
-            cfg.steps,
-            initial=start,
-            tokens_key="batch_seq_tokens",
-            enabled=None if main else False,
-        )
-    )
-    ctx = _Run(
-        cfg,
-        tokenizer,
-        split,
-        trainer_mesh,
-        curriculum,
-        verifiers,
-        validation,
-        pool,
-        policy.checkpoints,
-        policy.tracker,
-        writer,
-        forecaster,
-        meter,
-        model_cfg,
-        policy.train_step,
-        sampling,
-        bar,
-        first_step_done,
-    )
-
-    if missing:
-        _evaluate(ctx, start, sampler_params)
+    ctx = _start(cfg, tokenizer=tokenizer, cleanup=cleanup, wandb_project=wandb_project)
+    state, start = ctx.policy.state, ctx.policy.start
+    if startup.eval_missing(cfg, start):
+        _evaluate(ctx, start, ctx.sampling.params)
     last, stopped_by = {}, None
-    if ctx.checkpoints.preempted:  # a stop signal in start-up or the first evaluation (collective)
-        stopped_by = ctx.checkpoints.stop_signal
+    if ctx.policy.checkpoints.preempted:  # a stop signal in start-up or the first evaluation
+        stopped_by = ctx.policy.checkpoints.stop_signal
         log.warning(
             "%s: stopped before training step %d; nothing was trained, so nothing to "
             "save (re-run the same command to resume)",
@@ -209,42 +137,117 @@ def _run(
             start + 1,
         )
     else:
-        state, last, stopped_by = _train(ctx, state, sampler_params)
-    return _finish(ctx, state, last, stopped_by, fit)
+        state, last, stopped_by = _train(ctx, state)
+    return _finish(ctx, state, last, stopped_by, fit=fit)
+
+
+def _start(
+    cfg: RunConfig,
+    *,
+    tokenizer,
+    cleanup: contextlib.ExitStack,
+    wandb_project: Optional[str],
+) -> _Run:
+    """Open what the run uses, in order: meshes, data, policy, metrics, sampler, progress bar."""
+    starting = phase(
+        "start-up: data, reward workers, initial policy, sampler", announce=True
+    ).begin()
+    cleanup.callback(starting.end)
+    meshes = startup.Meshes.for_run(cfg)
+    curriculum = NoPositiveResampling(threshold=cfg.pipeline.retire_pass_rate)
+    retire = cfg.pipeline.no_positive_resampling
+    # `skip` looks `curriculum` up at call time: it sees the one restored below.
+    data = startup.open_data(
+        cfg,
+        tokenizer=tokenizer,
+        cleanup=cleanup,
+        skip=lambda pid: curriculum.is_retired(pid) if retire else False,
+    )
+    first_step_done = threading.Event()  # before this invocation's first step, nothing is unsaved
+    policy = startup.open_policy(
+        cfg,
+        tokenizer=tokenizer,
+        cleanup=cleanup,
+        mesh=meshes.trainer,
+        data=data,
+        first_step_done=first_step_done,
+        wandb_project=wandb_project,
+    )
+    if "curriculum" in policy.meta:
+        curriculum = NoPositiveResampling.from_dict(policy.meta["curriculum"])
+    metrics = startup.open_metrics(cfg, cleanup=cleanup, policy=policy)
+    schedule = Schedule.from_config(cfg.pipeline, jax.process_count(), jax.process_index())
+    sampling = startup.open_sampler(
+        cfg,
+        tokenizer=tokenizer,
+        cleanup=cleanup,
+        meshes=meshes,
+        schedule=schedule,
+        data=data,
+        policy=policy,
+    )
+    starting.end()
+    return _Run(
+        cfg=cfg,
+        tokenizer=tokenizer,
+        meshes=meshes,
+        data=data,
+        curriculum=curriculum,
+        policy=policy,
+        metrics=metrics,
+        meter=_compute_meter(policy),
+        sampling=sampling,
+        bar=cleanup.enter_context(_progress_bar(cfg, policy.start)),
+        first_step_done=first_step_done,
+    )
+
+
+def _progress_bar(cfg: RunConfig, start: int) -> Progress:
+    return Progress(
+        "rl",
+        cfg.steps,
+        initial=start,
+        tokens_key="batch_seq_tokens",
+        enabled=None if jax.process_index() == 0 else False,
+    )
+
+
+def _compute_meter(policy: startup.Policy) -> metrics_lib.ComputeMeter:
+    """The run's compute meter, restored from the checkpoint when it has one."""
+    model_cfg = policy.model_cfg
+    meter = metrics_lib.ComputeMeter(
+        matmul_params(model_cfg), model_cfg.num_layers, model_cfg.num_heads * model_cfg.dim_per_head
+    )
+    if "compute" in policy.meta:
+        meter.load_state_dict(policy.meta["compute"])
+    return meter
 
 
 @dataclasses.dataclass(frozen=True)
 class _Run:
-    """What the loop, the evaluations and the end of a run use, opened by `_run`'s start-up
-    and closed by its ExitStack."""
+    """What the loop, the evaluations and the end of a run use, opened by `_start` and closed
+    by the run's ExitStack."""
 
     cfg: RunConfig
     tokenizer: Any
-    split: Any  # mesh.split_devices: trainer and sampler devices, colocated or not
-    trainer_mesh: Any
+    meshes: startup.Meshes
+    data: startup.Data
     curriculum: NoPositiveResampling
-    verifiers: dict
-    validation: list  # all hosts' validation prompts; each evaluates its share
-    pool: RewardPool
-    checkpoints: ckpt_lib.Checkpointer
-    tracker: Tracker
-    writer: Optional[metrics_lib.MetricsWriter]  # None except on process 0
-    forecaster: Forecaster
+    policy: startup.Policy  # its `state` is the start's; the loop carries the state on
+    metrics: startup.Metrics
     meter: metrics_lib.ComputeMeter
-    model_cfg: Any
-    train_step: Callable
     sampling: startup.Sampling
     bar: Progress
     first_step_done: threading.Event
 
     def record(self, event: str, step: int, **fields) -> dict:
-        return startup.record(self.writer, self.tracker, event, step, **fields)
+        return self.metrics.record(event, step, **fields)
 
 
-def _train(ctx: _Run, state, sampler_params):
+def _train(ctx: _Run, state):
     """The RL loop until `cfg.steps` or a stop signal: (state, the last train record, the
     signal's name or None)."""
-    cfg, checkpoints, driver = ctx.cfg, ctx.checkpoints, ctx.sampling.driver
+    cfg, checkpoints, driver = ctx.cfg, ctx.policy.checkpoints, ctx.sampling.driver
     last, stopped_by, skipped_in_a_row, tokens_seen = {}, None, 0, 0
     while stopped_by is None and int(state.step) < cfg.steps:
         t0 = time.monotonic()
@@ -254,23 +257,23 @@ def _train(ctx: _Run, state, sampler_params):
             + ("" if ctx.first_step_done.is_set() else " (the first step compiles the train step)"),
             detail=lambda: f"{driver.stats['completions']} completions sampled so far",
         ).begin()
-        data, batch, info, roll, tokens_seen = _collect(ctx, step, version, tokens_seen)
+        got = _collect(ctx, step, version, tokens_seen=tokens_seen)
+        tokens_seen = got.tokens_seen
         t1 = time.monotonic()
-        state, step_metrics = ctx.train_step(state, batch)
+        state, step_metrics = ctx.policy.train_step(state, got.batch)
         step_metrics = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
         t_train = time.monotonic() - t1
         ctx.first_step_done.set()
         pushed = ctx.sampling.rollouts.publish(lambda: ctx.sampling.sync(state.params), step)
-        sampler_params = pushed if pushed is not None else sampler_params
         last = _record_train(
-            ctx, step, data, info, roll, step_metrics, t_train, step_wall=time.monotonic() - t0
+            ctx, step, got, step_metrics, t_train=t_train, step_wall=time.monotonic() - t0
         )
         ctx.bar.update(step, last)
-        _write_forecasts(ctx, ctx.forecaster.poll())
+        _write_forecasts(ctx, ctx.metrics.forecaster.poll())
         skipped_in_a_row = skipped_in_a_row + 1 if step_metrics["skipped"] else 0
         _check_not_diverged(skipped_in_a_row, cfg, step, step_metrics)
         if step % cfg.eval.every_steps == 0 or step == cfg.steps:
-            params = sampler_params if pushed is not None else ctx.sampling.sync(state.params)
+            params = pushed if pushed is not None else ctx.sampling.sync(state.params)
             _evaluate(ctx, step, params)
         with phase(f"checkpoint of step {step}"):
             checkpoints.maybe_save(step, state, lambda: _meta(ctx, state))
@@ -285,12 +288,24 @@ def _train(ctx: _Run, state, sampler_params):
     return state, last, stopped_by
 
 
-def _collect(ctx: _Run, step: int, version: int, tokens_seen: int):
-    """The groups of `step`, scored and shared by all hosts, as the global batch: (shared
-    groups, batch, batch info, rollout figures, tokens sampled so far)."""
+@dataclasses.dataclass(frozen=True)
+class _Collected:
+    """A step's data: every host's scored groups and the global batch made of them."""
+
+    shared: _Shared
+    batch: Any
+    info: dict  # batch_lib.from_groups's figures
+    rollout: dict  # Rollouts.take's figures
+    tokens_seen: int  # tokens this host's sampler generated so far
+
+
+def _collect(ctx: _Run, step: int, version: int, *, tokens_seen: int) -> _Collected:
+    """The groups of `step`, scored and shared by all hosts, as the global batch."""
     cfg, driver = ctx.cfg, ctx.sampling.driver
     local, roll = ctx.sampling.rollouts.take(step, version)
-    scored = score_groups(local, tokenizer=ctx.tokenizer, verifier=ctx.verifiers, pool=ctx.pool)
+    scored = score_groups(
+        local, tokenizer=ctx.tokenizer, verifier=ctx.data.verifiers, pool=ctx.data.pool
+    )
     sampled, tokens_seen = int(driver.stats["tokens"]) - tokens_seen, int(driver.stats["tokens"])
     data = _share(local, scored, sampled, cfg.pipeline.generations_per_prompt)
     if cfg.pipeline.no_positive_resampling:
@@ -301,26 +316,26 @@ def _collect(ctx: _Run, step: int, version: int, tokens_seen: int):
         loss_cfg=cfg.loss,
         num_prompts=cfg.pipeline.prompts_per_step,
         micro_batches=cfg.optim.micro_batches,
-        row_multiple=batch_shards(ctx.trainer_mesh),
+        row_multiple=batch_shards(ctx.meshes.trainer),
         seq_bucket=cfg.pipeline.seq_bucket,
         correct=data.correct,
         pad_id=ctx.tokenizer.pad_id,
     )
-    return data, batch, info, roll, tokens_seen
+    return _Collected(shared=data, batch=batch, info=info, rollout=roll, tokens_seen=tokens_seen)
 
 
 def _record_train(
     ctx: _Run,
     step: int,
-    data: _Shared,
-    info: dict,
-    roll: dict,
+    got: _Collected,
     step_metrics: dict,
+    *,
     t_train: float,
     step_wall: float,
 ) -> dict:
     """Charge the step's compute to the meter and write its train record."""
-    groups, correct, rewards, split = data.groups, data.correct, data.rewards, ctx.split
+    data, info, roll = got.shared, got.info, got.rollout
+    groups, correct, rewards, split = data.groups, data.correct, data.rewards, ctx.meshes.split
     # Compute: colocated devices are charged to whichever side used them.
     completions = [c for g in groups for c in g.completions]
     mean_len = float(np.mean([len(c.tokens) for c in completions]))
@@ -363,17 +378,17 @@ def _record_train(
 def _evaluate(ctx: _Run, step: int, params) -> None:
     """Evaluate `params` as `step` and write its record, unless a stop signal cuts the
     evaluation short."""
-    cfg, checkpoints, sampling = ctx.cfg, ctx.checkpoints, ctx.sampling
+    cfg, checkpoints, sampling = ctx.cfg, ctx.policy.checkpoints, ctx.sampling
     hosts, host = jax.process_count(), jax.process_index()
     with phase(f"evaluation of step {step}"):
         result = evaluate(
             sampling.engine,
             params,
-            ctx.validation[host::hosts],
+            ctx.data.validation[host::hosts],
             tokenizer=ctx.tokenizer,
             k=cfg.eval.k,
-            verifier=ctx.verifiers,
-            pool=ctx.pool,
+            verifier=ctx.data.verifiers,
+            pool=ctx.data.pool,
             driver_kwargs=sampling.driver_kwargs,
             version=step,
             seed=sampling.seed,
@@ -389,7 +404,7 @@ def _evaluate(ctx: _Run, step: int, params) -> None:
             )
             return
         rec = ctx.record("eval", step, compute=ctx.meter.compute(), **result)
-        ctx.forecaster.submit(rec)
+        ctx.metrics.forecaster.submit(rec)
     domains = "".join(f", {d} {r:.3f}" for d, r in result.get("per_domain", {}).items())
     log.info(
         "eval step %d: pass rate %.3f%s (%d prompts x %d)",
@@ -417,18 +432,20 @@ def _meta(ctx: _Run, state) -> dict:
     }
 
 
-def _finish(ctx: _Run, state, last: dict, stopped_by: Optional[str], fit: bool) -> RunResult:
+def _finish(ctx: _Run, state, last: dict, stopped_by: Optional[str], *, fit: bool) -> RunResult:
     """A finished run's export and final save; then, however the run ended, the last
     forecasts, the sampler's stop, the pending checkpoint writes, and the fit."""
-    cfg, checkpoints = ctx.cfg, ctx.checkpoints
+    cfg, checkpoints = ctx.cfg, ctx.policy.checkpoints
     main = jax.process_index() == 0
     model_dir = None
     if stopped_by is None:  # finished: the policy for transformers, then the last checkpoint
         # Export first: a run that a re-run finds complete then always has its model/.
-        model_dir = stages.export(state.params, ctx.model_cfg, ctx.tokenizer, cfg)
+        model_dir = stages.export(state.params, ctx.policy.model_cfg, ctx.tokenizer, cfg)
         with phase(f"saving step {int(state.step)}"):
             checkpoints.save(int(state.step), state, lambda: _meta(ctx, state))
-    _write_forecasts(ctx, ctx.forecaster.finish(timeout=None if stopped_by is None else 0.0))
+    _write_forecasts(
+        ctx, ctx.metrics.forecaster.finish(timeout=None if stopped_by is None else 0.0)
+    )
     ctx.bar.close()
     ctx.sampling.rollouts.stop()
     with phase("waiting for checkpoint writes"):

@@ -67,18 +67,8 @@ def _llama4_text_config(hf: dict, arch: str) -> dict:
     return text
 
 
-def _llama4_fields(hf: dict) -> dict:
-    """ModelConfig fields of a Llama4TextConfig dict. Absent keys take that class's defaults."""
-    for key, ok in (
-        ("hidden_act", "silu"),
-        ("attention_bias", False),
-        ("router_jitter_noise", 0.0),
-    ):
-        if hf.get(key, ok) != ok:
-            raise HFError(
-                f"Llama-4 config.json {key}={hf[key]!r} is not supported (expected {ok!r})"
-            )
-    layers = int(required(hf, "num_hidden_layers"))
+def _attention_layers(hf: dict, layers: int) -> tuple[list, int]:
+    """(whether each layer uses RoPE, the local attention chunk of the RoPE layers; 0: none)."""
     # no_rope_layers[i] == 1: layer i uses RoPE; 0: NoPE. Absent: NoPE every `interval` layers.
     interval = int(hf.get("no_rope_layer_interval", 4))
     no_rope = list(
@@ -110,12 +100,34 @@ def _llama4_fields(hf: dict) -> dict:
             "attention must be on exactly the RoPE layers (no_rope_layers == 1) or on "
             "none"
         )
+    return rope_layer, local
+
+
+def _moe_layers(hf: dict, layers: int) -> tuple[int, set, set]:
+    """(moe_layer_step, the layers that step makes MoE, the layers that are MoE)."""
     step = int(hf.get("interleave_moe_layer_step", 1))
     moe = hf.get("moe_layers")
     moe = set(range(step - 1, layers, step)) if moe is None else {int(i) for i in moe}
     by_step = {i for i in range(layers) if (i + 1) % step == 0}
     if not moe <= by_step:  # an explicit list off the step grid: every other layer dense
         step, by_step = 1, set(range(layers))
+    return step, by_step, moe
+
+
+def _llama4_fields(hf: dict) -> dict:
+    """ModelConfig fields of a Llama4TextConfig dict. Absent keys take that class's defaults."""
+    for key, ok in (
+        ("hidden_act", "silu"),
+        ("attention_bias", False),
+        ("router_jitter_noise", 0.0),
+    ):
+        if hf.get(key, ok) != ok:
+            raise HFError(
+                f"Llama-4 config.json {key}={hf[key]!r} is not supported (expected {ok!r})"
+            )
+    layers = int(required(hf, "num_hidden_layers"))
+    rope_layer, local = _attention_layers(hf, layers)
+    step, by_step, moe = _moe_layers(hf, layers)
     expert_f = int(hf.get("intermediate_size", 8192))
     d, heads, head_dim = attention_dims(hf)
     theta, scaling = rope(hf)

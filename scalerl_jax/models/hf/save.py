@@ -82,20 +82,7 @@ def export(
         if e.part:
             pieces.setdefault(e.hf_name, []).append(e)
     entries = [e for e in entries if not e.part or e.part[0] == 0]
-    shards: list[list[tuple[Entry, Any]]] = [[]]
-    size = 0
-    for e in entries:
-        nbytes = math.prod(e.hf_shape) * dt.itemsize
-        if shards[-1] and size + nbytes > max_shard_bytes:
-            shards.append([])
-            size = 0
-        shards[-1].append((e, dt))
-        size += nbytes
-    names = (
-        ["model.safetensors"]
-        if len(shards) == 1
-        else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
-    )
+    shards, names = _shards(entries, dt, max_shard_bytes)
     writer = jax.process_index() == 0
     if writer:
         os.makedirs(out_dir, exist_ok=True)
@@ -138,16 +125,41 @@ def export(
             for e, _ in shard:
                 hf_array(e)
     if writer:
-        if len(shards) > 1:
-            total = sum(math.prod(e.hf_shape) * dt.itemsize for e in entries)
-            index = {
-                "metadata": {"total_size": total},
-                "weight_map": {e.hf_name: n for n, s in zip(names, shards) for e, _ in s},
-            }
-            with open(os.path.join(out_dir, "model.safetensors.index.json"), "w") as f:
-                json.dump(index, f, indent=2)
-        hf_cfg = config_to_hf(cfg.replace(param_dtype=dt.name))
-        hf_cfg.update(extra_config or {})
-        with open(os.path.join(out_dir, "config.json"), "w") as f:
-            json.dump(hf_cfg, f, indent=2)
+        _write_index_and_config(out_dir, cfg, dt, shards, names, extra_config)
     return [os.path.join(out_dir, n) for n in names]
+
+
+def _shards(entries: list, dt: np.dtype, max_shard_bytes: int):
+    """The entries cut into files of at most `max_shard_bytes` (a larger tensor alone), and
+    the files' names."""
+    shards: list[list[tuple[Entry, Any]]] = [[]]
+    size = 0
+    for e in entries:
+        nbytes = math.prod(e.hf_shape) * dt.itemsize
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append((e, dt))
+        size += nbytes
+    names = (
+        ["model.safetensors"]
+        if len(shards) == 1
+        else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    )
+    return shards, names
+
+
+def _write_index_and_config(out_dir, cfg: ModelConfig, dt, shards, names, extra_config) -> None:
+    """`model.safetensors.index.json` (when sharded) and `config.json`."""
+    if len(shards) > 1:
+        total = sum(math.prod(e.hf_shape) * dt.itemsize for s in shards for e, _ in s)
+        index = {
+            "metadata": {"total_size": total},
+            "weight_map": {e.hf_name: n for n, s in zip(names, shards) for e, _ in s},
+        }
+        with open(os.path.join(out_dir, "model.safetensors.index.json"), "w") as f:
+            json.dump(index, f, indent=2)
+    hf_cfg = config_to_hf(cfg.replace(param_dtype=dt.name))
+    hf_cfg.update(extra_config or {})
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(hf_cfg, f, indent=2)
