@@ -60,6 +60,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "progress",
         "rundir",
         "tracking",
+        "_renamed",
     ),
 )
 
