@@ -1,5 +1,5 @@
 """Renamed public modules: the old import path still works (it is the new module) and warns;
-nothing in the repository imports an old path."""
+nothing in the repository imports an old path; one verifier table."""
 
 import ast
 import importlib
@@ -51,3 +51,14 @@ def test_nothing_in_the_repository_imports_an_old_path():
                     continue
                 found += [f"{path}: {m}" for m in _imported_modules(path) if m in RENAMED]
     assert not found, found
+
+
+def test_one_verifier_table_and_the_old_names_tuple():
+    from scalerl_jax import config
+    from scalerl_jax.rewards import verifiers
+
+    assert verifiers.NAMED_VERIFIERS is config.NAMED_VERIFIERS
+    for name in config.NAMED_VERIFIERS:
+        assert callable(verifiers.verifier_by_name(name))
+    with pytest.warns(DeprecationWarning, match="VERIFIER_NAMES is deprecated"):
+        assert config.VERIFIER_NAMES == tuple(config.NAMED_VERIFIERS) == ("math", "code", "exact")
