@@ -63,7 +63,7 @@ class WorkdirLock:
         if self._fd is None:
             return
         try:
-            os.unlink(self.path)  # while still locked: see the module docstring
+            os.unlink(self.path)  # while still locked: docs/architecture.md
         except FileNotFoundError:
             pass
         os.close(self._fd)

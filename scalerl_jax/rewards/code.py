@@ -136,7 +136,7 @@ def _strings(value: Any, field: str) -> list:
 
 
 def parse_tests(tests: Union[dict, list]) -> TestSpec:
-    """Validate one test specification (formats in the module docstring); ValueError names the
+    """Validate one test specification (formats: docs/rewards.md); ValueError names the
     field at fault."""
     if isinstance(tests, list):
         tests = {"test_list": tests}

@@ -120,7 +120,7 @@ def _exact_value(g, gv: complex):
 
 
 def _numbers_equal(p, g, p_text: str, g_text: str) -> bool:
-    """Two numbers (no free symbols) under the number rules of the module docstring."""
+    """Two numbers (no free symbols) under the number rules (docs/rewards.md)."""
     if p == g:
         return True
     p_decimal, g_decimal = "." in p_text, "." in g_text

@@ -70,7 +70,7 @@ def cispo_loss(
     eps_max, TRL's ``epsilon_high`` for cispo), not an offset from 1 as in verl/slime's
     ``clip(rho, 1 - lo, 1 + hi)``. ``ratio_floor`` (default none, as in the paper) is absolute too.
     The gradient w.r.t. logp is ``-sg(w) * A * W`` with W the aggregation weights: every token
-    keeps its gradient, only its weight is capped. With ``tis_cap`` (see the module docstring)
+    keeps its gradient, only its weight is capped. With ``tis_cap`` (docs/losses.md)
     rho is ``pi_theta / pi_old`` and the term is multiplied by the TIS weight.
 
     Metrics: ``cap_frac`` (rho > ratio_cap), ``floor_frac`` (rho < ratio_floor; 0 without floor).
@@ -109,8 +109,8 @@ def gspo_loss(
     objective (mean over sequences). Per-token advantages are allowed (GSPO-token proper).
     The sequence mean is over counted tokens; its log is clamped to [-20, 20]. The clip range
     has its own names (``gspo_eps_*``, not ``clip_eps_*``): sequence ratios live within ~1e-3 of
-    1, token ratios do not, so one setting cannot serve both. With ``tis_cap`` (see the module
-    docstring) s_i is taken against pi_old and each token's term gets its TIS weight.
+    1, token ratios do not, so one setting cannot serve both. With ``tis_cap`` (docs/losses.md)
+    s_i is taken against pi_old and each token's term gets its TIS weight.
 
     Metrics: ``ratio_mean``/``ratio_max`` are of s_i over counted tokens; clip fractions as PPO's.
     """

@@ -57,16 +57,16 @@ class DriverError(RuntimeError):
 
 
 class Driver:
-    """Continuous-batching sampler loop. See the module docstring.
+    """Continuous-batching sampler loop (docs/sampler.md, "The driver's loop").
 
     prompts: iterable of `Prompt` or (prompt_id, token ids[, metadata]) tuples.
     eos_ids / think_close_ids / phrase_ids: token ids, encoded by the caller's tokenizer
     (`driver_token_ids` or `Driver.for_tokenizer` encode cfg's strings); the last two only with
     interruptions on (else they would never be read, and are refused).
     continuous=False gives static batching (refill only when every slot is free): a baseline.
-    dispatch_ahead: queue each generate call before reading the previous one (module docstring,
-    "Dispatch ahead"); default: when the engine decodes one step per call. False runs each call
-    and its bookkeeping in lockstep.
+    dispatch_ahead: queue each generate call before reading the previous one (docs/sampler.md);
+    default: when the engine decodes one step per call. False runs each call and its
+    bookkeeping in lockstep.
     cfg: the driver-side fields (interruptions, think_min/max, answer_budget, max_new_tokens,
     truncate_long_prompts) are read from it; default `engine.cfg`. Everything compiled (slots,
     lengths, sampling: `sampler.engine.COMPILED_FIELDS`) is the engine's, so drivers with different

@@ -45,7 +45,7 @@ def _block_size(vocab: int) -> int:
 
 def _first_exceeding(cum, weights, target):
     """Index of the first entry of `cum` (inclusive cumulative sums of `weights`, [B, N]) that is
-    > target [B], clamped to the entries with weight > 0 (see the module docstring)."""
+    > target [B], clamped to the entries with weight > 0 (docs/sampler.md)."""
     n = cum.shape[-1]
     idx = jnp.sum(cum <= target[:, None], axis=-1)  # cum is non-decreasing: a count is a search
     pos = jnp.arange(n)
