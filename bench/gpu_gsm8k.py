@@ -9,7 +9,7 @@ under a wall-clock budget, measures the device's bf16 (and fp32) matmul peak in 
 process first, then reads W/metrics.jsonl and prints one JSON summary and a table row for
 bench/README.md (with the device's name).
 
-    python bench/gpu_gsm8k.py run --checkpoint DIR --data ../shared/data/gsm8k/train.jsonl
+    python bench/gpu_gsm8k.py run --checkpoint DIR --data GSM8K_DIR/train.jsonl
     python bench/gpu_gsm8k.py run --smoke          # CPU plumbing check: testbed recipe, 2 steps
     python bench/gpu_gsm8k.py run --dry-run        # print the commands and exit
 
@@ -68,7 +68,8 @@ ROOT = os.path.dirname(HERE)
 
 STAGE = "/tmp/gpu_gsm8k"
 PACK_A, PACK_B = os.path.join(HERE, "out", "gpu_a"), os.path.join(HERE, "out", "gpu_b")
-DATA = os.path.join(ROOT, "..", "shared", "data", "gsm8k", "train.jsonl")
+# GSM8K's train.jsonl, its test.jsonl beside it: --data, else the directory SCALERL_GSM8K_DIR.
+DATA = os.path.join(os.environ.get("SCALERL_GSM8K_DIR", "GSM8K_DIR"), "train.jsonl")
 # Pure-Python packages the project imports that the GPU image (KINDS.md) does not hold.
 WHEELS = (
     "gguf==0.19.0",
@@ -491,7 +492,9 @@ def main(argv=None):
         help="HF checkpoint directory (default: the staged pack, "
         "else the converted SmolLM2 of `make -s fetch-model`)",
     )
-    p.add_argument("--data", default=DATA)
+    p.add_argument(
+        "--data", default=DATA, help="GSM8K's train.jsonl (default: $SCALERL_GSM8K_DIR/train.jsonl)"
+    )
     p.add_argument("--gguf", help="pack: this GGUF file instead of the cached SmolLM2")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--eval-every", type=int, default=10)

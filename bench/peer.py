@@ -23,9 +23,10 @@ head_dim 32, MLP 1024, vocab 8192, untied, fp32, random init) on 1 CPU device.
 * train step: our jitted CISPO step (bench/train_step.py's `bench_step`) on 32 x 320 tokens
   against tunix's GRPO policy update (`RLCluster.update_actor`) on the same token count.
 
-The driver runs our side and tunix's script (`--tunix-script`, with `--tunix-python`, installed in
-a separate virtualenv) as alternating subprocesses, so both see the same machine load, and prints
-the per-round ratios, their medians and the load average before each run.
+The driver runs our side and tunix's side as alternating subprocesses: a script you provide
+(`--tunix-script PATH`, or SCALERL_TUNIX_BENCH), run by `--tunix-python` from tunix's own
+virtualenv (bench/README.md, "First pass", says how to make it), so both see the same machine
+load; it prints the per-round ratios, their medians and the load average before each run.
 """
 
 from __future__ import annotations
@@ -439,9 +440,13 @@ def main():
     )
     p.add_argument("--tunix-python", default="/tmp/tunix-venv/bin/python")
     p.add_argument(
-        "--tunix-script", default=os.path.join(ROOT, "..", "shared", "bench", "tunix_bench.py")
+        "--tunix-script",
+        default=os.environ.get("SCALERL_TUNIX_BENCH"),
+        help="tunix's side of the benchmark (default: $SCALERL_TUNIX_BENCH)",
     )
     args = p.parse_args()
+    if args.side != "ours" and not (args.tunix_script and os.path.isfile(args.tunix_script)):
+        p.error(f"--tunix-script={args.tunix_script!r}: no such file (or set SCALERL_TUNIX_BENCH)")
     if args.side == "ours":
         print(json.dumps(run_ours(args)))
     else:

@@ -721,8 +721,8 @@ def drive(args) -> dict:
     args.checkpoint = os.path.abspath(args.checkpoint)
     if args.tunix and not os.path.exists(args.tunix_python):
         print(
-            f"real_model.py: no tunix at {args.tunix_python} (see "
-            "../shared/bench/tunix_bench.py for its virtualenv): running without it",
+            f"real_model.py: no tunix at {args.tunix_python} (bench/README.md, peer's "
+            '"First pass", says how to make its virtualenv): running without it',
             file=sys.stderr,
         )
         args.tunix = False

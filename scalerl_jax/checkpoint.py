@@ -1,45 +1,11 @@
 """Orbax checkpoints of the trainer: state arrays plus JSON items, async, verified, resumable.
 
-A checkpoint at step S holds two items:
-* `state`: the TrainState (params, optimizer state, step, rng, skipped count) as a nested dict
-  of arrays keyed by their pytree path (e.g. params/layers/0/attn/q/value), so the files do not
-  depend on Python class names;
-* `meta`: one JSON object for the host-side rest: curriculum state, data cursor, policy
-  version, compute meter, anything the trainer adds.
-
-Saves are asynchronous (the call returns once the arrays are copied off the devices), every
-`save_every` steps, on SIGTERM/SIGINT and at the end. Retention: the last `keep` checkpoints
-plus, permanently, every step that is a multiple of `keep_every`. Restore reads straight into
-the target shardings of an abstract state (ShapeDtypeStructs with `.sharding`), so a run can
-resume on a different mesh shape. Resume = re-running the same command with the same workdir:
-the trainer calls `restore` and gets None on a fresh directory.
-
-Verification. Orbax does not checksum what it reads back: flipped bytes in a data file restore
-as garbage (values near 3.4e38, NaNs). So once a save is committed, a background thread writes
-`S/scalerl_manifest.json` (size and CRC32 of every file of the step, written atomically and
-last). It costs one read of the checkpoint from the page cache at about 3 GB/s per core, off
-the training thread (zlib and file reads release the GIL); the only waits are in the next
-`save` (if that hash has not finished by then, as Orbax itself waits for the previous save) and
-in `wait`/`close`, which return once the manifest is written. `restore` walks the steps from
-the latest down and rejects one whose files disagree with its manifest, whose read fails in
-Orbax (truncated file, cut metadata JSON), or whose floating-point arrays hold a NaN/inf; it
-logs a WARNING naming the step, the file or array and why, and tries the previous step. A step
-without a manifest (killed between the commit and the hash) is accepted if it reads and is
-finite. The rejected steps newer than the one restored are moved to `checkpoints/rejected/` so
-the resumed run can save those steps again. If no step is usable, CheckpointError lists them
-all. Verification reads the checkpoint once more than the restore itself.
-
-Signals. SIGTERM (preemption, `kill`, TPU maintenance) and the first SIGINT (Ctrl-C) only set
-a flag: JAX work cannot safely run inside a signal handler and the latest state may be
-mid-donation there. The loop calls `maybe_save` after every step; once the flag is set that
-call saves the current state, waits for the write and its manifest, and `preemption_saved`
-tells the loop to stop; `stop_signal` says which signal it was, for the exit status. A second
-Ctrl-C raises KeyboardInterrupt at once, unsaved, as users expect.
-
-Multi-process. The stop flag is OR-ed across processes so that all save the same step.
-Process 0 alone hashes (all files, on the shared filesystem Orbax needs anyway) and alone
-verifies manifests and moves rejected steps; the verdicts are all-gathered so every process
-falls back to the same step. Hashing takes no barrier, so it cannot deadlock a save.
+A step holds `state` (the TrainState as a dict keyed by pytree path) and `meta` (one JSON
+object: curriculum, data cursor, policy version, compute meter). Saves are asynchronous; a
+background thread writes a CRC32 manifest per step, and `restore` falls back past a step whose
+files disagree with it, fail to read or hold NaN/inf. SIGTERM and a first Ctrl-C only set a
+flag that the loop's next `maybe_save` honours. Retention, verification, signals and
+multi-process rules: docs/training.md, "Checkpoints".
 """
 
 from __future__ import annotations

@@ -1,25 +1,11 @@
 """Evaluating a model on a dataset, outside training: experiments/eval.py's logic.
 
-What it measures, over the first N problems of a file (file order; a run's own validation split
-when no file is given): greedy decoding, pass@1; and k samples at temperature T, mean@k (the mean
-over problems of the fraction of correct samples: an unbiased estimate of pass@1 at that
-temperature) and pass@k (some sample correct). Each figure comes with its standard error over
-problems (they are the independent units; `train.evaluate.rate_and_se`), and the counts of
-completions without an extractable answer, cut at max_new_tokens, and verifier timeouts / errors.
-
-How: the training code path, so what it measures is what training sees. Prompts are formatted
-by a DataConfig (template or chat template, system prompt), sampled by Engine + Driver
-(`train.evaluate.sample_groups`; sample j of problem i is seeded by (seed, i, j), so a rerun
-repeats itself), and scored by the run's verifier in the RewardPool's killable child processes.
-Every completion becomes one JSONL line (problem, prompt and completion text and token ids,
-extracted answer, reference, verdict); the summary is written beside it as JSON.
-
-The model: an HF directory (or a Hub id, or a .gguf file: `preflight.hf_checkpoint`), or a run
-directory, whose newest (or chosen) Orbax checkpoint is read read-only, with the run's config for
-the model, tokenizer and prompt format.
-
-References are read from the answer field by the data config's answer format
-(`DataConfig.answer_format`, data/answers.py): "gsm8k" for GSM8K's "...reasoning... #### 1,234".
+Greedy pass@1, and mean@k / pass@k at temperature T, each with its standard error over
+problems, over the first N problems of a file (or a run's validation split), through the
+training code path (DataConfig formatting, Engine + Driver sampling seeded per (seed, i, j),
+the run's verifier in killable child processes). The model is an HF directory, Hub id or .gguf
+file, or a run directory's checkpoint. Every completion becomes one JSONL line; the summary is
+JSON beside it (docs/real-models.md).
 """
 
 from __future__ import annotations

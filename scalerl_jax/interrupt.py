@@ -1,25 +1,10 @@
 """Stop signals answered within seconds, even while the main thread is inside a long native call.
 
-Python runs a signal handler in the main thread, between two bytecodes. While the main thread is
-inside one long native call (an XLA compilation of a real model takes tens of seconds on a CPU,
-a train step as long again, a join of a thread that is compiling) the handler waits for the call
-to return, and Ctrl-C or SIGTERM seem to do nothing. `Watchdog` hears the signal at once: the
-C-level handler writes the signal's number to a wake-up descriptor (`signal.set_wakeup_fd`),
-which a daemon thread reads. The Python handlers (checkpoint.Checkpointer's) stay in charge; the
-watchdog acts only where they cannot in time:
-
-* a second stop signal ends the process `second_grace_s` later if it has not ended by then (a
-  second Ctrl-C's KeyboardInterrupt usually gets there first), without saving;
-* after the first, if the process is still running `grace_s` later and `can_exit()` says that
-  nothing would be lost (no step trained since the last checkpoint: start-up, the SFT warm-up,
-  the first evaluation, the first compilation), it ends the process: what a kill -9 would do,
-  which a run survives by design. Otherwise the Python handler has promised
-  a checkpoint after the current step; the watchdog says so once, if the main thread has not
-  been able to, and leaves the rest to it.
-
-An exit is `os._exit(128 + signal)` after one line saying what was and was not done. No clean-up
-runs (that is the point: Orbax waits, joins of threads stuck in compilation); the workdir lock is
-released by the OS and the reward pool's children exit when their pipes close.
+Python runs signal handlers between bytecodes, so during an XLA compilation Ctrl-C seems to do
+nothing. `Watchdog` hears the signal at once through `signal.set_wakeup_fd` in a daemon
+thread, and acts only where the Python handlers cannot in time: it ends the process on a second
+signal, or after the first when `can_exit()` says nothing would be lost (no step trained since
+the last checkpoint), with `os._exit(128 + signal)` and one line saying what was done.
 """
 
 from __future__ import annotations

@@ -1,46 +1,9 @@
 """Run metrics: the `metrics.jsonl` writer/reader and compute accounting.
 
-`RUN_DIR/metrics.jsonl` is the source of truth for scaling-curve fitting. Schema (version 1):
-one JSON object per line, strict JSON (non-finite floats are written as `null`), appended in
-order; a resumed run appends to the same file.
-
-Every line has
-    "event":  "run" | "train" | "eval" | "forecast"   (readers ignore events they do not know)
-    "step":   int >= 0, the trainer step the record describes
-    "wall_s": float, wall-clock seconds since the run started, cumulative over resumes
-              (a resumed writer continues from the last `wall_s` in the file)
-
-`run` (first line, and again at each resume):
-    "schema": 1, "time": unix seconds, "resumed": bool, "config": the resolved config dict
-`train` (one per step): free-form scalar metrics, e.g. "loss", "grad_norm", "truncation_rate".
-`eval` (one per validation):
-    "pass_rate":  float, mean@k pass rate on the held-out set (the y of the scaling law)
-    "k":          int, samples per prompt
-    "per_domain": optional {domain: pass_rate} when multi-task
-    "compute":    cumulative compute at this point (the x of the scaling law):
-        "device_hours"          sampler + trainer device-hours (devices x wall time)
-        "sampler_device_hours", "trainer_device_hours"
-        "flops"                 sampler + trainer FLOPs
-        "sampler_flops", "trainer_flops"
-        "tokens"                sampler + trainer tokens
-        "sampler_tokens", "trainer_tokens"
-    further keys (e.g. "num_prompts") may follow.
-`forecast` (scaling/forecast.py; after an eval, once its background refit is done; "step" is
-that eval's): "ok", "reason", "x_key", "n_points", "x_max", "A"/"B"/"C_mid" each with "_lo" and
-"_hi", "R0", "interval", "budget" (+ "_lo", "_hi"), "budget_source", "at_budget" (+ "_lo", "_hi"),
-"target", "compute_to_target" (+ "_lo", "_hi"), "stable", "superseded", "fit_s"; null where the
-points support no value. Curve readers use `eval` records only.
-
-Resume supersedes: a run killed at step 13 whose last checkpoint is step 10 had written
-records for steps 11-13 that the resumed run writes again. Right after restoring checkpoint
-step S (S = 0 when there was none to restore), and before opening a MetricsWriter, the trainer
-calls `truncate_after(workdir, S)`, which atomically rewrites the file keeping only well-formed
-records with step <= S (`run` events included) and dropping torn lines, so the file ends with
-one `train` record per step and one `eval` per evaluation, and `wall_s` continues from the
-survivors. The schema stays version 1 and files written before this rule still read: a killed
-run could leave a torn last line, which readers skip and count, and where a step has several
-`eval` records `eval_xy` keeps the last.
-Only one process (host 0) should write the file.
+`RUN_DIR/metrics.jsonl` is the source of truth for scaling-curve fitting: one strict-JSON
+object per line (`run`, `train`, `eval`, `forecast` events), appended in order; a resumed run
+first drops the records after its checkpoint (`truncate_after`). Only host 0 writes it. The
+schema (version 1): docs/metrics.md.
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """What a researcher sees in the terminal: log lines, a progress bar, the end-of-run summary.
 
-Logging. Importing Orbax runs absl's `logging.basicConfig()` (absl's `log()` calls it while the
-root logger has no handler), leaving a WARNING-level stderr handler on the root, so an entry
-point's own `basicConfig(level=INFO)` is a silent no-op. `setup_logging` does not rely on going
-first: it replaces the console handler on the root with its own and sets levels on named
-loggers. That handler writes through `tqdm.write`, which clears a live bar, prints the line and
-redraws the bar, so bars and log lines share stderr without garbling each other.
-
-Bars only make sense on a terminal. Off one (CI, nohup, a cluster log) `Progress` draws nothing
-and logs a plain INFO line every N steps / M seconds instead; `SCALERL_PROGRESS=1/0` or the
-`enabled` argument overrides the check.
-
-Between lines, `heartbeat.py` keeps a line coming at least every 30 s.
+`setup_logging` replaces the root's console handler (importing Orbax leaves absl's WARNING
+handler there, which makes an entry point's `basicConfig(level=INFO)` a no-op) with one that
+writes through `tqdm.write`, so bars and log lines share stderr. Off a terminal `Progress`
+draws nothing and logs a plain line every N steps / M seconds (`SCALERL_PROGRESS=1/0`
+overrides); `heartbeat.py` keeps a line coming at least every 30 s.
 """
 
 from __future__ import annotations

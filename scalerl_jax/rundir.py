@@ -1,33 +1,10 @@
 """Run-directory integrity: one live run per workdir, and a config that stays the run's config.
 
-A workdir is the whole identity of a run: re-running the
-same command resumes it. Two things can silently corrupt that, and this module refuses both
-before anything is written:
-
-* Two runs on one workdir. `lock_workdir` takes an exclusive `flock` on `WORKDIR/.lock` for
-  the life of the run and writes a holder record (host, pid, start time, command) into it, so
-  a second run fails at once naming the first. The kernel drops a flock when its process dies,
-  however it dies, so a kill -9'd run leaves no lock to clean up: the next run takes it and
-  logs whose it was. flock works across hosts on local disks and on NFSv4; in a multi-process
-  job only process 0 should take the lock (every process would otherwise refuse the others).
-* A different config on an existing run. `check_config` compares the command's resolved
-  config with `WORKDIR/config.json` and refuses a difference (listing the dotted keys) unless
-  the caller allows it (`--allow-config-change`); `steps` may differ, since extending a run is
-  how one resumes it for longer, and so may `workdir` (a run directory that was moved).
-
-A command that fails validation must leave nothing behind. So the order in the trainer is:
-validate the config, `lock_workdir`, `check_config`, and only then write (config.json via
-`write_config`, metrics, checkpoints). `WorkdirLock.release` removes the lock file and any
-directories `lock_workdir` created if they are empty, so a failing command on a fresh workdir
-leaves no trace, and one on an existing workdir leaves it byte for byte as it was. The lock
-file is removed while still locked, and a locker re-checks after flock that the path still
-names the inode it locked, so removing it cannot let two runs hold "the" lock.
-
-File manifests (`write_manifest` / `verify_manifest`): the size and CRC32 of every file under
-a directory, in DIRECTORY/scalerl_manifest.json, written atomically. checkpoint.py writes one
-per checkpoint step once Orbax has committed it and checks it before restoring, since Orbax
-does not notice flipped bytes. CRC32 (zlib, ~3.5 GB/s per core, GIL released) is for
-detecting corruption, not tampering.
+`lock_workdir` takes an exclusive flock on `WORKDIR/.lock` (a second run fails at once, naming
+the holder; the kernel drops it when the holder dies), `check_config` refuses a config that
+differs from `WORKDIR/config.json` (but for `steps` and `workdir`), and a command that fails
+validation leaves the workdir as it was. Also the CRC32 file manifests that checkpoints are
+verified with. The rules: docs/default-job.md; why the order matters: docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -87,7 +64,7 @@ class WorkdirLock:
         if self._fd is None:
             return
         try:
-            os.unlink(self.path)  # while still locked: see the module docstring
+            os.unlink(self.path)  # while still locked: docs/architecture.md
         except FileNotFoundError:
             pass
         os.close(self._fd)

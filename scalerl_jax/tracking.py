@@ -1,40 +1,10 @@
 """Forwards the records written to metrics.jsonl to TensorBoard and, if asked, Weights & Biases.
 
-`Tracker.write(record)` takes the dict `MetricsWriter` returns (or one from `read_metrics`), so
-metrics.jsonl stays the single source of truth and the trainer needs one extra line per record.
-Every finite numeric leaf becomes a scalar tagged `<event>/<dotted/path>` at the record's step:
-`train/loss`, `eval/pass_rate`, `eval/compute/device_hours`, `sft/loss`. Strings, lists, None,
-NaN and Inf are skipped; bools become 0/1. A mixture's per-domain values are nested dicts and so
-get a tag per domain: `eval/per_domain/code`, `eval/per_domain_se/code`,
-`train/per_domain_train/math`. The online forecast's records give `forecast/A`, `forecast/A_lo`,
-`forecast/A_hi`, `forecast/at_budget`, `forecast/compute_to_target`, `forecast/stable` (0/1),
-... at the step of the evaluation they were fitted on.
-
-TensorBoard layout (tensorboardX, no TensorFlow), one TensorBoard "run" per subdirectory of
-WORKDIR/tensorboard/:
-    rl/          run, train, eval and forecast events, x = train step
-    <event>/     any other event (e.g. sft/), which counts its own steps
-    vs_compute/  eval pass rates against cumulative compute: `eval/pass_rate_vs_device_seconds`
-                 (x = round(device_hours * 3600)) and `eval/pass_rate_vs_gflops`
-                 (x = round(flops / 1e9)), the scaling-law axes, likewise for a mixture's
-                 per-domain rates (`eval/per_domain/code_vs_gflops`).
-TensorBoard steps are integers, hence the units: whole device-seconds and GFLOPs stay distinct
-between two evals of any real run. Stages get their own runs because a resume purge (below)
-applies to every tag of a run and the x axes of the stages have nothing in common.
-
-Resume. A resumed run rewrites steps after its checkpoint. On a `run` record with
-`resumed: true` and step S, the rl writer is reopened with `purge_step=S + 1`: TensorBoard's
-Python loader then drops the superseded points (the Rust data server drops them anyway when a
-tag's step goes back). Other stages call `purge(event, step)` themselves. The vs_compute run is
-not purged: compute keeps growing over a resume, so the superseded evals stay at their own
-compute and the curve stays monotone in x.
-
-Weights & Biases (optional, lazily imported): each event gets its own x axis (`train/step`,
-`eval/step`, ...) through `define_metric`, so an SFT stage and an RL stage can both start at
-step 0, and W&B can plot `eval/pass_rate` against `eval/compute/flops` directly. The W&B run id
-is kept in WORKDIR/wandb/run_id so a resumed run continues the same W&B run.
-
-Only process 0 should write: pass `enabled=False` elsewhere and every method is a no-op.
+`Tracker.write(record)` takes the dict `MetricsWriter` returns, so metrics.jsonl stays the
+single source of truth: every finite numeric leaf becomes a scalar `<event>/<dotted/path>` at
+the record's step, in one TensorBoard run per stage plus `vs_compute/` (pass rate against
+compute). Only process 0 writes (`enabled=False` elsewhere). Tags, layout and resume:
+docs/metrics.md, "TensorBoard and Weights & Biases".
 """
 
 from __future__ import annotations

@@ -119,8 +119,7 @@ def test_workload_is_the_same_for_every_side():
 
 @pytest.mark.skipif(
     not os.path.exists("/tmp/tunix-venv/bin/python"),
-    reason="no tunix virtualenv at /tmp/tunix-venv (see "
-    "../shared/bench/tunix_bench.py to make one)",
+    reason="no tunix virtualenv at /tmp/tunix-venv (bench/README.md says how to make one)",
 )
 def test_real_model_bench_runs_tunix_worker(tiny_llama, tmp_path):
     bench = _load("real_model")

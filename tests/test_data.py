@@ -387,16 +387,16 @@ def test_char_tokenizer():
 
 
 # --------------------------------------------------------------------- answer formats, GSM8K
-GSM8K = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data", "gsm8k"
-)
+# A directory holding GSM8K's train.jsonl and test.jsonl (the tests that read them skip without).
+GSM8K = os.environ.get("SCALERL_GSM8K_DIR", "<SCALERL_GSM8K_DIR unset>")
+GSM8K_ABSENT = "set SCALERL_GSM8K_DIR to a directory holding GSM8K's train.jsonl and test.jsonl"
 
 
 def gsm8k_lines(split, *numbers):
     """Rows of the real GSM8K file by line number (1-based); skip when the data is absent."""
     path = os.path.join(GSM8K, f"{split}.jsonl")
     if not os.path.isfile(path):
-        pytest.skip(f"{path} absent: the GSM8K files live in ../shared/data/gsm8k")
+        pytest.skip(f"{path} absent: {GSM8K_ABSENT}")
     with open(path) as f:
         lines = f.readlines()
     return [json.loads(lines[n - 1]) for n in numbers]

@@ -3,8 +3,8 @@ template and tokenizer, the sizes it takes on an accelerator (TPU plan, a GPU's 
 and a CI-sized run of experiments/run.py (SFT, evaluation, one RL step) on this CPU.
 
 The model comes from `make fetch-model` (skipped, saying so, when it has not run; failed when
-SCALERL_REQUIRE_MODEL is set, as CI does); GSM8K from ../shared/data/gsm8k (skipped when
-absent). Nothing here downloads."""
+SCALERL_REQUIRE_MODEL is set, as CI does); GSM8K from the directory SCALERL_GSM8K_DIR names
+(skipped when absent). Nothing here downloads."""
 
 import dataclasses
 import json
@@ -15,7 +15,7 @@ import pytest
 from scalerl_jax import plan, preflight, recipes
 from scalerl_jax.metrics import read_metrics
 from scalerl_jax.train import sft as sft_lib
-from test_data import GSM8K, gsm8k_lines
+from test_data import GSM8K, GSM8K_ABSENT, gsm8k_lines
 from test_run import run_cli
 
 TRAIN = os.path.join(GSM8K, "train.jsonl")
@@ -24,7 +24,7 @@ TRAIN = os.path.join(GSM8K, "train.jsonl")
 @pytest.fixture(scope="module")
 def train_file():
     if not os.path.isfile(TRAIN):
-        pytest.skip(f"{TRAIN} absent: the GSM8K files live in ../shared/data/gsm8k")
+        pytest.skip(f"{TRAIN} absent: {GSM8K_ABSENT}")
     return TRAIN
 
 

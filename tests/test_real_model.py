@@ -4,8 +4,8 @@ and experiments/run.py's first RL steps on SmolLM2-135M-Instruct on the CPU (sam
 the CISPO step, weight sync, evaluation, checkpoint, resume, and an HF export that transformers
 reloads with our logits).
 
-Skipped, saying why, without the converted model (`make fetch-model`) or GSM8K
-(../shared/data/gsm8k); with SCALERL_REQUIRE_MODEL set (CI) a missing model fails instead. The
+Skipped, saying why, without the converted model (`make fetch-model`) or GSM8K (the directory
+SCALERL_GSM8K_DIR names); with SCALERL_REQUIRE_MODEL set (CI) a missing model fails instead. The
 subprocesses share a JAX compilation cache, so later invocations skip the compiles of earlier
 ones (a resumed run recompiles nothing it compiled before)."""
 
@@ -25,13 +25,13 @@ transformers = pytest.importorskip("transformers")
 math_verify = pytest.importorskip("math_verify")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-GSM8K = os.path.join(os.path.dirname(ROOT), "shared", "data", "gsm8k")
+GSM8K = os.environ.get("SCALERL_GSM8K_DIR", "<SCALERL_GSM8K_DIR unset>")
 
 
 def gsm8k(split):
     path = os.path.join(GSM8K, f"{split}.jsonl")
     if not os.path.isfile(path):
-        pytest.skip(f"GSM8K not found at {path} (the shared data directory beside the repo)")
+        pytest.skip(f"GSM8K not found at {path} (SCALERL_GSM8K_DIR names its directory)")
     return path
 
 

@@ -63,6 +63,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "progress",
         "rundir",
         "tracking",
+        "_renamed",
     ),
 )
 

@@ -21,8 +21,8 @@ from scalerl_jax.config.data import (
     ANSWER_FORMATS,
     COMPLETION_FORMATS,
     MIXTURE,
+    NAMED_VERIFIERS,
     SOURCE_PLACEHOLDERS,
-    VERIFIER_NAMES,
     DataConfig,
     DomainConfig,
     RewardConfig,
@@ -58,9 +58,9 @@ __all__ = [
     "DTYPES",
     "LOSS_OBJECTIVES",
     "MIXTURE",
+    "NAMED_VERIFIERS",
     "REMAT_POLICIES",
     "SOURCE_PLACEHOLDERS",
-    "VERIFIER_NAMES",
     "ConfigError",
     "DataConfig",
     "DomainConfig",
@@ -81,3 +81,17 @@ __all__ = [
     "from_dict",
     "resolve_source",
 ]
+
+
+def __getattr__(name: str):
+    # Renamed: the verifier names are the keys of the one verifier table.
+    if name == "VERIFIER_NAMES":
+        import warnings
+
+        warnings.warn(
+            "scalerl_jax.config.VERIFIER_NAMES is deprecated; use tuple(NAMED_VERIFIERS)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return tuple(NAMED_VERIFIERS)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

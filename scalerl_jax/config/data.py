@@ -12,7 +12,14 @@ from typing import Optional
 
 from scalerl_jax.config.checks import ConfigError, _check, _choice, _positive
 
-VERIFIER_NAMES = ("math", "code", "exact")  # or "package.module:function"
+# The verifiers a reward or domain may name (RewardConfig.verifier, DomainConfig.verifier), as
+# importable paths that rewards.verifiers imports when used; any other verifier is given as
+# "package.module:function".
+NAMED_VERIFIERS = {
+    "math": "scalerl_jax.rewards.math:verify_math",
+    "code": "scalerl_jax.rewards.code:verify_code",
+    "exact": "scalerl_jax.rewards.exact_match:verify_exact",
+}
 MIXTURE = "mixture"  # DataConfig.source of a multi-domain run
 # How a row's reference answer is read from its answer field (data/answers.py).
 ANSWER_FORMATS = ("raw", "gsm8k", "boxed")
@@ -100,11 +107,11 @@ class DomainConfig:
         )
         if self.verifier is not None:
             _check(
-                self.verifier in VERIFIER_NAMES or ":" in self.verifier,
+                self.verifier in NAMED_VERIFIERS or ":" in self.verifier,
                 c,
                 "verifier",
                 self.verifier,
-                f"must be one of {VERIFIER_NAMES} or 'package.module:function'",
+                f"must be one of {tuple(NAMED_VERIFIERS)} or 'package.module:function'",
             )
         if self.num_validation is not None:
             _check(
@@ -328,9 +335,9 @@ class RewardConfig:
         )
         if self.verifier is not None:
             _check(
-                self.verifier in VERIFIER_NAMES or ":" in self.verifier,
+                self.verifier in NAMED_VERIFIERS or ":" in self.verifier,
                 "RewardConfig",
                 "verifier",
                 self.verifier,
-                f"must be one of {VERIFIER_NAMES} or 'package.module:function'",
+                f"must be one of {tuple(NAMED_VERIFIERS)} or 'package.module:function'",
             )

@@ -1,22 +1,8 @@
 """Named answer formats: how a dataset row's answer field becomes the reference answer the
-verifier compares with, and how a worked solution becomes an SFT target.
-
-Answer formats (`DataConfig.answer_format`, `DomainConfig.answer_format`):
-  raw     the field's text as it is (stripped)
-  gsm8k   the number after the last "####" of a GSM8K-style worked solution ("... #### 1,080"),
-          thousands separators removed ("1080"); a sign and decimals are kept
-  boxed   the content of the last \\boxed{...} of a MATH-style solution (boxes inside it
-          flattened; boxes joined to it by "and" / commas are one list: "2, 3"), read by the
-          math verifier's own box reader (rewards/math_extract.py)
-
-Completion formats (`SFTConfig.completion_format`):
-  raw     the completion field as it is
-  gsm8k   a GSM8K worked solution rewritten as a chat answer: its reasoning lines without the
-          <<48/2=24>> calculator annotations, then "The final answer is \\boxed{N}."
-
-Each function raises ValueError saying why a row cannot be read; the data loaders count such
-rows as malformed and skip them (prompts.parse_records), so a few odd rows in a large file cost
-those rows, and many of them stop the run with the counts (DataConfig.max_bad_fraction).
+verifier compares with (`raw`, `gsm8k` for "#### N", `boxed` for a MATH-style solution), and
+how a worked solution becomes an SFT target (`raw`, `gsm8k`). Each reader raises ValueError
+saying why a row cannot be read; the loaders count such rows as malformed and skip them. The
+formats: docs/datasets.md, "Answer formats".
 """
 
 from __future__ import annotations

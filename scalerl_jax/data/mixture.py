@@ -1,20 +1,10 @@
 """A mixture of prompt domains (math + code, ...): each draw picks a domain by weight.
 
-`DataConfig.domains` lists the domains; each is an ordinary `PromptSource` (its own source,
-field mapping, validation split, host shard, epochs and cursor, see prompts.py) whose prompts
-carry `Prompt.domain` so that scoring picks the domain's verifier and metrics split by domain.
-
-Draw i of host p (i = 0, 1, 2, ...) takes the domain whose cumulative weight share holds
-u_i = Random(f"{seed}:mix:{p}:{i}").random(). u_i depends on nothing but (seed, p, i), so the
-whole RNG state of the mixture is the draw counter: `state_dict()` stores it with every
-domain's cursor, and a resumed mixture yields exactly the prompts that would have come next.
-A retired prompt (`skip`) is skipped inside its domain's stream, so it does not change which
-domain a draw picks. Domains keep their share in expectation; over a step of B prompts the
-count of a domain with share w is Binomial(B, w), as in the paper's mixed batches.
-
-Validation: every domain's held-out prompts, interleaved in proportion to the domains'
-sizes (prompt j of a domain of n sits at (j + 0.5) / n), so `validation()[:N]` keeps each
-domain's share when `EvalConfig.num_prompts` caps the set.
+Each domain is an ordinary `PromptSource` whose prompts carry `Prompt.domain`. Draw i of host
+p picks by u_i = Random(f"{seed}:mix:{p}:{i}").random(), so the draw counter (with every
+domain's cursor) is the whole RNG state and a resumed mixture yields exactly what would have
+come next; a domain's count in a step of B is Binomial(B, w). Validation interleaves the
+domains in proportion to their sizes (prompt j of n at (j + 0.5) / n). See docs/datasets.md.
 """
 
 from __future__ import annotations

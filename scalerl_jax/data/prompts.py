@@ -1,34 +1,11 @@
 """Prompt datasets: rows, templates, a held-out validation split, per-host shards, epochs, cursor.
 
-`DataConfig.source` forms:
-  path.jsonl | path.json | path.parquet | a directory of them   local files (pyarrow for Parquet)
-  hf:NAME[:CONFIG] | hf:DIR                                     Hugging Face `datasets` (optional)
-  tfds:NAME                                                     TensorFlow Datasets (optional)
-  synthetic:TASK[?knob=value&...]                               CPU testbed (synthetic_tasks.py)
-
-Order of operations, all deterministic given the rows and `DataConfig.seed`:
-1. read records (data/records.py); map `prompt_field` / `answer_field` (dotted paths for
-   nested keys, e.g. "meta.question" or "messages.0.content"); the reference answer is read
-   from the answer field by `answer_format` (data/answers.py: "raw", "gsm8k" for "#### N",
-   "boxed");
-   malformed rows (an answer the format cannot read among them) are skipped and counted, and
-   more than `max_bad_fraction` of them is an error naming the counts;
-2. give each row a stable id (the `id_field` value when present, else a hash of the problem
-   text); rows with an id seen before are dropped as duplicates;
-3. rank rows by hash(seed, id): the first `num_validation` are the validation split, the rest
-   train. The split does not depend on file order or host count. With `validation_source`
-   (e.g. GSM8K's test.jsonl beside its train.jsonl) the validation prompts are the first
-   `num_validation` of that source's rows in the same order instead (ids prefixed with
-   `validation_split`, e.g. "test:", so they cannot meet a training id), and the training
-   rows are all of `source` but those whose problem text is a validation prompt's (counted);
-4. host p of P owns train[p::P] (disjoint, covering; sizes differ by at most one);
-5. each epoch visits the host's shard in a permutation seeded by (seed, epoch, p).
-
-The cursor is (epoch, position); the permutation is a pure function of (seed, epoch, p), so
-that pair is the whole RNG state. `state_dict()` also records what must match on resume (seed,
-host layout, a fingerprint of the training ids) and `load_state_dict` refuses a mismatch.
-Retired prompts (no-positive-resampling) are skipped through the `skip(prompt_id)` predicate;
-skipped rows still advance the cursor.
+`DataConfig.source` is a local file or directory (JSON lines, JSON, Parquet), `hf:NAME`,
+`tfds:NAME` or `synthetic:TASK` (synthetic_tasks.py). Rows are read and mapped, given stable
+ids, ranked by hash(seed, id) into validation and train, sharded train[p::P] over hosts and
+visited per epoch in a permutation of (seed, epoch, p), so the cursor (epoch, position) is the
+whole RNG state; resume refuses a different seed, host layout or training set. All of it:
+docs/datasets.md, "Prompt data".
 """
 
 from __future__ import annotations

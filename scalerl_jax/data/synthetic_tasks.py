@@ -1,44 +1,11 @@
 """Synthetic tasks and a character-level tokenizer for the CPU testbed.
 
-The tasks are chosen so a transformer of a few hundred K to a few M parameters with a ~50-symbol
-vocabulary can improve on them by RL within minutes on a CPU, and so correctness is an exact
-string (verified by rewards/exact_match.verify_exact after the thinking block):
-
-  addition    "12+34="        -> "46"     knobs: min_digits, max_digits
-  arithmetic  "52-17="        -> "35"     + and -, never negative; knobs: min_digits, max_digits
-  reverse     "reverse:abc="  -> "cba"    knobs: min_len, max_len, alphabet
-  count       "count a:abca=" -> "2"      knobs: min_len, max_len, alphabet
-  chain       "23+7-5+14="    -> "39"     knobs: min_terms, max_terms (2, 5), digits (2)
-  countup     "457+6="        -> "463"    knobs: max_start (99), min_add, max_add (2, 9),
-                                           direct (0), direct_hard (None: as direct)
-  pycode      "code n*3+47="  -> a test spec: a program reading n from stdin and printing
-                                 n*3+47, checked by running it (rewards/code.verify_code);
-                                 knobs: max_mul (9), max_add (9999), direct (0)
-
-The model is expected to answer "<think>...</think>46"; `<think>` and `</think>` are single tokens
-of the CharTokenizer so the sampler can force `</think>` (interruptions) in one step.
-
-Every problem comes with a worked thought, the demonstration a supervised warm-up trains on
-(`completion = <think>thought</think>answer`). `chain` writes one running sum per operation,
-"23+7=30,30-5=25,25+14=39". `countup` (the CPU testbed's task) adds by counting on, one number
-per step with the count still to go, "458:5,459:4,460:3,461:2,462:1,463:0", so its thought is
-as long as the number added; with knob
-`direct` that share of the demonstrations answer from memory instead, "<think></think>461":
-a quick estimate within 3 of the sum, right one time in seven, as data mixing careful worked
-solutions with off-hand answers does. With `direct_hard` as well, that share depends on the
-number added: the share that counts on falls log-linearly from 1 - direct at b = min_add to
-1 - direct_hard at b = max_add, a spread of difficulty. A tiny model copies both styles, and only
-the worked one is reliable: RL has a real behaviour to learn (think it through, at the right
-length) rather than facts to memorise, which is what makes the pass rate climb in minutes.
-`pycode` is the testbed's code domain: the demonstration thinks the program through,
-"<think>read n,print n*3+47</think>print(int(input())*3+47)", and with knob `direct` that share
-answer from memory with a constant within 3 of the right one. Its reference answer is not text
-to match but a JSON stdin/stdout test spec ({"inputs": [...], "outputs": [...]}) on
-`PYCODE_INPUTS`, so the program is judged by what it prints (rewards/verifiers.py,
-`TASK_VERIFIERS`: "code").
-Generators are deterministic given the seed (Python's `random.Random`, whose integer streams are
-stable across versions) and return distinct problems: asking for more rows than the task's
-problem space holds is an error naming both numbers.
+Tasks on which a transformer of a few hundred K to a few M parameters (~50-symbol vocabulary)
+improves by RL within minutes on a CPU, each problem with one exact answer after the thinking
+block (`rewards.exact_match`; `pycode`'s is a stdin/stdout test spec, run by the code verifier)
+and a worked thought for the SFT warm-up. `<think>` and `</think>` are single tokens of
+`CharTokenizer`, so the sampler forces `</think>` in one step. Generators are deterministic in
+the seed and return distinct problems. The tasks and their knobs: docs/datasets.md.
 """
 
 from __future__ import annotations

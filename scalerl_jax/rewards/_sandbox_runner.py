@@ -1,27 +1,13 @@
 """The candidate's side of the code sandbox: `python -I -S _sandbox_runner.py`, started by
-`rewards/sandbox.py` inside the isolation layer; never imported.
+`rewards/sandbox.py` inside the isolation layer; never imported. It reads the job (program,
+limits) as the first line of stdin, then answers one line per request line:
+`{"op": "stdio", "stdin": text}` runs the program as `__main__` in a fresh child;
+`{"op": "load"}` starts a child holding the program as module `solution`, which `call`, `names`
+and `unload` then use (one test's calls go to one child; `timeout_s` counts from `load`).
 
-It reads the job (the program, the limits) as the first line of stdin, then serves one request
-per line and answers each with one line on stdout:
-
-* `{"op": "stdio", "stdin": text}`: run the program as `__main__` in a fresh child with that
-  input; answer its stdout (capped) and how it ended.
-* `{"op": "load"}`: start a fresh child that runs the program as module `solution` and stays,
-  then `{"op": "call", "fn": name, "args": [...], "kwargs": {...}}` calls a function of it
-  (arguments and result in `_inside`'s wire format), `{"op": "names", "names": [...]}` says
-  which of those names the program defines (functions by name, other values as data), and
-  `{"op": "unload"}` ends it. One test's calls go to one child; the next test gets a new one.
-  The wall-clock limit `timeout_s` counts from `load` over all the calls of the test.
-
-Nothing here decides a verdict: the trusted side compares what comes out with the expected
-outputs, which never enter this process. A program that takes over this process can only choose
-what it answers — which it could do anyway — so this process need not be protected from it.
-
-Per child: its own process group (killed on timeout), rlimits on CPU time, address space, file
-size, open files, processes (RLIMIT_NPROC also counts threads), no core files. In the weak mode
-(no bubblewrap; see `rewards/sandbox.py`) this process also tries network/PID namespaces, drops
-root where the installation allows, becomes a child subreaper (so the trusted side can find and
-kill every descendant), and installs an audit hook in each child.
+Nothing here decides a verdict, so a program that takes over this process can only choose what
+it answers. Each child gets its own process group and rlimits; in the weak mode this process
+also tries namespaces, drops root, and is a child subreaper with an audit hook per child.
 """
 
 import builtins

@@ -1,30 +1,11 @@
 """Code rewards: run a candidate program against its tests in a sandbox and score it.
 
-Test formats (`parse_tests`): stdin/stdout pairs (APPS / TACO / CodeContests,
-`{"inputs": [...], "outputs": [...]}`), call-based (`{"fn_name": "f", "inputs": [[args...]],
-"outputs": [...]}`), assert-based (MBPP `{"test_list": [...], "test_setup_code": ...}` or a plain
-list of asserts; HumanEval `{"test": "def check(candidate): ...", "entry_point": "f", "prompt":
-"..."}`, whose prompt defines the helpers some tests call: it runs as trusted code, and only the
-entry point comes from the program).
-
-Who decides a verdict. The program runs in its own sandboxed process (`_sandbox_runner.py`,
-isolation modes in `rewards/sandbox.py`) and only plain data comes out of it: its stdout text, or
-a call's return value in `_inside`'s wire format. This module compares that data with the
-expected outputs, which never enter the sandbox. Assert-based tests run in a separate harness
-process (`_harness.py`, sandboxed too) whose calls of the program's functions are relayed here to
-the program's process and answered with decoded plain data; the program's exceptions reach a
-test as one failure, never by name. So no object, exit code, patched module, written pipe,
-forged report or raised exception of the program can make a test pass: a pass is a comparison
-made by code the program cannot reach. Every step on this side has a deadline and a cost linear
-in capped input (non-blocking writes, bounded reads and decoding, a comparison without
-backtracking): `run_tests` returns within `total_timeout_s` and a small constant, whatever the
-program does to its processes.
-
-Comparison (`outputs_match`, `values_match`): whitespace-insensitive tokens; integers compare
-exactly, also when the program writes a float for an integer answer (`12.0` = 12, `1000.5` is
-not 1000); a number written with a decimal point or exponent in the expected output is matched
-within 1e-6 (relative, or absolute below 1), in exact decimal arithmetic (no digit limit, no
-overflow to inf).
+Test formats (`parse_tests`): stdin/stdout pairs, call-based, MBPP asserts and HumanEval. The
+program runs in its own sandboxed process and only plain data comes out; this module compares
+it with the expected outputs (`outputs_match`, `values_match`), which never enter the sandbox,
+and assert-based tests run in a separate sandboxed harness. Every step here has a deadline and
+a cost linear in capped input. Formats, who decides a pass and the comparison rules:
+docs/rewards.md, "Code rewards".
 """
 
 from __future__ import annotations
@@ -155,7 +136,7 @@ def _strings(value: Any, field: str) -> list:
 
 
 def parse_tests(tests: Union[dict, list]) -> TestSpec:
-    """Validate one test specification (formats in the module docstring); ValueError names the
+    """Validate one test specification (formats: docs/rewards.md); ValueError names the
     field at fault."""
     if isinstance(tests, list):
         tests = {"test_list": tests}

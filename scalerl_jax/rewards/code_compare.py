@@ -1,5 +1,5 @@
-"""How a program's output is compared with the expected output (rules in rewards/code.py's
-docstring): linear in what the program wrote, and never raising on it (a number the comparator
+"""How a program's output is compared with the expected output (rules: docs/rewards.md,
+"Code rewards"): linear in what the program wrote, and never raising on it (a number the comparator
 cannot hold is wrong, not an error)."""
 
 from __future__ import annotations

@@ -1,44 +1,12 @@
 """Math answer verification: extract the final answer of a completion, decide equivalence.
 
-Deny by default: an answer is compared only when every token of it is understood; text, a
-relation, a subscript or a decoration that the rules below do not model makes it wrong (there
-is no fallback that reads less than was written). Pipeline (`verify_math`):
-
-1. **Extract** the final answer (`math_extract.extract_answer`): thinking stripped; the last
-   \\boxed (boxes inside it flattened, so an inner box never hides the text around it; the
-   boxes joined to it by "and" / commas: several boxes that state one answer); else an "answer
-   is" phrase; else the last math span of the last line; else a stand-alone final number. An
-   answer followed in its sentence by anything but punctuation, a unit or "is the answer"
-   (`5 or 6`, `5 approximately`, `\\boxed{5} is wrong`) is no answer. Linear scans only.
-2. **Limits** before any parsing (`math_limits.within_limits`): length, nesting, element count,
-   power towers, huge exponents and factorials are refused as incorrect.
-3. **Normalise** the LaTeX text (`math_normalize.normalize_answer`: \\dfrac, \\left, \\text,
-   units, degrees, %, thousands separators, mixed numbers, repeating decimals, relation macros;
-   "and" / "or" between values become list separators; `\\approx` a relation of its own).
-4. **Compare** with our own rules (`math_compare.compare`); anything they cannot decide is
-   wrong:
-   * hedges are wrong: an answer listing alternatives ("3 or 4", `\\boxed{3}, \\boxed{4}`) does
-     not match one value; a chain `a = b = c` or `a \\approx b` matches only when every value in
-     it equals the reference (`2 = 3` is wrong for 3 and for 2); a relation with an empty side
-     (`\\approx 5`) is wrong; two numbers side by side are no product (`2 \\quad 3` is not 6);
-   * multiple-choice letters (one letter, no second choice; text after it must be a value);
-     matrices; inequalities (operators must match: `x<2` is not `x \\le 2`); equations
-     (`2x+4y=3` equals `y = -x/2 + 3/4`: proportional sides); unions of intervals; named values
-     (`a_3 = 2, a_{37} = 19`, any order, names must agree); sets and bare solution lists (any
-     order, repeats ignored), tuples and intervals (in order, bracket types must match; a set
-     is never a tuple); numbers in a base (`1010_2`: compared as base-2 numerals);
-   * scalars through `sympy_safe.parse_math` (a whitelist grammar; it never executes model text)
-     with the number rules of `math_numbers`: an exact reference is matched only by an answer
-     proved equal to it (exact arithmetic, or SymPy simplification of the difference to 0
-     under the size screen `math_limits.symbolic_ok`), never by one that is merely close.
-
-References go through the same steps; a reference that is a worked solution is its last group
-of boxes. `reference_problem` says why a reference cannot be compared (and `check_reference`
-raises it at load time): for every other reference, its answer (`reference_answer`) equals it.
-
-Hand-written parts: the extraction and structural rules (math-verify's are too lenient for a
-reward: set vs tuple, last number of any expression, last value of a chain, hedges accepted)
-and the size screens (no library bounds SymPy's work).
+Deny by default: an answer is compared only when every token of it is understood. `verify_math`
+extracts (`math_extract`), screens sizes before any parsing (`math_limits`), normalises the
+LaTeX (`math_normalize`) and compares with our own rules (`math_compare`, scalars through
+`sympy_safe` and `math_numbers`); anything they cannot decide is wrong. References go through
+the same steps (`reference_problem`, `check_reference`). The rules: docs/rewards.md; they are
+hand-written because math-verify's are too lenient for a reward (set vs tuple, last number of
+any expression, hedges accepted) and no library bounds SymPy's work.
 """
 
 from __future__ import annotations

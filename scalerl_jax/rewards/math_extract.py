@@ -1,29 +1,11 @@
 """The final answer of a math completion (`extract_answer`).
 
-Hand-written because a library's extraction is too lenient for a reward: math-verify takes the
-last number of any expression (the 2 of `\\frac{1+\\sqrt5}{2}`) and the last value of a chain.
-Order, from the most explicit statement of an answer to the least:
-
-1. Strip the thinking block; cut at the first chat-template token (`<|im_end|>`, `<|im_start|>`):
-   text after it is a new turn, not this answer.
-2. The last \\boxed / \\fbox, with the boxes just before it that are joined to it only by
-   separators ("and", "or", commas, spacing, math delimiters, a `name =` label): several boxes
-   that together state one answer (`\\boxed{1}, \\boxed{2}`) are that list, and boxed
-   alternatives (`\\boxed{3} or \\boxed{4}`) are a list the comparison refuses for one value.
-   An "answer is ..." phrase with a number after the last box replaces it (a later answer).
-   Boxes inside a box are flattened (an inner box never hides the text around it); a box
-   followed by an alternative, a hedge, a verdict or an operation (`\\boxed{5} or 6`) is no
-   answer.
-3. The last "answer is ..." / "Answer: ..." phrase; in a sentence ("The largest $n$ is 34")
-   the value after its last "is" / "=", or its only number.
-4. The last math span of the last line, when only punctuation or "is the answer" follows it.
-5. The last number, only when it stands alone (not part of an expression, interval or set:
-   the digit of `\\frac{1+\\sqrt5}{2}` or of `-[0,1)` is not an answer), with nothing after it
-   in its sentence but a unit, "%" or "is the answer" (`ends_answer`: deny by default, so
-   "5 or 6", "5 approximately", "1,250 pears" are no answer) and no alternatives before it.
-
-Every scan is linear in the completion's length (no pattern backtracks over a line), and
-completions over MAX_COMPLETION_CHARS have no answer.
+From the most explicit statement of an answer to the least: thinking stripped and cut at the
+first chat-template token; the last \\boxed (with the boxes joined to it by separators); an
+"answer is" phrase; the last math span of the last line; a stand-alone final number. Deny by
+default: an answer followed by an alternative, a hedge or words is no answer. Hand-written
+because math-verify's extraction is too lenient for a reward; every scan is linear. The rules:
+docs/rewards.md, "Math answers".
 """
 
 from __future__ import annotations

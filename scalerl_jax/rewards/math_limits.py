@@ -1,25 +1,10 @@
 """Size screens for math answers, applied to the text before anything parses it.
 
-Hand-written because no library bounds SymPy's work: its parser and simplifier have no size
-limits, and an answer of a few dozen characters can make them compute for minutes or fill
-gigabytes (`9^{9^{9^{9}}}`, `\\binom{10^9}{5 \\cdot 10^8}`, `(a+b+\\dots+r)^{12}` expanded,
-`\\frac{a^{9999}-b^{9999}}{a-b}` cancelled). Two screens, both linear scans of at most
-`MAX_ANSWER_CHARS` characters:
-
-* `within_limits`: whether an answer may be compared at all. Refused answers score as incorrect;
-  a real final answer is far inside these limits.
-* `symbolic_ok`: whether an answer is small enough for symbolic algebra (SymPy's
-  simplification, which expands and cancels polynomials), used where an equality must be
-  proved by simplification (`math_numbers.proved_equal`). An answer that passes
-  `within_limits` but not this screen is still compared where no simplification is needed
-  (exact rational arithmetic, exact values at points), and is otherwise never proved equal to
-  anything. Unevaluated calculus (integrals, sums, products, limits) never passes: SymPy's
-  integration and summation have no useful size bound (measured on math-verify 0.9:
-  `\\int_0^1 x^{12}\\sin x\\,dx` 14 s, a sum of 1/(k(k+1)(k+2)) 4 s,
-  `\\int x\\sin x\\cos x\\,e^x\\ln x\\,dx` over 30 s), and a reward wants the evaluated answer.
-
-The reward pool's per-item time and memory limits (child processes) are the backstop for what
-passes both.
+No library bounds SymPy's work, and a few dozen characters can make it compute for minutes
+(`9^{9^{9^{9}}}`, `\\binom{10^9}{5 \\cdot 10^8}`). Two linear scans: `within_limits` (may the
+answer be compared at all; refused answers score as incorrect) and `symbolic_ok` (is it small
+enough for SymPy simplification; unevaluated calculus never is). The reward pool's time and
+memory limits are the backstop. The limits: docs/rewards.md, "Math answers".
 """
 
 from __future__ import annotations

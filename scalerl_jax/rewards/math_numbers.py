@@ -1,21 +1,8 @@
 """Scalar answers compared as numbers or expressions (`compare_scalars`), through
-`sympy_safe`, which never executes model text.
-
-Number rules: an exact reference (no decimal point) is matched by an exact answer only when
-the two are proved equal (`proved_equal`: SymPy's evaluation, a minimal polynomial, or
-simplification to 0, at a bounded size), never for being close (`e^{\\pi\\sqrt{163}}` is
-within 1e-12 of an integer). A decimal answer matches it exactly when the reference has a finite
-decimal form (an integer, 1/8, also written as \\sqrt{4}): `1000000.0` matches 1000000;
-`1000000.9`, `123456800.0` and `1.8446744e19` (for 2^64) do not. A reference without one (1/3,
-\\pi) accepts a decimal within 1e-6 relative. A decimal reference is itself an approximation: a
-prediction within 1e-6 relative matches, and a reference rounded to k >= 2 decimals accepts a
-value that rounds to it (the exact form or a longer decimal). Tolerances are relative, never an
-absolute floor: 0 matches only 0, and 0.0 is not 10^-7. A percentage matches its number and its
-fraction (`12\\%` = 12 = 0.12, as in the MATH data where both forms occur); degrees and units are
-dropped (`90^\\circ` = 90); a decimal comma matches the decimal point when it is no thousands
-group (`1,22` = 1.22); numbers in a base (`1010_2`) match the same base and value. Expressions
-with variables: rational functions exactly at random integer points, others at points and then
-by a proof.
+`sympy_safe`, which never executes model text. An exact reference is matched only by an answer
+proved equal to it (`proved_equal`), never for being close; decimals match within 1e-6
+relative or by rounding, with no absolute floor. The number rules: docs/rewards.md, "Math
+answers".
 """
 
 from __future__ import annotations
@@ -133,7 +120,7 @@ def _exact_value(g, gv: complex):
 
 
 def _numbers_equal(p, g, p_text: str, g_text: str) -> bool:
-    """Two numbers (no free symbols) under the number rules of the module docstring."""
+    """Two numbers (no free symbols) under the number rules (docs/rewards.md)."""
     if p == g:
         return True
     p_decimal, g_decimal = "." in p_text, "." in g_text

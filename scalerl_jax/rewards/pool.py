@@ -1,34 +1,10 @@
 """Score (completion, reference) pairs on a host worker pool with a per-item timeout.
 
-A verifier is any `fn(completion: str, reference: str) -> bool`. A verifier that raises scores
-as incorrect and is counted in `num_errors`; one that runs past `timeout_s` scores as incorrect
-and is counted in `num_timeouts`. `score` returns on time whatever the verifiers do, and never
-raises because of them.
-
-Stuck verifiers. Python threads cannot be killed, so the two modes handle a hang differently.
-A run picks the mode with `rewards.use_processes` (RewardConfig.processes, automatic by default):
-processes for math and every verifier but the exact match of synthetic tasks.
-
-* threads (`processes=False`, the class default): an item past its deadline is abandoned. Its
-  thread keeps running the stuck call; the pool starts a replacement thread so capacity stays at
-  `num_workers`, and the stuck thread exits when (if ever) its call returns. At most
-  `max_stuck_threads` replacements are outstanding; beyond that capacity shrinks, and items that
-  cannot start before the call's deadline (timeout_s x (ceil(n / num_workers) + 1)) count as
-  timeouts. `stuck_threads` is the
-  number to log. Cheap; right for verifiers that are fast and rarely hang.
-* processes (`processes=True`): each worker thread feeds one child process ("spawn" start
-  method: forking a process that runs JAX threads is unsafe). On timeout the child is killed and
-  a fresh one started, so a pathological SymPy expression costs one restart, never a thread.
-  Children also run verifiers in parallel, free of the GIL: the choice for heavy math
-  verification. Verifiers must be picklable (module-level functions or partials of them) and
-  entry points need the usual `if __name__ == "__main__":` guard. The first item a child gets
-  imports the verifier's module; that import (bounded by `child_start_timeout_s`) is not
-  counted against the item's timeout, and is paid once per child (again only after a kill).
-  Every blocking step of a worker has a time limit, so the workers themselves enforce the
-  deadlines. Each child also caps its own address space at `memory_mb` MiB (RLIMIT_AS, set
-  before it imports the verifier; None: no cap): a verifier that needs more scores as an error
-  (MemoryError, or the child's death when a C library aborts) and the child is replaced. Thread
-  workers share the trainer's process and have no memory cap.
+A verifier is any `fn(completion: str, reference: str) -> bool`; one that raises or runs past
+`timeout_s` scores as incorrect and is counted, and `score` returns on time whatever the
+verifiers do. Threads (`processes=False`) abandon and replace a stuck call; processes
+(`processes=True`, spawned children under a memory cap) are killed and restarted on timeout.
+The two modes and their limits: docs/rewards.md.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """The loop of a reward verifier child process (rewards/pool.py, `processes=True`).
 
-A spawned child imports the module of its entry point, and the packages above it, before it
-can report ready. `scalerl_jax.rewards` resolves its names lazily, so that import costs nothing;
-eager, it would import SymPy and math-verify (about 1 s), paid again at every restart after a
-timeout even for a verifier that needs neither. Here the child imports only what unpickling its
-first verifier needs. Keep this module to the standard library.
-
-Memory: before it imports anything heavy the child caps its own address space (RLIMIT_AS, soft
-and hard, so nothing in the child can raise it again). A verifier that needs more gets a
-MemoryError, which is reported as that item's error; the child then exits so that the pool
-replaces it with a fresh process instead of reusing one whose heap is near the cap. Time is
-bounded by the parent, which kills a child that runs past the item's limit.
+Standard library only: a spawned child imports its entry point's packages before it reports
+ready, and `scalerl_jax.rewards` resolves names lazily so that costs nothing (eager, SymPy and
+math-verify, ~1 s, again at every restart). The child caps its own address space (RLIMIT_AS,
+soft and hard) before importing anything heavy; a MemoryError is that item's error, and the
+child then exits to be replaced. The parent bounds time by killing it.
 """
 
 import os

@@ -1,36 +1,11 @@
 """Starting and ending the processes of the code sandbox, in one of two isolation modes.
 
-**bwrap** (the strong mode; bubblewrap, Debian/Ubuntu package `bubblewrap`): each process gets
-new mount, PID, network, IPC and UTS namespaces. Its filesystem is an empty root with read-only
-binds of /usr (and the /bin, /lib... links or directories beside it), the Python installation and
-site-packages, this directory's scripts and `/etc/ld.so.cache`; a fresh /proc of its own PID
-namespace (no other process, so no `/proc/<pid>/mem` or `/ns/net` of the caller); a minimal /dev;
-a size-limited tmpfs as /tmp, cwd and HOME; the root remounted read-only. No network interface
-but a loopback that is down, and no filesystem socket of the host is visible. Started as root,
-bubblewrap keeps CAP_SETUID/CAP_SETGID only, and the process drops to a uid of its own
-(`sandbox_policy.UidLease`; no groups) before it reads the program (`_inside.drop_privileges`):
-the candidate never has root's uid or any capability, and cannot regain them
-(no-new-privileges). Started as another user, the sandbox runs in a new user namespace of its
-own (which needs unprivileged user namespaces) with that user's uid and no capabilities
-outside. In both cases a seccomp filter (`sandbox_policy.seccomp_bpf`) refuses namespaces
-(so no nested user namespace), keyrings, ptrace, mounts, bpf and memory no limit counts.
-`--die-with-parent` plus the PID namespace: killing bubblewrap ends every process of the
-sandbox; the tmpfs goes with them, so nothing is left on disk.
-
-**weak** (only where the caller accepts it: `SandboxLimits.isolation="best"` without bubblewrap,
-or `"weak"`): a plain `python -I -S` process in a fresh temporary directory, which tries network
-and PID namespaces (unshare(2), where allowed), drops root to nobody only when the Python
-installation is world-readable, installs a PEP 578 audit hook in each child, and is a child
-subreaper so that `close` finds and kills every descendant, setsid or not. The audit hook binds
-only Python-level calls: a program aimed at it can read and write what the trainer's uid can.
-
-In both modes the verdict is decided outside (rewards/code.py), from plain data, and every step
-of this side has a deadline: writes to a sandboxed process are non-blocking (a process that
-stops reading, or is stopped, cannot hold the caller), reads stop at the deadline and at
-`max_line` bytes, and `close` waits a bounded time.
-
-Hand-written around bubblewrap because nothing on PyPI drives it; nsjail is an alternative with
-the same layers but needs a config language of its own.
+**bwrap** (strong): bubblewrap namespaces, a read-only root of /usr and the Python installation,
+a size-limited tmpfs, a uid of the sandbox's own (or its own user namespace), no capability,
+no-new-privileges and a seccomp filter; killing bubblewrap ends every process of the sandbox.
+**weak** (only where accepted): a plain `python -I -S` process with what unshare(2) allows and
+a PEP 578 audit hook. Every step on this side has a deadline; the verdict is decided outside
+(rewards/code.py). What each mode gives the program: docs/rewards.md, "Code rewards".
 """
 
 from __future__ import annotations

@@ -1,22 +1,10 @@
 """What each strong-mode sandbox may be: an identity of its own, and the system calls it may make.
 
-Identity. Started as root, every sandboxed process drops to a uid of its own from `UID_RANGE`,
-leased (an flock on one file per uid, released when the process is closed or its owner dies):
-two sandboxes that exist at the same time never share a uid, so per-uid kernel state (the
-RLIMIT_NPROC count, inotify instances, pipe buffers) is never shared between concurrent
-rollouts. A uid is leased again only after its sandbox was killed; the per-uid state that
-outlives processes, keyrings, is denied below. Started as a user, bubblewrap gives each sandbox
-a user namespace of its own, which is its own keyring register and (Linux >= 5.14) its own
-RLIMIT_NPROC count.
-
-System calls. A seccomp filter (bubblewrap's `--seccomp`) refuses with EPERM what a scored
-program never needs: creating or entering namespaces (unshare, setns, clone with a CLONE_NEW*
-flag; clone3 answers ENOSYS, so that libc falls back to clone, whose flags a filter can read),
-keyrings, tracing or reading other processes, mounts, bpf, perf events, userfaultfd, io_uring,
-kernel modules and clocks, and memory that no limit counts (memfd_create, memfd_secret, System
-V shared memory and message queues); a foreign architecture's system calls kill the process.
-Built with libseccomp's Python bindings (`seccomp`, Debian's python3-seccomp, or `pyseccomp`
-from PyPI, the same API over ctypes); the filter is exported as BPF once per process.
+Identity: started as root, each sandbox drops to a uid of its own from `UID_RANGE`, leased by
+an flock per uid, so concurrent rollouts never share per-uid kernel state; started as a user,
+each sandbox has a user namespace of its own. System calls: a seccomp filter (built with
+libseccomp's Python bindings, exported as BPF once per process) refuses with EPERM what a
+scored program never needs. The lists: docs/rewards.md, "Code rewards".
 """
 
 from __future__ import annotations

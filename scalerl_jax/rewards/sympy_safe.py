@@ -1,17 +1,10 @@
 """A safe string -> SymPy parser for answers: a whitelist tokenizer and a recursive-descent parser.
 
-Model text is never executed: `sympify` and `parse_expr` go through Python `eval`, so they are
-not used. Accepted: numbers, single-letter symbols (e -> E, i -> I), a few Greek letters, + - * /
-^, brackets, implicit multiplication, \\frac, \\sqrt[n], pi, \\infty, sqrt/ln/log/exp and the
-trigonometric functions and their inverses (`\\sin^2 x`, `\\log_2 8`), n! and \\binom of
-integers up to MAX_FACTORIAL. Implicit multiplication needs a non-number on its right (`2x`,
-`2\\pi`, `2(3)`): two numbers side by side (`2 3`, from `2 \\quad 3`) are refused, not read as
-6, and so is a number before a fraction (`3\\frac{1}{2}`: a mixed number, which
-`math_normalize` reads only as a whole answer). Anything else (a subscript, a word, a
-relation) is refused: the caller scores it as wrong. Sizes are bounded
-(characters, tokens, nesting, powers), only rational arithmetic is evaluated while parsing, and
-values are computed by `evaluate_complex` (double precision, O(1) per node), so one answer
-cannot make SymPy compute for long; the pool's timeout is the backstop.
+Model text is never executed (`sympify` and `parse_expr` go through Python `eval`, so they are
+not used). Numbers, single-letter symbols, + - * / ^, brackets, implicit multiplication with a
+non-number on its right, \\frac, \\sqrt, pi, the usual functions, n! and \\binom of small
+integers; anything else is refused and scores as wrong. Sizes are bounded and values are
+computed by `evaluate_complex` in double precision. The grammar: docs/rewards.md.
 """
 
 from __future__ import annotations

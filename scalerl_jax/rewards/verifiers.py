@@ -7,18 +7,13 @@ import importlib
 import logging
 from typing import Callable, Optional, cast
 
-from scalerl_jax.config import ConfigError, DataConfig
+# NAMED_VERIFIERS holds import paths: a verifier is imported only when used (keeps math-only
+# runs from importing the code verifier, and the reverse).
+from scalerl_jax.config import NAMED_VERIFIERS, ConfigError, DataConfig
 from scalerl_jax.rewards.pool import Verifier
 
 log = logging.getLogger(__name__)
 
-# Verifiers a data domain names (DomainConfig.verifier), as importable paths: `code` is
-# imported only when used (it needs nothing at import, but keeps math-only runs lean).
-NAMED_VERIFIERS = {
-    "math": "scalerl_jax.rewards.math:verify_math",
-    "exact": "scalerl_jax.rewards.exact_match:verify_exact",
-    "code": "scalerl_jax.rewards.code:verify_code",
-}
 # What validates a verifier's reference answers at load time (a malformed row is skipped and
 # counted like any bad row instead of scoring every completion of its prompt as wrong).
 ANSWER_CHECKS = {

@@ -1,24 +1,10 @@
 """Group-relative advantages, zero-variance groups, and length-based reward shaping.
 
-Rows are sequences; ``prompt_index`` [N] (int, static ``num_prompts``) names each row's group
-(rows of one prompt need not be adjacent) and ``valid`` [N] (optional, bool) marks real rows.
-Rows whose prompt_index is outside [0, num_prompts) are invalid. Invalid rows never influence
-any statistic and get advantage 0.
-
-Conventions (compare before comparing numbers with other libraries):
-
-* Standard deviations use ``ddof=1`` by default (Bessel-corrected, as ``torch.std`` in TRL and
-  verl); pass ``ddof=0`` for the population std (numpy's default).
-* Normalisation divides by ``std + eps`` (TRL and verl too; TRL's eps is 1e-4, verl's 1e-6).
-* ``norm="batch"`` (ScaleRL) divides by the std of the group-CENTRED advantages over the rows
-  that are kept, i.e. AFTER zero-variance filtering. TRL's ``scale_rewards="batch"`` instead
-  uses the std of the raw rewards over the whole batch; the two differ whenever group means
-  differ (and whenever zero-variance groups are present). Why after filtering: zero-variance
-  groups have centred advantages exactly 0, so counting them would shrink the std by a factor
-  set by how many groups happen to be all-correct or all-wrong, which drifts as the policy
-  improves; the step size of the rows that actually produce a gradient would then drift with it.
-  After filtering, the scale depends only on the rows that train. With
-  ``filter_zero_variance=False`` (the LOO ablation) those rows are kept and so enter the std.
+Rows are sequences; ``prompt_index`` [N] (static ``num_prompts``) names each row's group (rows
+of one prompt need not be adjacent) and ``valid`` [N] marks real rows; rows outside
+[0, num_prompts) never influence any statistic and get advantage 0. Conventions (Bessel-
+corrected std, ``std + eps``, ScaleRL's batch std after zero-variance filtering) and how they
+differ from TRL and verl: docs/losses.md, "Advantages, reward shaping, conventions".
 """
 
 from __future__ import annotations

@@ -1,28 +1,10 @@
 """Loss aggregation: how per-token losses of a batch become one scalar.
 
-Every mode is expressed as per-token weights W [N, T] with loss = sum(W * per_token_loss). The
-weights are data (no gradient flows through them), so the gradient of any objective is simply
-W times its per-token gradient, and the KL and entropy terms are aggregated the same way.
-
-Which tokens count. A token counts when its mask is non-zero and, when `prompt_index` is given,
-its row's prompt index lies in [0, num_prompts) (so -1 is a valid marker for padding rows). A
-row with no counted token is *absent*: it gets weight 0 and is not counted in any denominator.
-A prompt none of whose rows has a counted token is absent too. Consequently padding tokens,
-padding rows and dropped prompts change neither the loss nor its gradient, in every mode, and
-a batch with no counted token at all gives loss 0.0 (never NaN) and zero gradient.
-
-Modes (n_i = counted tokens of row i, P_p = counted tokens of prompt p over all its rows):
-
-* ``token``    (DAPO): sum over all counted tokens / total counted tokens.
-* ``sequence`` (GRPO "sample average"): per row sum / n_i, then the mean over non-empty rows.
-  TRL's ``grpo`` loss_type averages over all rows (an empty row adds a 0 to the mean); the two
-  agree whenever every row has a counted token.
-* ``prompt``   (ScaleRL "prompt average"): per prompt, the sum over its rows' tokens / P_p, then
-  the mean over prompts with P_p > 0. Rows of one prompt need not be adjacent.
-* ``constant`` (Dr.GRPO): sum over all counted tokens / (non-empty rows x max_length), with
-  max_length defaulting to T. TRL's ``dr_grpo`` divides by (all rows x max_completion_length);
-  the two agree whenever every row has a counted token. We count non-empty rows so that padding
-  rows cannot rescale the loss.
+Every mode is per-token weights W [N, T] (data, no gradient) with loss = sum(W * per_token_loss):
+``token`` (DAPO), ``sequence`` (GRPO), ``prompt`` (ScaleRL), ``constant`` (Dr.GRPO). Padding
+tokens, padding rows (prompt index outside [0, num_prompts)) and dropped prompts change neither
+the loss nor its gradient; an empty batch gives 0.0. The modes' formulas and how they differ
+from TRL's: docs/losses.md, "Aggregation modes".
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
 """No-positive-resampling (ScaleRL): retire prompts the policy has learned to solve.
 
-Each time a prompt's group is scored, its pass rate (fraction of its generations judged correct)
-is recorded. A prompt is retired as soon as ONE observed pass rate is >= ``threshold`` (0.9):
-the decision uses the latest observation, not the running mean, and retirement is permanent
-(the paper: a prompt whose pass rate reaches 0.9 is removed from later epochs). Groups of a
-retired prompt that were already generated (in flight under PipelineRL) are still recorded,
-but nothing un-retires a prompt. The running mean is kept for analysis only.
-
-Comparison uses a 1e-6 tolerance, so 9 of 10 correct counts as 0.9 even when the rate was
-computed in fp32 (0.9f is 0.89999998).
-
-The state is host-side Python (it never enters jit) and serialises to plain JSON types with
-`to_dict` / `from_dict` for checkpoints. Prompt ids are ints or strings and keep their type
-through a JSON round trip (they are stored in a list, not as object keys).
+A prompt is retired, permanently, as soon as one observed pass rate of its group is >=
+``threshold`` (0.9, with a 1e-6 tolerance so that 9 of 10 in fp32 counts); groups already in
+flight are still recorded, and the running mean is kept for analysis only. Host-side Python
+state, serialised to plain JSON types (`to_dict` / `from_dict`) with prompt ids keeping their
+int or str type.
 """
 
 from __future__ import annotations

@@ -1,73 +1,11 @@
 """Policy-gradient objectives for LLMs: CISPO (ScaleRL), PPO-clip (GRPO, DAPO), GSPO, REINFORCE+TIS.
 
-All are pure functions of arrays with static Python hyper-parameters. They return
-``(loss, metrics)``: ``loss`` is an fp32 scalar to MINIMISE, ``metrics`` a dict of fp32 scalars.
-
-Inputs (N rows = sequences, T positions):
-
-* ``logp`` [N, T]: trainer log-probs of the taken tokens (differentiable; any float dtype).
-* ``behaviour_logp`` [N, T]: log-probs under the policy that sampled the tokens (the sampler), as
-  data. Without ``tis_cap`` every ratio here is ``rho = exp(logp - behaviour_logp)``, computed in
-  fp32. This is ScaleRL's pi_gen; for a classic PPO ratio against a recomputed pi_old (and no
-  mismatch correction), pass those log-probs here.
-* ``advantages`` [N] (one per row, broadcast over T) or [N, T] (per token).
-* ``mask`` [N, T]: non-zero for policy-sampled completion tokens; 0 for prompt, padding and
-  forced (interruption) tokens. Treated as boolean.
-* ``prompt_index`` [N] int (optional except for aggregation='prompt'), with static
-  ``num_prompts``: rows outside [0, num_prompts) never count (so -1 can mark padding rows).
-* Optional ``ref_logp`` [N, T] (KL to a reference) and ``entropy`` [N, T] (per-token entropy of
-  the trainer policy, differentiable).
-* Optional ``old_logp`` [N, T], with ``tis_cap`` only (see below).
-
-Truncated importance sampling (TIS) for sampler/trainer mismatch, on any objective (MiniMax-M1,
-verl's rollout IS, Yao et al. 2025). Three log-probs of the same tokens are involved:
-
-* ``logp``: the trainer's current policy pi_theta (differentiable);
-* ``old_logp``: the TRAINER's log-probs under the parameters version that sampled the batch
-  (pi_old; recomputed by the trainer before updating, used as data: stop-gradient). ``None``
-  means pi_old is pi_theta, i.e. ``sg(logp)``: exact whenever a batch gets one optimiser step
-  from the parameters that sampled it; with a lagging sampler the weight then also covers the
-  lag (the train step's case, see ``train/step.py``);
-* ``behaviour_logp``: the SAMPLER's log-probs of the same version (its kernels, dtype, ...).
-
-With ``tis_cap=C`` the objective's own ratio is taken against pi_old, ``exp(logp - old_logp)``,
-and every token's loss is multiplied by ``sg(min(exp(old_logp - behaviour_logp), C))``. Without
-``tis_cap`` no such weight exists and ``old_logp`` is refused. With ``old_logp=None`` the
-objective's ratio is 1 in value (gradient that of logp), so no clip or cap can bind and every
-objective has the gradient of `tis_loss` with the same cap (CISPO when ratio_floor <= 1 <=
-ratio_cap, and then its value too; the PPO-style values are surrogates, -w*A per token).
-Metrics with TIS: ``tis_frac`` (tokens whose pi_old/pi_behaviour exceeds the cap),
-``tis_ratio_mean`` / ``tis_ratio_max`` (of that ratio).
-
-Settings an objective does not read are refused, not ignored: `policy_loss` raises for any
-objective-specific keyword given (not None) that its objective does not use
-(``rl.hparams.OBJECTIVE_HPARAMS``), and each objective's function takes only its own keywords.
-
-The objective's per-token term is aggregated with `aggregation` (see ``rl/aggregation.py``:
-token / sequence / prompt / constant). With gradient accumulation, compute
-``token_weights(...)`` once over the WHOLE batch and pass each micro-batch its slice as
-``weights=`` (the aggregation arguments are then only used for the count metrics, and
-``normaliser`` is not reported): the micro-batch losses then sum to the full-batch loss, whereas
-per-micro-batch normalisers would not (prompt and token modes normalise across rows).
-
-Tokens that do not count never influence the loss or its gradient, even when their inputs are
-NaN or inf; an all-masked batch gives loss 0.0.
-``total = pg_loss + kl_coef * kl - entropy_coef * entropy``, all three aggregated the same way.
-
-Log-ratios are clamped to [-20, 20] before ``exp`` (as verl does) so that ratios stay finite; this
-only matters for ``|log rho|`` > 20, where the clamped ratio has zero gradient.
-
-Common metrics: ``tokens``, ``sequences``, ``prompts`` (when prompt_index is given),
-``normaliser`` (aggregation divisor), ``pg_loss``, ``ratio_mean`` / ``ratio_max`` (token mean /
-max over counted tokens of the ratio the objective uses), ``kl`` / ``entropy`` when given
-(aggregated like the loss), plus the objective's clip/cap fractions (token fractions).
-
-This module holds CISPO, GSPO, REINFORCE+TIS and the `policy_loss` dispatch; the PPO-clip family
-(PPO-clip, GRPO, DAPO, and the clipped surrogate GSPO reuses) is ``rl/ppo_clip.py``, re-exported
-here. Each objective is its per-token term registered with ``@objective(name)``
-(``rl/registry.py``), which wraps it once in the frame every objective shares (input checks and
-sanitising, KL/entropy terms, aggregation: ``rl/loss_parts.py``). A new objective is one such
-function plus its row of ``rl.hparams.OBJECTIVE_HPARAMS`` (and LossConfig fields for new names).
+Pure functions of arrays with static Python hyper-parameters, returning ``(loss, metrics)``:
+``loss`` an fp32 scalar to minimise, ``metrics`` a dict of fp32 scalars. Inputs are [N rows, T
+positions]: ``logp`` (differentiable), ``behaviour_logp`` (the sampler's), ``advantages`` ([N]
+or [N, T]), ``mask`` (policy-sampled tokens), ``prompt_index`` with a static ``num_prompts``.
+Each objective is a per-token term registered with ``@objective(name)`` (``rl/registry.py``);
+the PPO-clip family is ``rl/ppo_clip.py``. Semantics, TIS and metrics: docs/losses.md.
 """
 
 from __future__ import annotations
@@ -132,7 +70,7 @@ def cispo_loss(
     eps_max, TRL's ``epsilon_high`` for cispo), not an offset from 1 as in verl/slime's
     ``clip(rho, 1 - lo, 1 + hi)``. ``ratio_floor`` (default none, as in the paper) is absolute too.
     The gradient w.r.t. logp is ``-sg(w) * A * W`` with W the aggregation weights: every token
-    keeps its gradient, only its weight is capped. With ``tis_cap`` (see the module docstring)
+    keeps its gradient, only its weight is capped. With ``tis_cap`` (docs/losses.md)
     rho is ``pi_theta / pi_old`` and the term is multiplied by the TIS weight.
 
     Metrics: ``cap_frac`` (rho > ratio_cap), ``floor_frac`` (rho < ratio_floor; 0 without floor).
@@ -171,8 +109,8 @@ def gspo_loss(
     objective (mean over sequences). Per-token advantages are allowed (GSPO-token proper).
     The sequence mean is over counted tokens; its log is clamped to [-20, 20]. The clip range
     has its own names (``gspo_eps_*``, not ``clip_eps_*``): sequence ratios live within ~1e-3 of
-    1, token ratios do not, so one setting cannot serve both. With ``tis_cap`` (see the module
-    docstring) s_i is taken against pi_old and each token's term gets its TIS weight.
+    1, token ratios do not, so one setting cannot serve both. With ``tis_cap`` (docs/losses.md)
+    s_i is taken against pi_old and each token's term gets its TIS weight.
 
     Metrics: ``ratio_mean``/``ratio_max`` are of s_i over counted tokens; clip fractions as PPO's.
     """

@@ -1,6 +1,6 @@
 """The PPO-clip family: PPO-clip itself and its two named settings, GRPO (symmetric clip) and DAPO
 (clip-higher), plus the clipped surrogate GSPO shares. Same inputs, TIS and aggregation as every
-objective (`rl/objectives.py`'s docstring; the shared frame is `rl/loss_parts.py`); imported from
+objective (docs/losses.md; the shared frame is `rl/loss_parts.py`); imported from
 `scalerl_jax.rl.objectives` like the others."""
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def _ppo_clip(
 
     The eps are offsets from 1 (verl's clip_ratio_low/high, TRL's epsilon/epsilon_high). With
     ``dual_clip=c`` (> 1) tokens with A < 0 are further bounded: ``min(that, -c*A)`` (verl).
-    With ``tis_cap`` (see the module docstring) rho is ``pi_theta / pi_old`` and the clipped
+    With ``tis_cap`` (docs/losses.md) rho is ``pi_theta / pi_old`` and the clipped
     term is multiplied by the TIS weight (verl applies it after the dual clip too).
     Metrics: ``clip_frac_low`` (rho < 1-lo and A < 0), ``clip_frac_high`` (rho > 1+hi and A > 0),
     ``clip_frac`` (either: tokens whose gradient clipping zeroed), ``dual_clip_frac``.

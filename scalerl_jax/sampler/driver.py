@@ -1,59 +1,11 @@
 """The sampler driver: continuous batching over a prompt stream, groups, interruptions, and
 in-flight weight updates, on top of `Engine`.
 
-One loop, run in a background thread (`start`) or in the caller's (`run` / `step`):
-  1. apply a pending `update_params` (a reference swap: KV caches are kept, nothing recompiles);
-  2. refill every free slot: the remaining samples of a partly inserted group first, else the next
-     prompts, each prefilled once (padded to a power-of-two length bucket; when many slots refill
-     at once, the prompts of one bucket share batched passes: `_prefill`; so prefill compiles at
-     most twice per bucket) and bulk-inserted into up to G slots;
-  3. one `generate` call (`decode_steps_per_call` steps);
-  4. one host copy of the PREVIOUS call's tokens, and per slot, per token: record token,
-     log-prob, forced flag and params version; end the sample on eos or its hard cap; interrupt
-     it at its thinking budget.
-
-Dispatch ahead (`dispatch_ahead`, on by default with one decode step per call). Step 3 queues
-call n+1 on the device before step 4 reads call n's tokens, so the device never waits for the
-host: jit dispatch and bookkeeping overlap the next call (x1.08 sampler tokens/s on the peer
-benchmark's CPU shape at one step per call; nothing at four steps, where the host's share is
-already divided by four and the extra steps below cost more). The price is that what the host
-decides from call n (a sample ended, its budget was reached) takes effect one call later: call
-n+1 has already decoded for that slot. Those extra tokens are never recorded (a sample records
-only the calls dispatched after it was inserted or last rewound), an ended sample's slot is
-simply freed, and an interrupted one is rewound to its budget before the phrase is forced. A
-token's random draw depends only on the sample's key and the token's position (the engine folds
-the position into the key), so what a rewound slot draws again is what lockstep
-(`dispatch_ahead=False`) draws: both modes, and any `decode_steps_per_call`, give the same
-samples.
-
-Admission (backpressure). `admit(version)` is asked before each new prompt is taken; False means
-"not now" (the caller bounds how far ahead of the trainer the sampler may run: train/pipeline.py).
-The prompt stream may also yield None for "nothing available now". Either way the running
-samples keep decoding; with every slot free the loop waits (`time_idle`) until a weight update
-or the caller lets it go on.
-
-Reproducibility. Each prompt has a ticket (its `Prompt.ticket`, else its admission count) and
-sample j of ticket t draws its tokens from a PRNG key and its thinking budget from a generator
-both derived from (seed, t, j). What a sample generates therefore depends on the params it saw,
-not on which slot it got, on what else was running, or on how many steps each call decoded.
-
-Interruptions. Each sample draws a thinking budget in [think_min, think_max]
-(generated tokens, counted from the first one: thinking is taken to be open from the start of
-the completion). If the think-close marker has not appeared among the first `budget` tokens, the
-phrase is queued as forced tokens and the sample gets at most `answer_budget` tokens after the
-phrase. The hard cap is min(max_new_tokens, room left in the KV cache); reaching it is
-"truncated". When a multi-step generate call (or a call dispatched ahead) ran past the budget, the
-slot is rewound to it (the extra tokens are dropped; exact, since entries past a slot's length are
-never read).
-
-Groups are emitted when all G samples are done, to `on_group` or to an internal bounded queue
-read with `get` / iteration. An exception in the driver thread (bad prompt, model error,
-callback error) stops the loop and is re-raised, as `DriverError` from the original, by the next
-`get`, iteration, `update_params` or `join` in the caller.
-
-One responsibility keeps this module whole: the loop above, whose steps (refill, generate,
-interruptions, rewinds, group assembly, weight swaps) all read and update the same per-slot
-bookkeeping of one `Driver`; what it is fed and the records it keeps are `sampler/work.py`.
+One loop, in a background thread (`start`) or the caller's (`run` / `step`): apply a pending
+weight update, refill free slots (batched prefills per length bucket), one `generate` call,
+then record the previous call's tokens per slot (dispatch ahead). A sample's tokens depend only
+on (seed, ticket, sample index) and the params it saw. The loop's steps, dispatch ahead,
+admission, reproducibility and interruptions: docs/sampler.md, "The driver's loop".
 """
 
 from __future__ import annotations
@@ -106,16 +58,16 @@ class DriverError(RuntimeError):
 
 
 class Driver:
-    """Continuous-batching sampler loop. See the module docstring.
+    """Continuous-batching sampler loop (docs/sampler.md, "The driver's loop").
 
     prompts: iterable of `Prompt` or (prompt_id, token ids[, metadata]) tuples.
     eos_ids / think_close_ids / phrase_ids: token ids, encoded by the caller's tokenizer
     (`driver_token_ids` or `Driver.for_tokenizer` encode cfg's strings); the last two only with
     interruptions on (else they would never be read, and are refused).
     continuous=False gives static batching (refill only when every slot is free): a baseline.
-    dispatch_ahead: queue each generate call before reading the previous one (module docstring,
-    "Dispatch ahead"); default: when the engine decodes one step per call. False runs each call
-    and its bookkeeping in lockstep.
+    dispatch_ahead: queue each generate call before reading the previous one (docs/sampler.md);
+    default: when the engine decodes one step per call. False runs each call and its
+    bookkeeping in lockstep.
     cfg: the driver-side fields (interruptions, think_min/max, answer_budget, max_new_tokens,
     truncate_long_prompts) are read from it; default `engine.cfg`. Everything compiled (slots,
     lengths, sampling: `sampler.engine.COMPILED_FIELDS`) is the engine's, so drivers with different

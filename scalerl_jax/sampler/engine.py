@@ -1,37 +1,11 @@
 """The JetStream Engine API, implemented in-house for our Flax decoder.
 
-A decode state holds `max_concurrent_decodes` slots, each with its own KV cache rows, length,
-next input token, PRNG key and forced-token queue, sharded over the sampler mesh (slots over
-`data`, KV heads over `tensor`). Every function is jitted once per static shape: `generate` has
-one program per attention window (`cache_windows`: at most four, the whole cache when the caller
-gives no bound on the filled length), `prefill` and `bulk_insert` one per prompt-length bucket
-(and per row count of `prefill_batch`).
-
-Slot invariant: the cache holds the slot's first `lengths` tokens; `next_token` is the token after
-them, not yet in the cache. A generate step feeds `next_token` at position `lengths`, samples (or
-takes the forced token) from the resulting logits, and makes the emitted token the next input.
-
-Differences from JetStream, on purpose:
-
-* `prefill` returns only the prefix (the KV of all prompt tokens but the last, and that last
-  token); the first generated token comes from the first `generate` step. This is what lets one
-  prefill serve the G slots of a group: each slot samples its own first token with its own key,
-  under the same params version and forced-token rules as every later token.
-* `prefill_batch` prefills several prompts of one padded length in one forward pass (one
-  prefix row each; `bulk_insert` says which row goes to which slot): a run's first fill, or a
-  synchronous round that refills every slot, costs one batched pass per length bucket instead of
-  one small pass per prompt.
-* `params` is an argument of `generate`, so a weight update is a reference swap between two calls:
-  same shapes and shardings, no recompilation, KV caches kept (PipelineRL).
-* functions are pure: `insert`, `free_resource`, ... return the new decode state.
-* extra slot operations for the driver: `force_tokens` (queue tokens that are emitted and fed back
-  instead of samples, flagged as forced) and `rewind` (move a slot back to an earlier length, e.g.
-  when a multi-step `generate` call ran past an interruption point; entries past the length are
-  never read, so this is exact).
-
-One responsibility keeps this module whole at ~600 lines: the `Engine`, whose jitted
-operations share one decode state layout, its shardings and its compiled programs; the types
-above are that state's parts.
+A decode state holds `max_concurrent_decodes` slots (KV cache rows, length, next input token,
+PRNG key, forced-token queue), sharded over the sampler mesh (slots over `data`, KV heads over
+`tensor`). Slot invariant: the cache holds the slot's first `lengths` tokens; `next_token` is
+the token after them, not yet in the cache. `params` is an argument of `generate`, so a weight
+update is a reference swap. Programs per shape and the differences from JetStream:
+docs/sampler.md.
 """
 
 from __future__ import annotations

@@ -1,37 +1,11 @@
 """Token sampling for the decode step: temperature, top-k, top-p, one RNG key per slot.
 
-Which log-prob is reported. RL needs the behaviour policy's probability of each token it actually
-sampled, so `sample` returns the fp32 log-prob under the distribution it drew from: logits divided
-by the temperature, restricted to the top-k / top-p set and renormalised over that set. Without
-top-k / top-p this is exactly `log_softmax(model.logits(h) / temperature)`, the trainer's
-log-prob of the same token (the train step scores at the sampler's temperature). Two cases have
-no such distribution and report the untruncated one:
-
-* temperature 0 (greedy) is a point mass (log-prob 0, useless for scoring), so greedy reports
-  `log_softmax(logits)` at temperature 1;
-* forced tokens (`token_logprob`) were not sampled and may lie outside the top-p set (log-prob
-  -inf, which turns into NaN as soon as it is multiplied by a zero mask), so they report the
-  tempered log-prob over the full vocabulary. The loss ignores forced tokens either way.
-
-How a token is drawn: inverse-CDF sampling with ONE uniform per row, not
-`jax.random.categorical`. Categorical draws Gumbel noise for every logit (B x V uniforms, logs
-and an argmax): on a 32 x 8,192 decode step that was ~35% of the step on CPU. Inverse CDF draws
-u ~ U[0, 1) and returns the first token whose cumulative (unnormalised) probability exceeds
-u * total, which samples from exactly the same distribution. It is hand-written because neither
-jax nor optax offers it, and it is done in two levels so that no cumulative sum runs over the
-whole vocabulary (`jnp.cumsum` over 8,192 entries is an associative scan, ~8x slower than the
-blocked version): cumulate the sums of blocks of ~sqrt(V) tokens, pick the block, then cumulate
-inside that block only. fp32 rounding can make the two levels disagree by an ulp at a block
-edge; the pick is then clamped to the nearest token of non-zero probability, so a token outside
-the top-k / top-p set (probability exactly 0) is never returned. The draw's resolution is that of
-an fp32 uniform (2^-24), the same order as the Gumbel trick's in fp32.
-
-A sample seeded by a given key is a different token than `categorical` with that key would give,
-but the key schedule (one key per slot, split every step) is unchanged, so sampling stays
-reproducible per (seed, ticket, sample) under continuous batching.
-
-Pure functions of arrays; the static hyper-parameters are Python scalars, so each setting is one
-compiled program.
+`sample` returns each token with its fp32 log-prob under the distribution it was drawn from
+(greedy and forced tokens report the untruncated one: docs/sampler.md, "Which log-prob"). A
+token is drawn by inverse-CDF sampling with one uniform per row, in two levels of blocks,
+instead of `jax.random.categorical`'s B x V Gumbel draws (~35% of a CPU decode step); why and
+how: docs/sampler.md, "How a token is drawn". Pure functions of arrays with static Python
+hyper-parameters: each setting is one compiled program.
 """
 
 from __future__ import annotations
@@ -71,7 +45,7 @@ def _block_size(vocab: int) -> int:
 
 def _first_exceeding(cum, weights, target):
     """Index of the first entry of `cum` (inclusive cumulative sums of `weights`, [B, N]) that is
-    > target [B], clamped to the entries with weight > 0 (see the module docstring)."""
+    > target [B], clamped to the entries with weight > 0 (docs/sampler.md)."""
     n = cum.shape[-1]
     idx = jnp.sum(cum <= target[:, None], axis=-1)  # cum is non-decreasing: a count is a search
     pos = jnp.arange(n)

@@ -1,29 +1,11 @@
 """Uncertainty: bootstrap intervals for A, B, C_mid, bands for the curve, and per-seed fits.
 
-Two resampling methods; every resample of one call is one batched fit of the same padded arrays.
-
-* "ar1" (default): a parametric residual bootstrap for serially correlated noise. Consecutive
-  evaluations share a policy (and a training wobble), so their errors are correlated; resampling
-  points independently then makes intervals too narrow (measured on synthetic AR(1) curves,
-  rho 0.7, 30 points: the 95% interval for A covered the truth 75% of the time). The residuals of
-  the fit are modelled as AR(1) along each seed's evaluations. Their lag-1 autocorrelation and
-  spread understate the noise's, because the fitted curve absorbs slow noise; so the noise
-  parameters are found by calibration: AR(1) noise with rho on a grid is simulated on the fitted
-  curve, refitted, and the residual statistics of those refits are matched to the observed ones.
-  Each resample then draws rho (weighted by how well it explains the observed residual
-  autocorrelation) and sigma (from the calibration's residual spread) before simulating its
-  noise, so the uncertainty of the noise model itself widens the interval (with the rho of
-  the best match alone, coverage at rho 0.7 was 88%). Intervals are "basic" (2 * estimate - the
-  resample quantiles, on a log scale for B and C_mid), which corrects the fit's bias. Measured
-  coverage of the 95% interval for A: see tests/test_scaling_coverage.py and bench/README.md.
-* "pairs": the classic bootstrap of evaluation points, resampled with replacement within each
-  seed (a pooled curve keeps its design); block > 1 draws runs of consecutive evaluations.
-
-No library offers these for a batched sigmoid fit (arch / statsmodels bootstrap a statistic of
-one series, not a nonlinear fit vmapped over thousands of resamples), hence the code here.
-R0, when measured, gets the noise of its own evaluation in "ar1" (it is the first point of each
-seed's chain) and is fixed in "pairs"; a given R0 and a fixed A stay fixed (comparison refits).
-Resamples are always fitted with the continuous Optax fit, also for a grid-procedure fit.
+Two methods, each call's resamples fitted in one batched fit: "ar1" (default), a parametric
+residual bootstrap with AR(1) noise along each seed's evaluations, calibrated by refitting
+simulated curves, with "basic" (bias-corrected) intervals; and "pairs", evaluation points
+resampled within each seed (runs of `block` points). Hand-written: no library bootstraps a
+nonlinear fit vmapped over thousands of resamples. Why AR(1) and how it is calibrated:
+docs/scaling.md, "Intervals that hold their coverage".
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
 """Comparing recipes (the paper's rule) and checking extrapolation on a run's own data.
 
-Comparison rule (paper): seeds move A by up to +-0.015, so 0.02 is the margin. If two fits' A
-differ by more, the higher A is the better ceiling. If they agree within it, refit both with A
-held at their average and compare B: the higher B reaches the shared ceiling with less compute.
-
-`decide` adds the evidence: the bootstrap interval of the deciding parameter for each run (A, or
-B of the refits at the shared A) and of the winner's margin (A: the difference, B: the ratio).
-The margin's interval combines the two runs' half-widths in quadrature (the runs are independent;
-B on a log scale), a normal approximation; "clear" means it excludes no difference.
-
-Extrapolation (paper: fit on half the budget, predict the rest): fit on compute <= fraction *
-(largest compute), predict the held-out points, report the errors and how many fall inside the
-bootstrap prediction band. With a fit window that ends (`FitSpec.fit_end`), pass `split=fit_end`:
-the fit is the window's own and the held-out points are exactly those after it.
+The rule: A apart by more than 0.02 (seeds move A by up to +-0.015) decides; otherwise both are
+refitted with A at their average and the higher B wins. `decide` adds each run's bootstrap
+interval and the winner's margin (half-widths in quadrature, B on a log scale). Extrapolation:
+fit on compute <= fraction x the largest (or up to `split=fit_end`) and predict the rest, with
+the share of held-out points inside the bootstrap band. See docs/scaling.md.
 """
 
 from __future__ import annotations

@@ -1,28 +1,11 @@
 """Online forecast: where a run is heading, refitted at every evaluation while it trains.
 
-`forecast(points, ...)` is the pure part: the sigmoid law fitted to the validation points so far
-(scaling/fit.py, the same defaults as the end-of-run fit), bootstrap intervals for A, B and
-C_mid (scaling/bootstrap.py, default method), the predicted pass rate at the budget with the
-interval an evaluation there should fall in (fit uncertainty plus evaluation noise, widened to
-hold the free-R0 fit's interval as well, `_free_r0_envelope` says why, and a projected budget's
-whole range, `projected_budget`), and the compute needed to reach a target pass rate with its
-interval. `Forecaster` queues the refits from one background thread so the training step never
-waits for a fit, and hands the finished forecasts back to the trainer's thread, which writes
-them (metrics.jsonl has one writer). `is_stable` is the paper's yardstick: seeds move A by up to
-+-0.015, so a forecast whose A moved less than 0.02 over the last few evaluations has settled.
-
-Compute-to-target interval. For a curve increasing in compute, "R(C) >= target" and
-"C(target) <= C" are the same event, so the quantiles of the bootstrap band, read sideways where
-they cross the target, are the quantiles of the resamples' required compute: the optimistic end
-is where the band's upper edge reaches the target, the pessimistic end where its lower edge
-does. The point value inverts the fitted law in closed form.
-
-Where the fit runs: in a child process (`ProcessRunner`, entry point forecast_child.py in this
-package), on the CPU and at a lower priority. In a thread of the trainer's process the first refit's
-tracing and compiling (tens of seconds of Python on a busy CPU) held the GIL against the training
-loop's own Python and slowed the steps around it by about a quarter on the 2-core testbed; a niced
-child shares nothing with the step but idle CPU, and never touches the trainer's accelerator. It is
-started once, at the first evaluation, and pays JAX's import and the fit's compile there.
+`forecast(points, ...)` is the pure part: the sigmoid fit so far, bootstrap intervals, the pass
+rate expected at the budget (fit uncertainty plus evaluation noise) and the compute to reach a
+target. `Forecaster` queues refits from a background thread to a niced CPU child process
+(`ProcessRunner`, forecast_child.py), so the step never waits for a fit and the trainer's
+thread writes the records. `is_stable`: A moved less than 0.02 over the last few forecasts.
+The intervals and why a child process: docs/scaling.md, "Forecasts while training".
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """Weighted least squares for one curve from K starts (callers vmap over curves): Optax Adam,
 then a few Levenberg-Marquardt steps.
 
-Adam (optax) on reparameterised parameters in standardised log-compute coordinates does the
-search: K starts explore for a few steps, the best one continues. Levenberg-Marquardt then
-finishes the job. On curves that cover only part of the sigmoid (the first half of a run, as
-in an extrapolation check, or R0 left free), the optimum lies in a long flat valley where
-Adam's steps shrink before it arrives. Measured on such curves (60 points, noise 0.005): after
-4 x 20 + 80 Adam steps, 20-84% of fits stayed above the optimum that SciPy found from the true
-parameters, and none of them looked unconverged. With 4 x 20 + 20 Adam steps and 20 LM steps
-the share fell to 0-4%, at about the same cost. The starts matter too: from the single best
-grid start, 20-25% of the lower-half fits ended in a worse optimum. Why not optax.lbfgs: its
-line search is a while-loop, which under vmap runs every curve for as long as the slowest one.
-It was several times slower here.
+Adam on reparameterised parameters in standardised log-compute coordinates searches from K
+starts (the best continues); Levenberg-Marquardt finishes in the flat valleys where Adam's
+steps shrink before arriving. Not optax.lbfgs: its line search is a while-loop, which under
+vmap runs every curve as long as the slowest. Measurements: docs/scaling.md.
 """
 
 from __future__ import annotations

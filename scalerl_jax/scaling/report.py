@@ -4,10 +4,8 @@ A run directory holds `metrics.jsonl` (schema: scalerl_jax/metrics.py). A direct
 whose subdirectories have one is a multi-seed group: its seeds are pooled into one curve.
 A run on a mixture of domains (eval records with `per_domain`) has a curve per domain as well,
 y = `per_domain.NAME`: `domain_y_key`, `run_domains`; `fit_run_dir` fits them all.
-
-One responsibility keeps it whole at ~580 lines: the report of a set of runs, from their
-curves to the tables, decisions and fit/ files a reader sees; the fitting, bootstrap and
-comparison math it calls live in scaling/fit.py, bootstrap.py and compare.py.
+The fitting, bootstrap and comparison math it calls live in scaling/fit.py, bootstrap.py and
+compare.py.
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
 """TrainBatch: what one train step consumes, and its assembly from scored rollout groups.
 
-Layout. Every array has a leading micro-batch axis M and R rows per micro-batch: [M, R, T] per
-token, [M, R] per row. One row is one sequence (prompt + completion), left-aligned and padded to
-T. Position t holds the input token `tokens[t]` and the token it must predict, `targets[t]`
-(= tokens[t + 1] of the sequence); `loss_mask`, `behaviour_logp` are aligned with `targets`.
-
-Shapes repeat across steps so the step compiles once: R is fixed by the prompt capacity
-(`num_prompts` x generations / M, rounded up to `row_multiple`, the number of batch shards) and
-T is the longest sequence rounded up to `seq_bucket` (or `max_seq_len`). Unused rows are
-padding: prompt_index -1, empty mask, segment id 0.
-
-Micro-batches hold whole prompts: all rows of one prompt sit in the same micro-batch. That is
-what makes gradient accumulation exact for every aggregation mode (see train/step.py), and
-`check_layout` enforces it.
+Arrays are [M, R, T] per token and [M, R] per row (M micro-batches of R rows, one sequence per
+row, left-aligned); position t holds input `tokens[t]` and target `targets[t]`, with
+`loss_mask` and `behaviour_logp` aligned to the targets. R and T are fixed by the prompt
+capacity and `seq_bucket`, so the step compiles once; unused rows are padding (prompt_index -1,
+empty mask). Micro-batches hold whole prompts (`check_layout`), which keeps gradient
+accumulation exact (docs/training.md, "Step").
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """The prompt stream between the data source and the sampler: tickets and exact resume.
 
-Every prompt the sampler takes gets a ticket, its admission number on this host (0, 1, 2, ...).
-Tickets are what the pipeline schedules by (train/pipeline.py): step s trains on tickets
-[(s - 1) B, s B), so groups are consumed strictly in ticket order whatever order they finish in.
-
-The sampler pulls prompts ahead of the trainer, so the data cursor alone would lose the prompts
-in flight at a checkpoint. The feed remembers every prompt issued but not yet consumed; a
-checkpoint stores them (in ticket order) with the cursor, and a resumed feed re-issues them first
-under the same tickets (their generations are regenerated, with the same per-ticket seeds), then
-continues from the cursor. The source may be a mixture of domains (data/mixture.py): its cursor
-covers the domain draws and every domain's position, and each prompt's domain travels with it
-(`metadata["domain"]`) to the scorer, which picks the domain's verifier.
+Every prompt the sampler takes gets a ticket, its admission number on this host; step s trains
+on tickets [(s - 1) B, s B) (train/pipeline.py). The feed remembers every prompt issued but not
+yet consumed, so a checkpoint stores them with the cursor and a resumed feed re-issues them
+first under the same tickets. A prompt's domain (data/mixture.py) travels with it in
+`metadata["domain"]` to the scorer.
 """
 
 from __future__ import annotations

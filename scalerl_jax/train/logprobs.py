@@ -1,16 +1,11 @@
 """Per-token log-probs and entropy from final hidden states and the LM head, in sequence chunks.
 
-At Qwen's vocabulary (152k) fp32 logits are 600 KB per token: 2.5 GB for one 4k-token row, and
-the softmax and the backward pass need several such buffers. Here the sequence is cut into chunks
-of `chunk_size` positions; a `lax.scan` runs over them. Each chunk has a hand-written backward
-pass (`_chunk_stats`) that saves only [B, chunk] normalisers and entropies and recomputes the
-chunk's logits with one matmul, so at any moment only one chunk's [B, chunk, V] logits (and
-their cotangent) exist and the peak memory of this part is set by B * chunk * V, whatever the
-sequence length T. The hand-written backward also does less than autodiff through a checkpoint
-would (no second max / sum-exp pass, one exponential per logit in each direction).
-
-The rows are kept whole (chunks cut the sequence axis, not the batch axis) so that a batch
-sharded over devices stays evenly spread in every chunk.
+A `lax.scan` over chunks of `chunk_size` positions, each with a hand-written backward pass
+(`_chunk_stats`) that saves only [B, chunk] normalisers and entropies and recomputes the chunk's
+logits, so only one chunk's [B, chunk, V] fp32 logits exist at a time (at a 152k vocabulary a
+4k-token row's logits alone are 2.5 GB) and the backward does less than autodiff through a
+checkpoint would. Chunks cut the sequence axis, never the batch axis, so a sharded batch stays
+evenly spread. Figures: docs/training.md, "Step".
 """
 
 from __future__ import annotations

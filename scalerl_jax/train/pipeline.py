@@ -1,36 +1,10 @@
 """Off-policy modes: PipelineRL-k, PPO-off-policy-k and sync, from one admission rule.
 
-Policy versions: version v is the params after v optimiser steps; the trainer's step s (1-based)
-runs on version s - 1 and produces version s. Each host's feed gives prompts tickets 0, 1, 2, ...
-(train/feed.py) and step s trains on that host's tickets [(s - 1) B, s B), B = this host's
-prompts per step (its share of PipelineConfig.prompts_per_step), in ticket order whatever order
-they finish in (which also keeps a length bias out of the batch: short completions do not jump
-the queue).
-
-Staleness is bounded by construction, by admission. The sampler takes ticket i only while its
-own params version v satisfies i < limit(v):
-
-    pipeline (PipelineRL-k):  limit(v) = (v + k + 1) B      ticket i waits for v >= i // B - k
-    sync (on-policy):         limit(v) = (v + 1) B          the k = 0 case
-    ppo_off_policy (k):       limit(v) = (v // k + 1) k B   a round of k B prompts per version
-
-A group of ticket i is trained at version i // B on data that started (prefill, first token) at
-a version >= i // B - k, so its staleness, trainer version minus the oldest version its data
-depends on, is at most k; in sync mode it is 0. In-flight sequences keep decoding across weight
-updates with their KV cache (PipelineRL), each token tagged with the version that produced it.
-Weights go to the sampler after every step, except in ppo_off_policy, where they go only at
-round boundaries (v % k == 0): a round's k B prompts are generated with frozen weights, then
-the trainer takes k steps of B prompts from them.
-
-Resume: the feed re-issues the prompts that were in flight under their tickets, so the schedule
-carries on where it stopped. A ppo_off_policy run resumed in the middle of a round regenerates
-the rest of that round with the restored (newer) weights: the old round's weights are not kept.
-
-Backpressure, not discarding: when the sampler reaches the limit it stops admitting (its free
-slots idle: `sampler_idle_frac`), and the trainer waits for the tickets it needs
-(`trainer_wait_frac`). Generated groups are never thrown away in normal operation; a group that
-is nevertheless older than k versions (which the rule above rules out) is dropped and counted
-in `stale_groups` as a last resort.
+Version v is the params after v optimiser steps; step s trains version s - 1 on this host's
+tickets [(s - 1) B, s B) in ticket order. The sampler, at version v, takes ticket i only while
+i < limit(v) (pipeline: (v + k + 1) B, sync: (v + 1) B, ppo_off_policy: (v // k + 1) k B), so
+staleness is bounded by admission: backpressure, never discarding. The rule, its metrics and
+resume: docs/training.md, "Pipeline modes".
 """
 
 from __future__ import annotations

@@ -1,25 +1,11 @@
 """Supervised warm-up (SFT): demonstrations in, an HF checkpoint out.
 
-The paper RL-trains an SFT model; the CPU testbed needs one too, since a random policy earns no
-reward at all and RL has nothing to reinforce. This stage is an ordinary trainer of its own:
-demonstrations (`SFTConfig.source`: a synthetic task's worked solutions or a JSONL/Parquet file
-of prompt/completion pairs, its completions optionally rewritten by `completion_format`, e.g.
-GSM8K's worked solutions into answers ending in \\boxed{N}) are tokenised as prompt +
-completion + eos, with the prompt formatted by the RL data's template (its chat template and
-system prompt for an HF model) so that both stages show the policy the same text; the loss
-is the mean cross-entropy of the completion tokens, from the same chunked fp32 log-probs as the
-RL step; AdamW from `SFTConfig.optim`, jitted once on the trainer mesh with the state donated.
-
-Contamination: every RL validation prompt is removed from the demonstrations (by id and by
-problem text), and the count is reported, so the RL stage's base pass rate is measured on
-problems the warm-up never saw.
-
-Output (`out_dir`, normally WORKDIR/sft): `model/` is an HF checkpoint (config.json +
-safetensors, and the base checkpoint's tokenizer files when there is one) that `transformers`
-loads and the RL stage starts from; `summary.json` records the demonstrations used and the loss
-curve's ends; `metrics.jsonl` holds one `sft` record per logged step. Everything is written
-to `out_dir.partial` and renamed at the end, so a directory that exists is complete: a re-run
-or a resumed RL run reuses it. A warm-up killed midway starts over (it takes minutes).
+A random policy earns no reward, so RL starts from an SFT model. Demonstrations (a synthetic
+task's worked solutions, or a file of prompt/completion pairs) are formatted with the RL data's
+template, every RL validation prompt removed, and trained on the completion tokens' mean
+cross-entropy with AdamW, jitted once on the trainer mesh. Output goes to `out_dir.partial`,
+renamed when complete, so an existing `out_dir` is reused. Details: docs/training.md, "SFT
+warm-up".
 """
 
 from __future__ import annotations

@@ -1,37 +1,10 @@
 """The train step `train_step(state, batch) -> (state, metrics)`, jitted once on the trainer mesh.
 
-Shardings are explicit: the state's come from the logical-axis rules (FSDP over `fsdp`, tensor
-parallel over `tensor`), the batch rows are split over (`data`, `fsdp`), metrics are
-replicated. The state is donated, so params and optimizer state are updated in place.
-
-Gradient accumulation is exact. The batch carries M micro-batches (leading axis) and a
-`lax.scan` runs over them. Every aggregation mode is "sum of weighted token losses / N" where
-the outer normaliser N (tokens, sequences, prompts, or sequences x max_length) is a sum over
-micro-batches of each micro-batch's own normaliser N_k, provided no prompt is split across
-micro-batches (TrainBatch guarantees it): a micro-batch's loss L_k is then its prompts' (or
-rows', or tokens') contribution divided by N_k, and the whole-batch loss is
-sum_k N_k L_k / sum_k N_k. So each micro-batch contributes the gradient of N_k L_k, and the sum
-is divided once by sum_k N_k at the end. Metrics are combined the same way (loss-like terms
-weighted by N_k, token fractions by tokens, maxima by max).
-
-The forward pass runs in the model's compute dtype (bf16 in production); log-probs and entropy
-come from `train.logprobs` in sequence chunks with an fp32 LM head when `fp32_head`. The
-objective is `rl.objectives.policy_loss` selected by `LossConfig.objective`.
-
-MoE policies add router metrics: `moe_aux_loss` (the Switch load-balancing loss, mean over MoE
-layers), `moe_load_max` / `moe_load_min` (the largest / smallest share times E, so 1.0 is perfect
-balance; the worst micro-batch), the spread of the layer-mean load (`moe_load_cv`,
-`moe_load_entropy`, `moe_starved_frac`) and, for at most 16 experts, `moe_load_e{i}` (expert i's
-share of the token->expert assignments, mean over layers; see `router_metrics`). With
-`ModelConfig.router_aux_loss_coef > 0` the loss gets coef x moe_aux_loss. Dispatch never drops
-a token (models/moe.py), so there is no dropped count.
-
-Non-finite guard: when the loss or the gradient norm is not finite, params and optimizer state
-are kept as they were, `state.skipped` counts it and metric `skipped` is 1. `state.step` counts
-every batch consumed, skipped ones included; the learning-rate schedule follows the optimizer's
-own count of applied updates. A batch with no loss token (all groups dropped) applies no update
-either (AdamW would still move the weights through momentum and decay) and is not counted as
-skipped (metric `empty` is 1).
+Explicit shardings (state by the logical-axis rules, batch rows over `data` and `fsdp`, metrics
+replicated) and a donated state. A `lax.scan` over the batch's M micro-batches accumulates the
+gradient exactly for every aggregation (each micro-batch contributes N_k L_k, divided once by
+sum_k N_k), and a non-finite loss or gradient norm keeps the state unchanged. The derivation,
+the MoE router metrics and the metric list: docs/training.md, "Step".
 """
 
 from __future__ import annotations

@@ -1,29 +1,8 @@
 """The training loop, top to bottom: run directory, meshes, data, initial policy (SFT warm-up),
 state and step, resume, sampler, loop, fit. `_run` reads as that list; the start-up phases it
-calls are in train/startup.py, the SFT warm-up, export and fit in train/stages.py, and this
-module keeps `_run`, the loop and the evaluations below it, in the order they run. `_Run` holds
-what the start-up opened for the loop, the evaluations and the end of the run.
-
-Every host runs this same program. Each host samples its own share of every step's prompts on
-its sampler devices (train/pipeline.py: PipelineRL-k, ppo_off_policy or sync, all by admission
-of ticketed prompts), scores them, and the hosts exchange their scored groups so that each
-builds the same global batch for the jitted step on the trainer mesh. Host 0 writes the run
-directory: `config.json`, `metrics.jsonl` (schema in metrics.py; a `forecast` record follows
-each evaluation, scaling/forecast.py), `tensorboard/`, Orbax `checkpoints/`, `sft/` (the
-warm-up's HF checkpoint) and, at the end, `model/` (the final policy as an HF checkpoint that
-transformers loads, with the initial checkpoint's tokenizer files) and `fit/`.
-
-Resume: re-running the same command restores the newest good checkpoint (params, optimizer,
-step, RNG, curriculum, every host's data cursor and in-flight prompts, compute meter), and the
-records written after it are superseded (`metrics.truncate_after`), so metrics.jsonl keeps one
-record per step and per evaluation and the compute axis does not depend on when a kill landed.
-
-Progress and stop signals. Every slow part runs inside a `heartbeat.phase`, so the heartbeat
-names it (start-up, evaluation with its count of completions, each step, the save, the export).
-SIGTERM / Ctrl-C set the checkpointer's stop flag; an evaluation checks it between sampler calls
-and ends without a record (a resumed run redoes an evaluation that was due), the loop then saves
-the step and stops. Before this invocation's first step ends nothing is unsaved, so there the
-`interrupt.Watchdog` ends the process within seconds even inside a compilation.
+calls are in train/startup.py, the SFT warm-up, export and fit in train/stages.py. Every host
+runs this same program and host 0 writes the run directory. What a run writes, how it resumes
+and how it stops: docs/architecture.md, "The training loop".
 """
 
 from __future__ import annotations

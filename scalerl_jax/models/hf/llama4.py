@@ -1,16 +1,9 @@
 """Llama-4 (`Llama4ForCausalLM`, or the language model of a `Llama4ForConditionalGeneration`
 checkpoint, whose vision tower is skipped): NoPE layers, chunked local attention, L2 qk-norm and
 temperature tuning map to ModelConfig fields. Its routed experts are stored stacked and fused
-(`feed_forward.experts.gate_up_proj` [E, D, 2F] with gate then up on the last axis,
-`down_proj` [E, F, D]), already our [in, out] layout, so gate and up are column halves of one
-tensor. Llama-4 applies RoPE to interleaved pairs (dims 2i, 2i+1), our `apply_rope` to
-half-split pairs (i, i + hd/2): q_proj / k_proj rows are permuted within each head at load
-(and back at export) so the half-split code computes exactly Llama-4's attention: q.k is
-unchanged because q and k are permuted alike, and the L2 norm and temperature scale are
-permutation-invariant. A load-time permutation rather than a config flag keeps one RoPE code
-path (training forward, decode, attention kernels all see half-split q/k) and adds nothing per
-step (an interleaved rotation needs a trailing size-2 axis, which TPU layouts pad; on CPU it
-measured about as fast, so the gain is mostly simplicity).
+(`feed_forward.experts.gate_up_proj` [E, D, 2F], gate then up; `down_proj` [E, F, D]), already
+our [in, out] layout. q_proj / k_proj rows are permuted within each head at load (and back at
+export) so that our half-split RoPE computes Llama-4's interleaved one (docs/real-models.md).
 """
 
 from __future__ import annotations

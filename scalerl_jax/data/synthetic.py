@@ -1,0 +1,5 @@
+"""Deprecated old name of `scalerl_jax.data.synthetic_tasks` (imports it and warns)."""
+
+from scalerl_jax._renamed import alias
+
+alias(__name__, "scalerl_jax.data.synthetic_tasks")
