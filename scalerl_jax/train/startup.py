@@ -1,8 +1,8 @@
-"""The start-up phases of a run, in the order `trainer._run` calls them: the data (verifiers,
-this host's prompt shard, validation prompts, reward pool), the policy (checkpointer and its
-stop signals, the restored or initial state, the jitted train step), the metrics (writer,
-forecaster, whether the start's evaluation is missing) and the sampler (engine, weight sync,
-driver and its rollouts). Each registers what it opens on the run's ExitStack.
+"""The start-up phases of a run, in the order `trainer._start` opens them: the meshes, the data
+(verifiers, this host's prompt shard, validation prompts, reward pool), the policy (checkpointer,
+the restored or initial state, the jitted train step), the metrics (writer, forecaster) and the
+sampler (engine, weight sync, driver). Each returns one object and registers what it opens on the
+run's ExitStack.
 """
 
 from __future__ import annotations
