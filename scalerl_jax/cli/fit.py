@@ -34,6 +34,7 @@ from scalerl_jax.scaling import compare, fit, plot, report
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+    """The CLI's flags; long because it declares one flag after another."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     p.add_argument(

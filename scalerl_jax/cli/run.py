@@ -81,6 +81,7 @@ def _positive_int(text: str) -> int:
 
 
 def parse_args(argv=None):
+    """The CLI's flags; long because it declares one flag after another."""
     p = argparse.ArgumentParser(
         description=__doc__.split("\n")[0],
         formatter_class=_Formatter,
