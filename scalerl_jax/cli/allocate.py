@@ -23,6 +23,7 @@ import math
 import os
 import sys
 
+from scalerl_jax.errors import UserError
 from scalerl_jax.scaling import allocate, fit, plot, report
 
 
@@ -145,7 +146,7 @@ def main(argv=None) -> int:
         label, settings = settings_of(d)
         try:
             curve, notes = report.load_curve([d], name=label, x_key=args.x, y_key=args.y)
-        except KeyError as err:
+        except (UserError, KeyError) as err:
             print(f"allocate.py: error: {d}: {err}", file=sys.stderr)
             return 2
         for note in notes:
@@ -156,7 +157,7 @@ def main(argv=None) -> int:
         rec = allocate.recommend(
             candidates, args.budget, spec, n_boot=args.bootstrap, level=args.level
         )
-    except ValueError as err:
+    except (UserError, ValueError) as err:
         print(f"allocate.py: error: {err}", file=sys.stderr)
         return 2
     x_label = plot.axis_label(args.x)
