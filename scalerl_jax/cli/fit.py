@@ -175,7 +175,7 @@ def out_dir(args, dirs: list, name: str) -> str:
     return os.path.join(args.out, name.split(":")[0], *sub)
 
 
-def run(args) -> int:
+def _check_flags(args) -> None:
     if args.compare and len(args.run_dirs) < 2 and not args.pool:
         raise ValueError(f"--compare needs at least two runs; got {len(args.run_dirs)}")
     if args.compare and args.pool:
@@ -187,46 +187,96 @@ def run(args) -> int:
             f"--block {args.block} applies to --interval pairs only (the default "
             "'ar1' interval estimates the noise's correlation itself)"
         )
+
+
+def _use_domain(args, groups: list[list[str]]) -> None:
+    """Point args.y at --domain's validation curve, which every group must have."""
+    if args.y != "pass_rate":
+        raise ValueError(
+            f"--domain {args.domain} sets the y key (per_domain.{args.domain}); drop --y {args.y}"
+        )
+    args.y = report.domain_y_key(args.domain)
+    for dirs in groups:
+        known = report.run_domains(dirs)
+        if args.domain not in known:
+            raise ValueError(
+                f"--domain {args.domain}: {', '.join(dirs)} has no such "
+                f"validation curve; its domains: {known or 'none (one source)'}"
+            )
+
+
+def _analyse(args, spec, dirs: list[str]):
+    """Fit one group of run dirs and write its results."""
+    name = args.name if args.pool else None
+    if args.domain is not None:
+        name = f"{name or os.path.basename(os.path.normpath(dirs[0]))}:{args.domain}"
+    curve, notes = report.load_curve(dirs, name=name, x_key=args.x, y_key=args.y)
+    analysis = report.analyse(
+        curve,
+        spec,
+        n_boot=args.bootstrap,
+        level=args.level,
+        interval=args.interval,
+        block=args.block,
+        target=args.target,
+        extrapolate_fraction=args.extrapolate,
+        with_alternatives=args.alternatives,
+        seed=args.seed,
+        notes=notes,
+    )
+    out = out_dir(args, dirs, analysis.curve.name)
+    for path in report.write_run(analysis, spec, out, plots=not args.no_plots):
+        print(f"wrote {path}", file=sys.stderr)
+    return analysis
+
+
+def _compare(args, spec, analyses, groups: list[list[str]], text: str) -> str:
+    """Compare several fits (decisions or plain comparisons), write them; return the text."""
+    out = (
+        args.compare_dir
+        or args.out
+        or os.path.join(groups[0][0], "fit", *([args.domain] if args.domain else []))
+    )
+    os.makedirs(out, exist_ok=True)
+    if args.compare:
+        decisions = report.decide_all(
+            analyses,
+            spec,
+            args.margin,
+            pairwise=args.pairwise,
+            n_boot=args.bootstrap,
+            level=args.level,
+            interval=args.interval,
+            seed=args.seed,
+        )
+        text += "\n\n" + report.format_decisions(decisions, args.margin, args.pairwise)
+        with open(os.path.join(out, "compare.json"), "w") as f:
+            json.dump(report.decisions_json(decisions), f, indent=2)
+        print(f"wrote {os.path.join(out, 'compare.json')}", file=sys.stderr)
+    else:
+        comparisons = report.compare_all(analyses, spec, args.margin)
+        text += "\n\n" + report.format_comparisons(comparisons, args.margin)
+    with open(os.path.join(out, "compare.txt"), "w") as f:
+        f.write(text + "\n")
+    print(f"wrote {os.path.join(out, 'compare.txt')}", file=sys.stderr)
+    if not args.no_plots:
+        path = plot.plot_compare(
+            os.path.join(out, "compare.png"),
+            [a.curve for a in analyses],
+            [a.fit for a in analyses],
+            target=args.target,
+        )
+        print(f"wrote {path}", file=sys.stderr)
+    return text
+
+
+def run(args) -> int:
+    _check_flags(args)
     spec = make_spec(args)
     groups = [args.run_dirs] if args.pool else [[d] for d in args.run_dirs]
     if args.domain is not None:
-        if args.y != "pass_rate":
-            raise ValueError(
-                f"--domain {args.domain} sets the y key (per_domain."
-                f"{args.domain}); drop --y {args.y}"
-            )
-        args.y = report.domain_y_key(args.domain)
-        for dirs in groups:
-            known = report.run_domains(dirs)
-            if args.domain not in known:
-                raise ValueError(
-                    f"--domain {args.domain}: {', '.join(dirs)} has no such "
-                    f"validation curve; its domains: {known or 'none (one source)'}"
-                )
-    analyses = []
-    for dirs in groups:
-        name = args.name if args.pool else None
-        if args.domain is not None:
-            name = f"{name or os.path.basename(os.path.normpath(dirs[0]))}:{args.domain}"
-        curve, notes = report.load_curve(dirs, name=name, x_key=args.x, y_key=args.y)
-        analyses.append(
-            report.analyse(
-                curve,
-                spec,
-                n_boot=args.bootstrap,
-                level=args.level,
-                interval=args.interval,
-                block=args.block,
-                target=args.target,
-                extrapolate_fraction=args.extrapolate,
-                with_alternatives=args.alternatives,
-                seed=args.seed,
-                notes=notes,
-            )
-        )
-        out = out_dir(args, dirs, analyses[-1].curve.name)
-        for path in report.write_run(analyses[-1], spec, out, plots=not args.no_plots):
-            print(f"wrote {path}", file=sys.stderr)
+        _use_domain(args, groups)
+    analyses = [_analyse(args, spec, dirs) for dirs in groups]
     names = [a.curve.name for a in analyses]
     if args.out is not None and len(set(names)) < len(names):
         print(
@@ -236,41 +286,7 @@ def run(args) -> int:
         )
     text = report.format_table(analyses)
     if len(analyses) > 1:
-        out = (
-            args.compare_dir
-            or args.out
-            or os.path.join(groups[0][0], "fit", *([args.domain] if args.domain else []))
-        )
-        os.makedirs(out, exist_ok=True)
-        if args.compare:
-            decisions = report.decide_all(
-                analyses,
-                spec,
-                args.margin,
-                pairwise=args.pairwise,
-                n_boot=args.bootstrap,
-                level=args.level,
-                interval=args.interval,
-                seed=args.seed,
-            )
-            text += "\n\n" + report.format_decisions(decisions, args.margin, args.pairwise)
-            with open(os.path.join(out, "compare.json"), "w") as f:
-                json.dump(report.decisions_json(decisions), f, indent=2)
-            print(f"wrote {os.path.join(out, 'compare.json')}", file=sys.stderr)
-        else:
-            comparisons = report.compare_all(analyses, spec, args.margin)
-            text += "\n\n" + report.format_comparisons(comparisons, args.margin)
-        with open(os.path.join(out, "compare.txt"), "w") as f:
-            f.write(text + "\n")
-        print(f"wrote {os.path.join(out, 'compare.txt')}", file=sys.stderr)
-        if not args.no_plots:
-            path = plot.plot_compare(
-                os.path.join(out, "compare.png"),
-                [a.curve for a in analyses],
-                [a.fit for a in analyses],
-                target=args.target,
-            )
-            print(f"wrote {path}", file=sys.stderr)
+        text = _compare(args, spec, analyses, groups, text)
     print(text)
     return 0
 
