@@ -427,19 +427,8 @@ def _n(k: int, what: str) -> str:
     return f"{k} {what}" + ("" if k == 1 else "es" if what.endswith("h") else "s")
 
 
-def format_plan(plan: Plan) -> str:
-    cfg, topo, lay, tm, sm, st = (
-        plan.config,
-        plan.topology,
-        plan.layout,
-        plan.trainer,
-        plan.sampler,
-        plan.time,
-    )
-    m, pipe, a, chip = cfg.model, cfg.pipeline, plan.assumptions, plan.topology.chip
-    rows = pipe.prompts_per_step * pipe.generations_per_prompt
-    per_chip_rows = rows_per_chip(cfg, lay.trainer_mesh[0] * lay.trainer_mesh[1], lay.micro_batches)
-    sdata, stensor = lay.sampler_mesh
+def _host_roles(lay) -> str:
+    """What each host's chips do, e.g. 'chips 0-3 train, chips 4-7 sample'."""
     k, c = lay.trainer_per_host, lay.chips_per_host
     if lay.colocated:
         roles = "its chip trains and samples" if c == 1 else f"all {c} chips train and sample"
@@ -451,12 +440,23 @@ def format_plan(plan: Plan) -> str:
             + (f"chip {k}" if k == c - 1 else f"chips {k}-{c - 1}")
             + " sample"
         )
-    p_len, c_len = a.lengths(cfg)
-    tp, sp = plan.chip_peaks
-    verdict = lambda peak: "fits" if peak <= plan.budget else "DOES NOT FIT"  # noqa: E731
-    label = lambda text: f"    {text:<30}"  # noqa: E731
-    dash = f"{'-':>9}"
-    lines = [
+    return roles
+
+
+def _layout_lines(plan: Plan) -> list[str]:
+    cfg, topo, lay, a, chip = (
+        plan.config,
+        plan.topology,
+        plan.layout,
+        plan.assumptions,
+        plan.topology.chip,
+    )
+    m, pipe = cfg.model, cfg.pipeline
+    rows = pipe.prompts_per_step * pipe.generations_per_prompt
+    per_chip_rows = rows_per_chip(cfg, lay.trainer_mesh[0] * lay.trainer_mesh[1], lay.micro_batches)
+    sdata, stensor = lay.sampler_mesh
+    roles = _host_roles(lay)
+    return [
         f"plan for {m.name} ({m.num_params() / 1e9:.2f}B params in {m.param_dtype}, "
         f"{m.compute_dtype} compute) on {topo.name}",
         f"  slice     {_n(topo.hosts, 'host')} x {chip.generation} chips = "
@@ -479,6 +479,16 @@ def format_plan(plan: Plan) -> str:
             if cfg.sampler.weight_dtype == "compute"
             else m.param_dtype
         ),
+    ]
+
+
+def _memory_lines(plan: Plan) -> list[str]:
+    lay, tm, sm = plan.layout, plan.trainer, plan.sampler
+    tp, sp = plan.chip_peaks
+    verdict = lambda peak: "fits" if peak <= plan.budget else "DOES NOT FIT"  # noqa: E731
+    label = lambda text: f"    {text:<30}"  # noqa: E731
+    dash = f"{'-':>9}"
+    return [
         f"  memory per chip, GiB{'':14}trainer   sampler",
         label("params") + _gib(tm.params) + _gib(sm.params),
         label("optimizer (AdamW mu, nu)") + _gib(tm.optimizer) + dash,
@@ -495,6 +505,13 @@ def format_plan(plan: Plan) -> str:
         + _gib(tp)
         + _gib(sp)
         + f"   trainer {verdict(tp)}, sampler {verdict(sp)}",
+    ]
+
+
+def _compute_lines(plan: Plan) -> list[str]:
+    lay, st, a = plan.layout, plan.time, plan.assumptions
+    p_len, c_len = a.lengths(plan.config)
+    return [
         f"  compute per step, assuming mean prompt {p_len} + completion {c_len} tokens and "
         f"{a.mfu:.0%} MFU",
         f"    trainer   {_flop(st.trainer_flops)} (6N + attention) -> {_secs(st.trainer_s)} "
@@ -508,6 +525,10 @@ def format_plan(plan: Plan) -> str:
         + ("sampler" if st.sampler_s >= st.trainer_s else "trainer")
         + "-bound",
     ]
+
+
+def format_plan(plan: Plan) -> str:
+    lines = _layout_lines(plan) + _memory_lines(plan) + _compute_lines(plan)
     if plan.changes:
         lines.append(
             "  planned   "
