@@ -135,24 +135,57 @@ def check_data(data, flag: str, *, read: bool) -> list[str]:
     return notes
 
 
+def _check_synthetic(data, flag: str, *, read: bool) -> None:
+    from scalerl_jax.data import synthetic_tasks
+
+    src = data.source
+    task = src[len("synthetic:") :].partition("?")[0]
+    if task not in synthetic_tasks.TASKS:
+        raise UsageError(
+            f"{flag} {src}: unknown synthetic task {task!r}; known: "
+            f"{', '.join(synthetic_tasks.TASKS)}"
+        )
+    if read:  # knobs and sizes: generating the rows takes about a second
+        from scalerl_jax.data.prompts import load_rows
+
+        try:
+            load_rows(data)
+        except DataError as err:
+            raise UsageError(f"{flag} {src}: {str(err).split(': ', 1)[-1]}") from None
+
+
+def _check_columns(data, flag: str, file: str) -> None:
+    """The prompt and answer fields must be columns of the file."""
+    src = data.source
+    try:
+        columns = _columns(file)
+    except Exception as err:  # noqa: BLE001 - pyarrow and json raise many types
+        raise UsageError(
+            f"{flag} {src}: cannot read {file} ({type(err).__name__}: {str(err)[:200]})"
+        ) from None
+    missing = [
+        (key, field, names)
+        for key, field, names in (
+            ("data.prompt_field", data.prompt_field, _PROMPT_NAMES),
+            ("data.answer_field", data.answer_field, _ANSWER_NAMES),
+        )
+        if field.split(".")[0] not in columns
+    ]
+    if missing:
+        fix = " ".join(
+            f"{key}=" + next((c for c in names if c in columns), "COLUMN")
+            for key, _, names in missing
+        )
+        what = " nor ".join(f"{field!r} ({key})" for key, field, _ in missing)
+        raise UsageError(
+            f"{flag} {src}: no column {what}; its columns are {columns}: map them with {fix}"
+        )
+
+
 def _check_source(data, flag: str, *, read: bool) -> list[str]:
     src = data.source
     if src.startswith("synthetic:"):
-        from scalerl_jax.data import synthetic_tasks
-
-        task = src[len("synthetic:") :].partition("?")[0]
-        if task not in synthetic_tasks.TASKS:
-            raise UsageError(
-                f"{flag} {src}: unknown synthetic task {task!r}; known: "
-                f"{', '.join(synthetic_tasks.TASKS)}"
-            )
-        if read:  # knobs and sizes: generating the rows takes about a second
-            from scalerl_jax.data.prompts import load_rows
-
-            try:
-                load_rows(data)
-            except DataError as err:
-                raise UsageError(f"{flag} {src}: {str(err).split(': ', 1)[-1]}") from None
+        _check_synthetic(data, flag, read=read)
         return []
     for prefix, package, extra in (
         ("hf:", "datasets", "data"),
@@ -184,48 +217,13 @@ def _check_source(data, flag: str, *, read: bool) -> list[str]:
         raise UsageError(f"{flag} {src}: unsupported file type; use .jsonl, .json or .parquet")
     if not os.access(file, os.R_OK):
         raise UsageError(f"{flag} {src}: {file} is not readable (permissions)")
-    if not read:
-        return []
-    try:
-        columns = _columns(file)
-    except Exception as err:  # noqa: BLE001 - pyarrow and json raise many types
-        raise UsageError(
-            f"{flag} {src}: cannot read {file} ({type(err).__name__}: {str(err)[:200]})"
-        ) from None
-    missing = [
-        (key, field, names)
-        for key, field, names in (
-            ("data.prompt_field", data.prompt_field, _PROMPT_NAMES),
-            ("data.answer_field", data.answer_field, _ANSWER_NAMES),
-        )
-        if field.split(".")[0] not in columns
-    ]
-    if missing:
-        fix = " ".join(
-            f"{key}=" + next((c for c in names if c in columns), "COLUMN")
-            for key, _, names in missing
-        )
-        what = " nor ".join(f"{field!r} ({key})" for key, field, _ in missing)
-        raise UsageError(
-            f"{flag} {src}: no column {what}; its columns are {columns}: map them with {fix}"
-        )
+    if read:
+        _check_columns(data, flag, file)
     return []
 
 
-def check_inputs(cfg, args, *, dry_run: bool) -> list[str]:
-    """Every check that needs neither devices nor compilation; returns notes for --dry-run
-    (what a real run would refuse but a plan does not need)."""
-    data_flag = flag_for(args, "--data" if args.data else None, "data.source")
-    if cfg.data.is_mixture:  # each domain's source, as its own single-source config
-        notes = [
-            note
-            for d in cfg.data.domains
-            for note in check_data(
-                cfg.data.domain_data(d.name), f"data.domains.{d.name}.source", read=not dry_run
-            )
-        ]
-    else:
-        notes = check_data(cfg.data, data_flag, read=not dry_run)
+def _check_tokenizer(cfg, args, data_flag: str, *, dry_run: bool) -> list[str]:
+    """Synthetic tasks use the character tokenizer; text prompts need --hf-checkpoint's."""
     synthetic = all(src.startswith("synthetic:") for src in cfg.data.sources())
     if synthetic and cfg.hf_checkpoint:
         raise UsageError(
@@ -249,39 +247,69 @@ def check_inputs(cfg, args, *, dry_run: bool) -> list[str]:
                     else ""
                 )
             )
-        notes.append(
+        return [
             "a real run needs --hf-checkpoint DIR: text prompts need its tokenizer "
             "(only synthetic:TASK sources use the built-in character tokenizer)"
-        )
-    if cfg.sft is not None:
-        try:
-            sft_source = cfg.sft.source_for(cfg.data)  # "{data_source}": the --data file
-        except ConfigError as err:
-            raise UsageError(str(err)) from None
-        if not sft_source.startswith("synthetic:") and not os.path.exists(sft_source):
-            shown = cfg.sft.source + ("" if sft_source == cfg.sft.source else f" -> {sft_source}")
-            raise UsageError(f"sft.source={shown}: no such file or directory")
-    if cfg.reward.verifier:
-        module, _, name = cfg.reward.verifier.partition(":")
-        try:
-            ok = callable(getattr(importlib.import_module(module), name, None))
-        except ImportError as err:
-            raise UsageError(
-                f"reward.verifier={cfg.reward.verifier}: cannot import {module} ({err})"
-            ) from None
-        if not ok:
-            raise UsageError(
-                f"reward.verifier={cfg.reward.verifier}: {module} has no function {name!r}"
-            )
-    if args.wandb and importlib.util.find_spec("wandb") is None:
+        ]
+    return []
+
+
+def _check_sft(cfg) -> None:
+    try:
+        sft_source = cfg.sft.source_for(cfg.data)  # "{data_source}": the --data file
+    except ConfigError as err:
+        raise UsageError(str(err)) from None
+    if not sft_source.startswith("synthetic:") and not os.path.exists(sft_source):
+        shown = cfg.sft.source + ("" if sft_source == cfg.sft.source else f" -> {sft_source}")
+        raise UsageError(f"sft.source={shown}: no such file or directory")
+
+
+def _check_verifier(cfg) -> None:
+    module, _, name = cfg.reward.verifier.partition(":")
+    try:
+        ok = callable(getattr(importlib.import_module(module), name, None))
+    except ImportError as err:
         raise UsageError(
-            f"--wandb {args.wandb}: the `wandb` package is not installed (pip install wandb)"
+            f"reward.verifier={cfg.reward.verifier}: cannot import {module} ({err})"
+        ) from None
+    if not ok:
+        raise UsageError(
+            f"reward.verifier={cfg.reward.verifier}: {module} has no function {name!r}"
         )
+
+
+def _check_workdir(cfg) -> None:
     parent = os.path.abspath(cfg.workdir)
     while not os.path.exists(parent):
         parent = os.path.dirname(parent)
     if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
         raise UsageError(f"--workdir {cfg.workdir}: {parent} is not a writable directory")
+
+
+def check_inputs(cfg, args, *, dry_run: bool) -> list[str]:
+    """Every check that needs neither devices nor compilation; returns notes for --dry-run
+    (what a real run would refuse but a plan does not need)."""
+    data_flag = flag_for(args, "--data" if args.data else None, "data.source")
+    if cfg.data.is_mixture:  # each domain's source, as its own single-source config
+        notes = [
+            note
+            for d in cfg.data.domains
+            for note in check_data(
+                cfg.data.domain_data(d.name), f"data.domains.{d.name}.source", read=not dry_run
+            )
+        ]
+    else:
+        notes = check_data(cfg.data, data_flag, read=not dry_run)
+    notes += _check_tokenizer(cfg, args, data_flag, dry_run=dry_run)
+    if cfg.sft is not None:
+        _check_sft(cfg)
+    if cfg.reward.verifier:
+        _check_verifier(cfg)
+    if args.wandb and importlib.util.find_spec("wandb") is None:
+        raise UsageError(
+            f"--wandb {args.wandb}: the `wandb` package is not installed (pip install wandb)"
+        )
+    _check_workdir(cfg)
     return notes
 
 
