@@ -25,32 +25,8 @@ from scalerl_jax.recipes.paper import scalerl
 def testbed(**overrides) -> RunConfig:
     """The embedded CPU default: a supervised warm-up, then ScaleRL, then the scaling fit.
 
-    Task `countup` (data/synthetic_tasks.py): "457+6=", up to 3 digits plus one digit. 30% of the
-    warm-up's demonstrations count on with the count still to go,
-    "<think>458:5,459:4,460:3,461:2,462:1,463:0</think>463", 70% answer from memory,
-    "<think></think>461" (an estimate within 3, right one time in seven). A 4-layer,
-    0.9M-parameter model with a character vocabulary (a digit is one token, so a slip is one
-    wrong token; `</think>` is one token the sampler can force) copies both styles in 300 steps:
-    it counts on ~30% of the time, and a count is often slipped (a digit of the prompt copied
-    wrong, a step lost), so the base policy passes ~25%. RL then teaches it two things at once:
-    to count on (the habit, one token's choice) and to count right (the skill, every token of
-    the count), with every piece of the recipe on: CISPO, prompt aggregation, batch advantage
-    normalisation, zero-variance filtering, no-positive-resampling, PipelineRL-8 with in-flight
-    weight updates, and interruptions (a thinking budget of 56-60 tokens sits above the longest
-    correct thought, so only rambling samples are cut, as the paper's 10k-12k of 12k does).
-
-    Learning rate 6e-6, chosen for a predictable curve (bench/predictability.py, issue 25). At
-    2e-5 the habit was learnt within ~15% of the compute and a slow rise of the skill (+0.04
-    accuracy of a count from step 180 to 360) ran alone after it: two phases, and a sigmoid
-    fitted on the first half of the compute took the end of the first for the asymptote
-    (-0.03 to -0.05 at step 360). At 6e-6 the habit is learnt across the whole run (share of
-    validation samples that count on, seed 0: 0.50 at step 45, 0.72 at 90, 0.92 at 180, 0.98 at
-    360, with a count right 0.71, 0.72, 0.73, 0.75 of the time), so the curve is one rise that
-    bends once, as the habit's share nears 1 (a group carries signal only while it holds both
-    kinds of sample): 0.248 at step 0, 0.676 at 180, 0.736 at 360; the sigmoid fitted on the
-    first half of the compute predicted 0.744.
-    Validation: 400 held-out prompts x 4 samples every 18 steps (standard error ~0.02, reported
-    as `pass_rate_se`).
+    Task `countup` with a 0.9M-parameter character model; every piece of the recipe is on.
+    docs/recipes.md ("The testbed") says what it learns and why the learning rate is 6e-6.
     """
     from scalerl_jax.data.synthetic_tasks import CharTokenizer
 
@@ -165,45 +141,9 @@ BOXED_INSTRUCTION = "Please reason step by step, and put your final answer withi
 
 
 def gsm8k(model: str = GSM8K_MODEL, **overrides) -> RunConfig:
-    r"""ScaleRL on GSM8K with a small instruct model: SmolLM2-135M-Instruct as `make
-    fetch-model` provides it (`--hf-checkpoint DIR` gives the weights, tokenizer and chat
-    template; any other HF model works the same way), sized to run on a 2-core CPU:
-
-        python experiments/run.py --recipe gsm8k --hf-checkpoint DIR \
-            --data data/gsm8k/train.jsonl
-
-    Prompts: the chat template with a system prompt asking for step-by-step reasoning and a
-    \boxed{} answer; reference answers read from GSM8K's worked solutions by the "gsm8k"
-    answer format (the number after "####", thousands separators removed). Validation: GSM8K's
-    test split, the test.jsonl beside the train file (`data.validation_source`), so no
-    training problem is held out; `eval.num_prompts` of its 1,319 problems are scored.
-
-    SFT first: the model as it comes almost never ends in a boxed answer, so RL would start
-    without signal. The warm-up trains on the train split's worked solutions rewritten as chat
-    answers (calculator annotations dropped, ending in "The final answer is \boxed{N}.",
-    `sft.completion_format = "gsm8k"`); the RL stage starts from its checkpoint.
-
-    Sizes for a 2-core CPU (a step takes minutes): 4 prompts x 4 samples, 16 decode slots,
-    prompts up to 256 tokens (GSM8K's longest is 254 with this template), 256 new tokens (the
-    rewritten solutions: mean 101, 99th percentile 229), 64 test problems x 1 sample every 10
-    steps; the SFT stage 16 steps of 4 packed rows of 512 tokens (~170 solutions: enough to
-    learn the answer's form, not to teach arithmetic). The trainer takes one prompt's samples
-    at a time with remat: 4.4 GiB planned in all (6.9 without remat), since host RAM is shared
-    with everything else on the machine. On an accelerator `experiments/run.py` applies
-    ACCELERATOR_SIZES["gsm8k"] on top (see `for_accelerator`), and the plan then fits
-    micro-batches, remat and slots to the device (with --tpu the slice planner; else, on a
-    GPU or TPU VM, the local plan's first fitting settings: preflight.size_for_platform).
-
-    No interruptions: this model does not think in a <think> block, so there is no thinking
-    to interrupt; a completion that reaches the cap is truncated and earns no reward. The
-    learning rate is raised from the paper's 5e-7 (an 8B model) to 2e-6 for a model 60 times
-    smaller.
-
-    Measured on a 2-core CPU shared with other jobs (load 8-10): SFT 50-90 s a step, 20 min in
-    all; greedy on the first 48 test problems, boxed answers 0 before it and 26 after, right
-    answers 1 and 0; validation after it 1 of 64 (sampled); the first RL steps took 4.7 min
-    (compiling), 1.9 and 1.4 min, every 4-sample group all wrong (zero variance: nothing to
-    train on). A learning curve needs the accelerator sizes.
+    r"""ScaleRL on GSM8K with SmolLM2-135M-Instruct (`make fetch-model`), sized for a 2-core
+    CPU: an SFT warm-up on the worked solutions, then RL with \boxed{} answers scored against
+    the test split. docs/recipes.md ("gsm8k on a CPU") explains the sizes and what they gave.
 
     Differs from scalerl:
         mesh.colocate = True  # one CPU device (or GPU) trains and samples
