@@ -195,6 +195,18 @@ def _basic(estimate: float, draws: np.ndarray, level: float, log: bool) -> tuple
     return float(2 * estimate - hi_q), float(2 * estimate - lo_q)
 
 
+def _refits(design: _Design, curve: Curve, method: str, n_boot: int, block: int, rng):
+    """The `n_boot` refits, the noise scale of each and (ar1) the mean correlation drawn."""
+    if method == "ar1":
+        rho, sigma = _noise_draws(design, n_boot, rng)
+        y, w, r0 = design.simulate(rng, rho, sigma)
+        return design.refit(y, w, r0), sigma, float(rho.mean())
+    w = np.zeros((n_boot, design.x.shape[1]))
+    w[:, : design.m] = resample_weights(design.mask, np.asarray(curve.seed), n_boot, block, rng)
+    out = design.refit(np.broadcast_to(design.y, w.shape), w, np.full(n_boot, design.r0))
+    return out, out["rmse"], None
+
+
 def bootstrap_fit(
     curve: Curve,
     spec: FitSpec,
@@ -222,18 +234,7 @@ def bootstrap_fit(
         raise ValueError(f"bootstrap: block={block} must be >= 1")
     rng = np.random.default_rng(seed)
     design = _Design(curve, spec, fit)
-    rho_mean = None
-    if method == "ar1":
-        rho, sigma = _noise_draws(design, n_boot, rng)
-        y, w, r0 = design.simulate(rng, rho, sigma)
-        out = design.refit(y, w, r0)
-        spread = sigma
-        rho_mean = float(rho.mean())
-    else:
-        w = np.zeros((n_boot, design.x.shape[1]))
-        w[:, : design.m] = resample_weights(design.mask, np.asarray(curve.seed), n_boot, block, rng)
-        out = design.refit(np.broadcast_to(design.y, w.shape), w, np.full(n_boot, design.r0))
-        spread = out["rmse"]
+    out, spread, rho_mean = _refits(design, curve, method, n_boot, block, rng)
     ok = np.all([np.isfinite(out[k]) for k in ("A", "B", "C_mid", "R0")], axis=0)
     intervals = {}
     if ok.any():
