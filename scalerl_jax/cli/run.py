@@ -185,8 +185,8 @@ def parse_args(argv=None):
 
 
 # --------------------------------------------------------------------------------- config
-def build_config(args):
-    """(RunConfig, pinned keys): the recipe with the flags and overrides applied."""
+def _recipe(args):
+    """The recipe --recipe names, built with --model's preset if given."""
     if args.model and args.hf_checkpoint:
         raise UsageError(
             f"--model {args.model} and --hf-checkpoint {args.hf_checkpoint}: give "
@@ -220,6 +220,11 @@ def build_config(args):
                 f"scalerl --model {args.model}), or resize this one with model.* "
                 "overrides"
             )
+    return cfg
+
+
+def _flag_fields(args, cfg):
+    """The RunConfig fields the named flags replace (overrides come after)."""
     top = {
         k: v
         for k, v in (
@@ -245,6 +250,13 @@ def build_config(args):
         top["model"] = preflight.hf_model(
             path, cfg.model, given=args.hf_checkpoint, weights=not args.dry_run
         )
+    return top
+
+
+def build_config(args):
+    """(RunConfig, pinned keys): the recipe with the flags and overrides applied."""
+    cfg = _recipe(args)
+    top = _flag_fields(args, cfg)
     cfg = apply_overrides(dataclasses.replace(cfg, **top), args.overrides)
     pinned = {o.partition("=")[0].strip() for o in args.overrides}
     return cfg, frozenset(pinned | ({"mesh.colocate"} if args.colocate else set()))
@@ -332,64 +344,80 @@ def run(args) -> int:
     return 0
 
 
+def _slice_plan(args, cfg, pinned, notes):
+    """(config, topology, exit status or None): the --tpu plan; --dry-run prints it and ends."""
+    try:
+        topo = plan.topology(args.tpu)
+    except plan.PlanError as err:
+        raise UsageError(f"--tpu {args.tpu}: {err}") from None
+    assume = plan.Assumptions(mfu=args.mfu, mean_completion=args.mean_len)
+    cfg = preflight.size_for_platform(
+        args.recipe, cfg, pinned, notes, dry_run=args.dry_run, topo=topo
+    )
+    the_plan = plan.resolve(cfg, topo, pinned, assume)
+    cfg = the_plan.config
+    problem = None if the_plan.ok else f"--tpu {topo.name}: {plan.explain(the_plan, pinned)}"
+    if args.dry_run:
+        code = _print_plan(plan.format_plan(the_plan), notes, problem)
+        if code or not args.compile:
+            return cfg, topo, code
+        from scalerl_jax.plan import aot
+
+        return cfg, topo, _compile(cfg, aot.tpu_devices(topo), aot.tpu_target(the_plan))
+    if problem:
+        raise UsageError(f"{problem} (--dry-run prints the whole plan)")
+    log.info("plan:\n%s", plan.format_plan(the_plan))
+    return cfg, topo, None
+
+
+def _local_plan(args, cfg, pinned, notes):
+    """(config, exit status or None): this machine's plan; --dry-run prints it and ends."""
+    cfg = preflight.size_for_platform(args.recipe, cfg, pinned, notes, dry_run=args.dry_run)
+    local = preflight.local_plan(cfg)
+    problem = None if local is None or local.fits else plan.local.explain(local)
+    if args.dry_run:
+        code = _print_plan(
+            plan.local.format_local(local)
+            if local
+            else "no plan: these devices report no memory figure",
+            notes,
+            problem,
+        )
+        if code or not args.compile:
+            return cfg, code
+        if local is None:
+            raise UsageError("--compile: these devices report no memory figure to judge by")
+        import jax
+
+        from scalerl_jax.plan import aot
+
+        return cfg, _compile(cfg, jax.devices(), aot.local_target(local))
+    if problem:
+        raise UsageError(f"{problem} (--dry-run prints the whole plan)")
+    if local is not None:
+        log.info(
+            "memory: %.1f GiB of %.1f GiB usable on this machine",
+            local.need / plan.GIB,
+            local.machine.budget / plan.GIB,
+        )
+    return cfg, None
+
+
 def _prepare(args):
     """(the config to run, None), or (None, exit status) when the command ends here: a plan
     (--dry-run), or a run that is already complete."""
     cfg, pinned = build_config(args)
     notes = preflight.check_inputs(cfg, args, dry_run=args.dry_run)
-    topo = the_plan = None
+    topo = None
     if args.tpu:
-        try:
-            topo = plan.topology(args.tpu)
-        except plan.PlanError as err:
-            raise UsageError(f"--tpu {args.tpu}: {err}") from None
-        assume = plan.Assumptions(mfu=args.mfu, mean_completion=args.mean_len)
-        cfg = preflight.size_for_platform(
-            args.recipe, cfg, pinned, notes, dry_run=args.dry_run, topo=topo
-        )
-        the_plan = plan.resolve(cfg, topo, pinned, assume)
-        cfg = the_plan.config
-        problem = None if the_plan.ok else f"--tpu {topo.name}: {plan.explain(the_plan, pinned)}"
-        if args.dry_run:
-            code = _print_plan(plan.format_plan(the_plan), notes, problem)
-            if code or not args.compile:
-                return None, code
-            from scalerl_jax.plan import aot
-
-            return None, _compile(cfg, aot.tpu_devices(topo), aot.tpu_target(the_plan))
-        if problem:
-            raise UsageError(f"{problem} (--dry-run prints the whole plan)")
-        log.info("plan:\n%s", plan.format_plan(the_plan))
+        cfg, topo, code = _slice_plan(args, cfg, pinned, notes)
+        if code is not None:
+            return None, code
     preflight.check_devices(cfg, topo)
     if topo is None:  # this machine: the same estimate, before anything is allocated
-        cfg = preflight.size_for_platform(args.recipe, cfg, pinned, notes, dry_run=args.dry_run)
-        local = preflight.local_plan(cfg)
-        problem = None if local is None or local.fits else plan.local.explain(local)
-        if args.dry_run:
-            code = _print_plan(
-                plan.local.format_local(local)
-                if local
-                else "no plan: these devices report no memory figure",
-                notes,
-                problem,
-            )
-            if code or not args.compile:
-                return None, code
-            if local is None:
-                raise UsageError("--compile: these devices report no memory figure to judge by")
-            import jax
-
-            from scalerl_jax.plan import aot
-
-            return None, _compile(cfg, jax.devices(), aot.local_target(local))
-        if problem:
-            raise UsageError(f"{problem} (--dry-run prints the whole plan)")
-        if local is not None:
-            log.info(
-                "memory: %.1f GiB of %.1f GiB usable on this machine",
-                local.need / plan.GIB,
-                local.machine.budget / plan.GIB,
-            )
+        cfg, code = _local_plan(args, cfg, pinned, notes)
+        if code is not None:
+            return None, code
     done = preflight.finished_step(cfg, args.allow_config_change)
     if done is not None:
         print(preflight.complete_message(cfg, done))
