@@ -41,7 +41,8 @@ def _shared_signature(term_params) -> inspect.Signature:
 
 
 def make_loss(name: str, term: Callable[..., Any]) -> Callable[..., Any]:
-    """The full loss function of `term` (unregistered; see `objective`)."""
+    """The full loss function of `term` (unregistered; see `objective`). Long because the
+    loss's shared signature and its prepare/finish calls are spelled out argument by argument."""
     term_params = [
         p for p in inspect.signature(term).parameters.values() if p.kind is _P.KEYWORD_ONLY
     ]

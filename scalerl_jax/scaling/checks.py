@@ -89,7 +89,8 @@ def fit_reasons(
     rmse: np.ndarray,
     rmse_before: np.ndarray,
 ) -> list:
-    """Post-fit reasons. params: arrays A, B, C_mid, R0; free [n, 4] in that order."""
+    """Post-fit reasons. params: arrays A, B, C_mid, R0; free [n, 4] in that order.
+    Long because it is a table: one (failing mask, message) row per check, in order."""
     A, B, C, R0 = (np.asarray(params[k]) for k in ("A", "B", "C_mid", "R0"))
     fa, fb, fc = free[:, 0], free[:, 1], free[:, 2]
     finite = np.isfinite(np.stack([A, B, C, R0, rmse])).all(axis=0)
