@@ -54,6 +54,45 @@ def _write_safetensors(file: str, entries: list, arrays_of) -> None:
             f.write(np.ascontiguousarray(arrays_of(e), dtype=dt).tobytes())
 
 
+class _Gatherer:
+    """HF tensors from our params, gathered to the host one param (or layer row) at a time."""
+
+    def __init__(self, cfg: ModelConfig, flat: dict, full_shapes: dict, pieces: dict):
+        self.cfg, self.flat, self.full_shapes, self.pieces = cfg, flat, full_shapes, pieces
+        # The last gathered param (row): its experts are written one by one.
+        self.gathered: dict = {}
+
+    def hf_array(self, e: Entry) -> np.ndarray:
+        if e.part:
+            parts = sorted(self.pieces[e.hf_name], key=lambda x: x.part[0])
+            return np.concatenate([self.hf_piece(x) for x in parts], axis=-1)
+        return self.hf_piece(e)
+
+    def hf_piece(self, e: Entry) -> np.ndarray:
+        flat, full_shapes, cfg, gathered = self.flat, self.full_shapes, self.cfg, self.gathered
+        key = (e.path, e.layer[:1])
+        if key not in gathered:
+            value = (
+                flat[e.path].get_value() if isinstance(flat[e.path], nnx.Variable) else flat[e.path]
+            )
+            if value.shape != full_shapes[e.path]:
+                raise HFError(
+                    f"param {'.'.join(map(str, e.path))}: shape {value.shape} != "
+                    f"{full_shapes[e.path]} expected by config {cfg.name!r}"
+                )
+            gathered.clear()
+            # A layer's row is cut out on the devices: the host holds one layer's tensor.
+            gathered[key] = _to_host(value[e.layer[0]] if e.layer else value)
+        ours = gathered[key]
+        if e.expert >= 0:
+            ours = ours[e.expert]
+        split = ours.transpose(np.argsort(e.perm))
+        if e.rope_axis >= 0:
+            order = np.argsort(half_split_order(split.shape[e.rope_axis]))
+            split = np.take(split, order, axis=e.rope_axis)
+        return split.reshape(e.piece_shape)
+
+
 def export(
     params,
     cfg: ModelConfig,
@@ -87,36 +126,7 @@ def export(
     if writer:
         os.makedirs(out_dir, exist_ok=True)
 
-    gathered: dict = {}  # the last gathered param (row): its experts are written one by one
-
-    def hf_array(e: Entry) -> np.ndarray:
-        if e.part:
-            parts = sorted(pieces[e.hf_name], key=lambda x: x.part[0])
-            return np.concatenate([hf_piece(x) for x in parts], axis=-1)
-        return hf_piece(e)
-
-    def hf_piece(e: Entry) -> np.ndarray:
-        key = (e.path, e.layer[:1])
-        if key not in gathered:
-            value = (
-                flat[e.path].get_value() if isinstance(flat[e.path], nnx.Variable) else flat[e.path]
-            )
-            if value.shape != full_shapes[e.path]:
-                raise HFError(
-                    f"param {'.'.join(map(str, e.path))}: shape {value.shape} != "
-                    f"{full_shapes[e.path]} expected by config {cfg.name!r}"
-                )
-            gathered.clear()
-            # A layer's row is cut out on the devices: the host holds one layer's tensor.
-            gathered[key] = _to_host(value[e.layer[0]] if e.layer else value)
-        ours = gathered[key]
-        if e.expert >= 0:
-            ours = ours[e.expert]
-        split = ours.transpose(np.argsort(e.perm))
-        if e.rope_axis >= 0:
-            order = np.argsort(half_split_order(split.shape[e.rope_axis]))
-            split = np.take(split, order, axis=e.rope_axis)
-        return split.reshape(e.piece_shape)
+    hf_array = _Gatherer(cfg, flat, full_shapes, pieces).hf_array
 
     for name, shard in zip(names, shards):
         if writer:
