@@ -288,6 +288,8 @@ def make_train_step(
     temperature: float = 1.0,
 ):
     """Build `train_step(state, batch) -> (state, metrics)`, jitted once.
+    Long because it binds every setting to the module-level functions above by keyword;
+    the step's logic is in them.
 
     abstract_state: from `train.state.abstract_train_state` (ShapeDtypeStructs with shardings).
     num_prompts: the batch's static prompt capacity. max_length: the 'constant' aggregation's
