@@ -103,6 +103,31 @@ def count_compilations():
         jax.monitoring.unregister_event_duration_listener(listener)
 
 
+def _state_shardings(
+    model_cfg: ModelConfig, mesh: Mesh, cfg: SamplerConfig, max_forced_tokens: int
+) -> DecodeState:
+    """The DecodeState's shardings: the KV cache and the per-slot fields."""
+    b, s, q = cfg.max_concurrent_decodes, cfg.max_target_length, max_forced_tokens
+    kshape, vshape = cache_shapes(model_cfg, b, s)
+    slot = mesh_lib.named(mesh, "cache_batch", shape=(b,))
+    slot2 = mesh_lib.named(mesh, "cache_batch", None, shape=(b, 2))
+    # DecodeState and Prefix double as pytrees of shardings (where annotations say arrays).
+    cache: Any = (
+        mesh_lib.named(mesh, *KEY_AXES, shape=kshape),
+        mesh_lib.named(mesh, *VALUE_AXES, shape=vshape),
+    )
+    fields: dict[str, Any] = dict(
+        cache=KVCache(*cache),
+        lengths=slot,
+        next_token=slot,
+        active=slot,
+        rng=slot2,
+        queue=mesh_lib.named(mesh, "cache_batch", None, shape=(b, q)),
+        queue_len=slot,
+    )
+    return DecodeState(**fields)
+
+
 class Engine:
     """Decode slots over one host-local sampler mesh for a `Transformer` of `model_cfg`."""
 
@@ -132,27 +157,12 @@ class Engine:
         self._param_struct = jax.tree.structure(self.abstract_params)
         self.traces: dict[str, int] = {}  # trace (= compile) count per jitted function
 
-        b, s, q = cfg.max_concurrent_decodes, cfg.max_target_length, max_forced_tokens
-        kshape, vshape = cache_shapes(model_cfg, b, s)
-        slot = mesh_lib.named(mesh, "cache_batch", shape=(b,))
-        slot2 = mesh_lib.named(mesh, "cache_batch", None, shape=(b, 2))
-        # DecodeState and Prefix double as pytrees of shardings (where annotations say arrays).
-        cache: Any = (
-            mesh_lib.named(mesh, *KEY_AXES, shape=kshape),
-            mesh_lib.named(mesh, *VALUE_AXES, shape=vshape),
-        )
-        fields: dict[str, Any] = dict(
-            cache=KVCache(*cache),
-            lengths=slot,
-            next_token=slot,
-            active=slot,
-            rng=slot2,
-            queue=mesh_lib.named(mesh, "cache_batch", None, shape=(b, q)),
-            queue_len=slot,
-        )
-        self.state_shardings = DecodeState(**fields)
+        self.state_shardings = _state_shardings(model_cfg, mesh, cfg, max_forced_tokens)
         self._replicated = NamedSharding(mesh, PartitionSpec())
+        self._jit_programs()
 
+    def _jit_programs(self) -> None:
+        """The jitted programs (traced and compiled on first call), with their shardings."""
         st, rep = self.state_shardings, self._replicated
         self._init = jax.jit(self._traced("init_decode_state", self._init_impl), out_shardings=st)
         self._flat_params: tuple[Any, list] = (None, [])  # (params object, its leaves): _leaves
@@ -510,28 +520,7 @@ class Engine:
         # copies the window once per step and layer, while cutting it out once per call and
         # writing it back costs two copies per call: cutting wins above two steps per call.
         if window < self.max_target_length and self.decode_steps_per_call > 2:
-            full = state.cache
-
-            def cut(axis):
-                return lambda c: jax.lax.slice_in_dim(c, 0, window, axis=axis)
-
-            state, res = self._generate_impl(
-                params,
-                state._replace(
-                    cache=KVCache(cut(KEY_SEQ_AXIS)(full.k), cut(VALUE_SEQ_AXIS)(full.v))
-                ),
-                self.max_target_length,
-            )
-
-            def back(axis):
-                return lambda dst, src: jax.lax.dynamic_update_slice_in_dim(dst, src, 0, axis)
-
-            return state._replace(
-                cache=KVCache(
-                    back(KEY_SEQ_AXIS)(full.k, state.cache.k),
-                    back(VALUE_SEQ_AXIS)(full.v, state.cache.v),
-                )
-            ), res
+            return self._generate_windowed(params, state, window)
         model = nnx.merge(self.graphdef, params)
         cfg, s = self.cfg, self.max_target_length
 
@@ -566,3 +555,26 @@ class Engine:
             return new, ResultTokens(out, lp, forced, valid)
 
         return jax.lax.scan(step, state, None, length=cfg.decode_steps_per_call)
+
+    def _generate_windowed(self, params, state, window):
+        """_generate_impl on the cache's first `window` positions, cut out and written back."""
+        full = state.cache
+
+        def cut(axis):
+            return lambda c: jax.lax.slice_in_dim(c, 0, window, axis=axis)
+
+        state, res = self._generate_impl(
+            params,
+            state._replace(cache=KVCache(cut(KEY_SEQ_AXIS)(full.k), cut(VALUE_SEQ_AXIS)(full.v))),
+            self.max_target_length,
+        )
+
+        def back(axis):
+            return lambda dst, src: jax.lax.dynamic_update_slice_in_dim(dst, src, 0, axis)
+
+        return state._replace(
+            cache=KVCache(
+                back(KEY_SEQ_AXIS)(full.k, state.cache.k),
+                back(VALUE_SEQ_AXIS)(full.v, state.cache.v),
+            )
+        ), res
