@@ -195,24 +195,23 @@ def test_compute_weight_dtype_samples_bit_identically_in_half_the_memory(name):
     assert fp32 + 2 * bf16 == total and fp32 + bf16 < 0.6 * total
 
 
+def _fsdp4_trainer_and_small_engine(cfg):
+    """A trainer mesh (fsdp 4) on devices 0-3 and a small engine (tensor 2) on devices 4-7."""
+    devices = jax.devices()
+    trainer = mesh_lib.trainer_mesh(MeshConfig(fsdp=-1), devices[:4])
+    sampler = mesh_lib.sampler_mesh(MeshConfig(sampler_tensor=2), devices[4:8])
+    config = SamplerConfig(
+        max_concurrent_decodes=2, max_prefill_length=8, max_target_length=16, interruptions=False
+    )
+    return trainer, Engine(cfg, sampler, config)
+
+
 def test_grouped_sync_equals_one_group_and_bounds_a_trainer_chips_copy():
     """Groups of at most `group_bytes` (in the sampler's bf16): the same sampler params as one
     whole-model gather, while a trainer chip never holds more than one group; the whole-model
     gather holds the model / 4 on each of the 4 trainer chips."""
     cfg = presets.get("tiny-qwen3-moe", compute_dtype="bfloat16")
-    devices = jax.devices()
-    trainer = mesh_lib.trainer_mesh(MeshConfig(fsdp=-1), devices[:4])
-    sampler = mesh_lib.sampler_mesh(MeshConfig(sampler_tensor=2), devices[4:8])
-    engine = Engine(
-        cfg,
-        sampler,
-        SamplerConfig(
-            max_concurrent_decodes=2,
-            max_prefill_length=8,
-            max_target_length=16,
-            interruptions=False,
-        ),
-    )
+    trainer, engine = _fsdp4_trainer_and_small_engine(cfg)
     host, master = _trainer_params(cfg, trainer)
     sizes = [
         x.size * np.dtype(d).itemsize
@@ -263,19 +262,7 @@ def test_a_stacked_weight_larger_than_the_bound_arrives_exactly_in_bounded_slice
     bit-equal to the trainer's weights in the sampler's dtypes; a second sync compiles
     nothing."""
     cfg = presets.get("tiny-llama", compute_dtype="bfloat16", num_layers=7)
-    devices = jax.devices()
-    trainer = mesh_lib.trainer_mesh(MeshConfig(fsdp=-1), devices[:4])
-    sampler = mesh_lib.sampler_mesh(MeshConfig(sampler_tensor=2), devices[4:8])
-    engine = Engine(
-        cfg,
-        sampler,
-        SamplerConfig(
-            max_concurrent_decodes=2,
-            max_prefill_length=8,
-            max_target_length=16,
-            interruptions=False,
-        ),
-    )
+    trainer, engine = _fsdp4_trainer_and_small_engine(cfg)
     host, master = _trainer_params(cfg, trainer)
     dtypes = jax.tree.leaves(engine.param_dtypes)
     sizes = [x.size * np.dtype(d).itemsize for x, d in zip(jax.tree.leaves(host), dtypes)]
