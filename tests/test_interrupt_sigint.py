@@ -6,10 +6,8 @@ says how many of its steps are lost."""
 import os
 import re
 import signal
-import subprocess
-import sys
 
-from test_progress_signals import ROOT, TESTBED, Lines
+from test_progress_signals import TESTBED, Lines, launch
 
 SMALL = [a for a in TESTBED if a not in ("sft=none",)] + [
     "reward.processes=true",  # verifier children, as for every real dataset
@@ -21,24 +19,7 @@ SMALL = [a for a in TESTBED if a not in ("sft=none",)] + [
 
 
 def launch_in_group(*args):
-    env = {
-        **os.environ,
-        "JAX_PLATFORMS": "cpu",
-        "XLA_FLAGS": "",
-        "PYTHONUNBUFFERED": "1",
-        "SCALERL_PROGRESS_INTERVAL": "1",
-        "PYTHONPATH": os.pathsep.join([ROOT, os.path.join(ROOT, "tests")]),  # this checkout first
-    }
-    proc = subprocess.Popen(
-        [sys.executable, os.path.join(ROOT, "experiments", "run.py"), *args],
-        cwd=ROOT,
-        env=env,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,  # its own process group, as a terminal's foreground job
-    )
-    return Lines(proc)
+    return launch(*args, own_group=True)
 
 
 def ctrl_c(out: Lines) -> tuple[int, str]:

@@ -71,7 +71,9 @@ class Lines:
         return "\n".join(line for _, line in list(self.lines))
 
 
-def launch(*args, interval="1"):
+def launch(*args, interval="1", own_group=False):
+    """experiments/run.py with this checkout first; `own_group`: in a process group of its own, as a
+    terminal's foreground job (for signals sent to the group)."""
     env = {
         **os.environ,
         "JAX_PLATFORMS": "cpu",
@@ -87,6 +89,7 @@ def launch(*args, interval="1"):
         text=True,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        start_new_session=own_group,
     )
     return Lines(proc)
 
