@@ -101,6 +101,8 @@ def proved_equal(p, g, p_text: str = "", g_text: str = "") -> bool:
             return sympy.minimal_polynomial(d, x) == x
         # log(ab) = log a + log b up to 2*pi*i: the caller's numeric check rules that out.
         return sympy.simplify(sympy.expand_log(d, force=True)) == 0
+    # SymPy signals what it cannot decide (minimal_polynomial, simplify) with these; undecided
+    # is not equal: the reward denies what it cannot prove.
     except (ArithmeticError, ValueError, TypeError, NotImplementedError, RecursionError):
         return False
 
