@@ -28,25 +28,11 @@ import sys
 import time
 
 from scalerl_jax import plan
+from scalerl_jax.cli import run
 from scalerl_jax.plan import aot
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _run_module():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "run", os.path.join(ROOT, "experiments", "run.py")
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 def planned_config(argv: list[str]):
     """(config, plan) exactly as `run.py --dry-run --tpu` resolves them (`_prepare`)."""
-    run = _run_module()
     args = run.parse_args(argv)
     cfg, pinned = run.build_config(args)
     topo = plan.topology(args.tpu)

@@ -74,8 +74,10 @@ class ModelConfig:
     # Attention kernel of the training forward (layers.attend): "xla" (einsum + softmax, every
     # platform), "cudnn" (cuDNN flash attention, CUDA GPUs, bf16/fp16), "splash" (the Pallas
     # splash-attention kernel, TPUs), "auto" (the platform's fused kernel where it supports the
-    # shapes and dtype, else xla). The decode path always uses xla (see layers.attend).
-    attention_impl: str = "xla"
+    # shapes and dtype, else xla: so xla on CPUs). The decode path always uses xla (see
+    # layers.attend). The fused kernels keep no [T, T] scores, and on a TPU splash compiles
+    # one kernel where xla's query chunks compile one program each.
+    attention_impl: str = "auto"
     # With `remat`, what each block keeps for the backward pass (the rest is recomputed):
     # "full" (only the block input), "dots" (every matmul output), "dots_no_batch" (matmuls
     # without batch dimensions: the weight projections, not attention), "attn_out" (the

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import math
 from typing import Optional
 
@@ -18,7 +19,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
+from jax.sharding import PartitionSpec
 
+from scalerl_jax import mesh as mesh_lib
 from scalerl_jax.config import ConfigError, ModelConfig, RopeScaling
 
 # Finite rather than -inf: a query with no visible key (padding) then attends uniformly
@@ -474,13 +477,53 @@ def dot_product_attention(q, k, v, segment_ids, implementation: str):
     )
 
 
+# The mesh the training forward is traced for (train/step.py and train/sft.py set it). XLA
+# cannot partition a Mosaic custom call, so the splash kernel runs in a shard_map over it.
+_KERNEL_MESH: contextvars.ContextVar = contextvars.ContextVar("kernel_mesh", default=None)
+
+
+@contextlib.contextmanager
+def kernel_mesh(mesh):
+    """Trace the training forward for `mesh` (a jax Mesh; None: unsharded)."""
+    token = _KERNEL_MESH.set(mesh)
+    try:
+        yield
+    finally:
+        _KERNEL_MESH.reset(token)
+
+
 def splash_attention(q, k, v, segment_ids, interpret: bool = False):
     """The training-path mask through the Pallas splash-attention kernel: a static causal mask
     plus the kernel's own segment ids (queries see keys of their segment; padding, segment 0,
-    sees only padding). Heads-major [H, T, hd] per row under vmap; the kernel handles GQA
-    (H a multiple of KV) itself. `interpret`: run the kernel in Pallas' interpreter (CPU
-    tests). On a multi-chip mesh this call should sit in a shard_map over the batch axes, which
-    it does not yet (XLA cannot partition a Mosaic custom call)."""
+    sees only padding). The kernel handles GQA (H a multiple of KV) itself. `interpret`: run
+    the kernel in Pallas' interpreter (CPU tests).
+
+    Under `kernel_mesh(mesh)` the kernel runs per shard in a shard_map: rows split as the
+    logical axis `batch` says, heads as `heads`/`kv_heads` say when both head counts divide
+    (else every shard takes all heads of its rows). Attention never mixes rows or KV groups,
+    so no collective is needed."""
+    mesh = _KERNEL_MESH.get()
+    local = functools.partial(_splash_local, interpret=interpret)
+    if mesh is None or mesh.size == 1:
+        return local(q, k, v, segment_ids)
+    (rows,) = mesh_lib.logical_to_spec(("batch",), mesh, q.shape[:1])
+    (heads,) = mesh_lib.logical_to_spec(("heads",), mesh, q.shape[2:3])
+    (kv_heads,) = mesh_lib.logical_to_spec(("kv_heads",), mesh, k.shape[2:3])
+    if heads != kv_heads:  # a KV head's queries must stay on its shard
+        heads = None
+    spec = PartitionSpec(rows, None, heads, None)
+    return jax.shard_map(
+        local,
+        mesh=mesh,
+        in_specs=(spec, spec, spec, PartitionSpec(rows, None)),
+        out_specs=spec,
+        check_vma=False,  # pallas_call has no replication rule
+    )(q, k, v, segment_ids)
+
+
+def _splash_local(q, k, v, segment_ids, *, interpret: bool):
+    """`splash_attention` on one shard's arrays (all of them when unsharded): heads-major
+    [H, T, hd] per row under vmap."""
     from jax.experimental.pallas.ops.tpu.splash_attention import (
         splash_attention_kernel as splash,
         splash_attention_mask as splash_mask,

@@ -253,19 +253,23 @@ def activation_bytes(
 ) -> int:
     """Activations one trainer chip keeps for the backward pass of one micro-batch.
 
-    Per token per layer, what autodiff saves in compute dtype (b bytes): the block input, both
-    norm outputs, the residual after attention and the MLP output (5 D, not sharded), q, k, v,
-    rotated q and k and the attention output (3 H hd + 3 KV hd), gate, up, silu(gate) and their
-    product (4 F); plus fp32 copies made by RoPE ((H + KV) hd) and RMSNorm (2 D). Attention
+    Per token per layer, what XLA keeps for the backward (the scanned forward's stacked
+    residuals in a v5p buffer dump of the 8B step): in compute dtype (b bytes) the block input
+    and the residual after attention (2 D, not sharded), q, k, v in and out of RoPE and the
+    attention output (3 H hd + 3 KV hd), and the SwiGLU's six [T, F] values (gate, up, the
+    sigmoid, silu(gate), their product and its cast for the down projection: 6 F); in fp32
+    each RMSNorm's input and normalised value (4 D). Attention
     scores per row per layer: heads x score elements x (4 + b) bytes (fp32 probabilities for the
     softmax gradient, compute-dtype ones for the value product); with the fused kernel
     (`fused_attention`) 4 bytes per query and head instead, except on Llama-4's chunked-local
-    layers, which always run the XLA path. Heads and F shard over `tensor` when they divide; D
-    and F are minor axes, counted in whole lanes (`lanes`).
+    layers, which always run the XLA path. Heads and F shard over `tensor` when they divide; D,
+    F and head_dim are minor axes, counted in whole lanes (`lanes`).
     The backward runs the LM head first, then the layers (in reverse, a scan): the head's phase
     holds one fp32 [rows, chunk, V] logits buffer (XLA computes the softmax and its gradient in
     place: one buffer, measured on v5p), the layers' phase one layer's set and the gradient of
-    its largest query chunk's scores (4 + b bytes per element, unless fused). Without remat
+    its largest query chunk's scores (4 + b bytes per element, unless fused), and the layer's
+    own gradients (2 F, H hd and D per token; 1.3x the planner's figure at 8 rows of 16,384
+    tokens under remat before they were counted). Without remat
     every layer's set is kept through both. With remat (`remat_policy`) "full" keeps each block's
     input stacked over the layers (D per token) and rebuilds one block's set at a time;
     "attn_out" also keeps each layer's attention output (H hd per token); "dots" and
@@ -274,18 +278,18 @@ def activation_bytes(
     states, live through both phases.
     """
     b = _BYTES[m.compute_dtype]
-    d, f, hd = lanes(m.hidden_size), m.intermediate_size, m.dim_per_head
+    d, f, hd = lanes(m.hidden_size), m.intermediate_size, lanes(m.dim_per_head)
     h, kv = per_shard(m.num_heads, tensor), per_shard(m.num_kv_heads, tensor)
-    per_token = b * (5 * d + 3 * h * hd + 3 * kv * hd) + 4 * ((h + kv) * hd + 2 * d)
-    # FFN: a dense layer keeps 4 F; an MoE layer the same for each of its k routed rows and the
+    per_token = b * (2 * d + 3 * h * hd + 3 * kv * hd) + 4 * 4 * d
+    # FFN: a dense layer keeps 6 F; an MoE layer the same for each of its k routed rows and the
     # shared expert, plus the gathered rows and the expert outputs (2 k D) and the fp32 router
     # logits and probabilities (2 E).
-    dense_ffn = b * 4 * lanes(per_shard(f, tensor))
+    dense_ffn = b * 6 * lanes(per_shard(f, tensor))
     k = m.experts_per_token
     moe_ffn = (
         b
         * (
-            4 * (k * per_shard(m.expert_size, tensor) + per_shard(m.shared_expert_size, tensor))
+            6 * (k * per_shard(m.expert_size, tensor) + per_shard(m.shared_expert_size, tensor))
             + 2 * k * d
         )
         + 4 * 2 * m.num_experts
@@ -301,10 +305,18 @@ def activation_bytes(
         )
         for i in range(m.num_layers)
     ]
-    # A layer's backward adds its scores' gradient (fp32 and compute dtype), one query chunk
-    # at a time (the chunks are separate ops).
-    grad = rows * h * _largest_query_chunk(t, m.attention_chunk) * (4 + b)
-    grads = [grad if u else 0 for u in unfused]
+    # A layer's backward adds its own gradients: gate's and up's (2 F in compute dtype, per
+    # routed row for MoE), the fp32 gradients of q and of the residual stream (H hd + D), and
+    # its scores' gradient (fp32 and compute dtype), one query chunk at a time (the chunks are
+    # separate ops).
+    score_grad = rows * h * _largest_query_chunk(t, m.attention_chunk) * (4 + b)
+    moe_f = k * per_shard(m.expert_size, tensor) + per_shard(m.shared_expert_size, tensor)
+    grads = [
+        rows * t * (b * 2 * (moe_f if m.is_moe_layer(i) else lanes(per_shard(f, tensor))))
+        + rows * t * 4 * (h * hd + d)
+        + (score_grad if u else 0)
+        for i, u in enumerate(unfused)
+    ]
     chunk = t if logprob_chunk is None else min(t, logprob_chunk)
     head = rows * chunk * lanes(per_shard(m.vocab_size, tensor)) * 4
     if remat and m.remat_policy in ("full", "attn_out"):

@@ -38,6 +38,7 @@ from scalerl_jax.data.prompts import (
     synthetic_rows,
 )
 from scalerl_jax.metrics import MetricsWriter
+from scalerl_jax.models import layers
 from scalerl_jax.models.tokenizer import copy_tokenizer_files
 from scalerl_jax.multihost import barrier
 from scalerl_jax.train.logprobs import token_logprobs
@@ -168,7 +169,8 @@ def make_sft_step(
 
     def loss_fn(params, batch):
         model = nnx.merge(graphdef, params)
-        hidden = model(batch["tokens"], batch["positions"], batch["segment_ids"])
+        with layers.kernel_mesh(mesh):  # fused attention kernels run per shard
+            hidden = model(batch["tokens"], batch["positions"], batch["segment_ids"])
         logp, _ = token_logprobs(
             hidden,
             model.head_kernel(),

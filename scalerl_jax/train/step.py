@@ -21,6 +21,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from scalerl_jax import mesh as mesh_lib
 from scalerl_jax.config import LossConfig, ModelConfig, OptimConfig
+from scalerl_jax.models import layers
 from scalerl_jax.rl import objectives as rl_losses
 from scalerl_jax.rl.aggregation import counted_mask, masked_mean
 from scalerl_jax.train.batch import TrainBatch, check_layout
@@ -146,7 +147,8 @@ def micro_loss(
 
     `mb` is one micro-batch of the TrainBatch (traced arrays, no leading M axis)."""
     model = nnx.merge(graphdef, params)
-    hidden, router = model.forward(mb.tokens, mb.positions, mb.segment_ids)
+    with layers.kernel_mesh(hidden_sh.mesh):  # fused attention kernels run per shard
+        hidden, router = model.forward(mb.tokens, mb.positions, mb.segment_ids)
     hidden = jax.lax.with_sharding_constraint(hidden, hidden_sh)
     logp, entropy = token_logprobs(
         hidden,
