@@ -153,6 +153,36 @@ def test_local_devices_compile_the_same_programs(monkeypatch, capsys):
     assert by_name["state init"].resident == 0  # before the sampler exists
 
 
+def test_stacked_weights_cut_for_the_sync_add_their_slice_writes(monkeypatch, capsys):
+    """MLP weights of 1.5 MiB (3 layers x 64 x 4096, bf16) with 1 MiB sync groups are cut into
+    2-layer slices that the sampler writes into its copy in place: one donated slice write per
+    weight shape (gate/up, down), compiled for the local devices. Its chip holds the sampler's
+    weights, less the one it writes (its output, aliased to the donated copy), and the decode
+    state: together, what generate reads (the params and the decode state)."""
+    seen: list = []
+    compile_all = aot.compile_all
+
+    def writes_and_generate(cfg, devices, target, *a, **k):
+        keep = ("weight slice write", "generate")
+        return compile_all(cfg, devices, target, *a, **k, select=lambda n: n.startswith(keep))
+
+    monkeypatch.setattr(aot, "compile_all", _recording(writes_and_generate, seen))
+    cut = ["model.num_layers=3", "model.intermediate_size=4096", "sampler.weight_sync_group_mib=1"]
+    code = run.main(["--compile", *SMALL, *cut])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    programs, target = seen
+    *writes, generate = programs
+    assert [p.name for p in writes] == ["weight slice write 1", "weight slice write 2"]
+    assert generate.name.startswith("generate") and not target.colocated
+    for p in writes:
+        assert p.name in out and p.estimate is None
+        assert p.aliases == p.outputs == 3 * 64 * 4096 * 2 // 4  # the copy's shard (tensor 4)
+        assert p.arguments == p.outputs + 2 * 64 * 4096 * 2 // 4 + 4  # + the slice, the start
+        assert p.total == p.arguments and p.temporaries == 0
+        assert p.resident + p.outputs == generate.arguments
+
+
 def test_programs_for_a_tpu_are_traced_with_the_tpu_kernels():
     """On a CPU host the TPU programs must still take the TPU's code paths (here MoE's native
     ragged_dot instead of the CPU's blocked matmul)."""

@@ -1,6 +1,7 @@
 """Weight sync: trainer mesh -> sampler mesh, single process and 2 processes x 4 CPU devices."""
 
 import dataclasses
+import math
 import os
 import pathlib
 import socket
@@ -228,6 +229,7 @@ def test_grouped_sync_equals_one_group_and_bounds_a_trainer_chips_copy():
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
     assert len(whole.groups) == 1 and len(grouped.groups) > 4
     assert all(n <= budget for n in grouped.group_sizes)  # no array exceeds it: none is cut
+    assert grouped.write_programs(master) == [] and whole.write_programs(master) == []
     assert sum(grouped.group_sizes) == sum(sizes)
     # Measured on the trainer devices: a group's shards, not the model's.
     assert grouped.largest_group_bytes <= budget
@@ -260,7 +262,9 @@ def test_a_stacked_weight_larger_than_the_bound_arrives_exactly_in_bounded_slice
     along its layer axis into slices of 4 layers (the second overlapping the first by one),
     every group within the bound on the wire and on a trainer chip, and the sampler's copy
     bit-equal to the trainer's weights in the sampler's dtypes; a second sync compiles
-    nothing."""
+    nothing. The slice writes compiled ahead of time from abstract params (one per cut
+    weight's shape, the sampler's copy donated: aliased) are the very programs the sync runs:
+    it compiles no other."""
     cfg = presets.get("tiny-llama", compute_dtype="bfloat16", num_layers=7)
     trainer, engine = _fsdp4_trainer_and_small_engine(cfg)
     host, master = _trainer_params(cfg, trainer)
@@ -270,7 +274,21 @@ def test_a_stacked_weight_larger_than_the_bound_arrives_exactly_in_bounded_slice
     stacked = [i for i, x in enumerate(jax.tree.leaves(host)) if x.shape[:1] == (7,)]
     assert max(sizes) > budget and sizes.index(max(sizes)) in stacked
     sync = WeightSync(trainer, engine.param_shardings, engine.param_dtypes, budget)
-    out = sync(master)
+    abstract = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), master
+    )
+    writes = sync.write_programs(abstract)
+    cut_shapes = {x.shape for x, n in zip(jax.tree.leaves(host), sizes) if n > budget}
+    assert sorted(args[0].shape for _, args in writes) == sorted(cut_shapes)
+    for fn, (buf, piece, start) in writes:
+        assert piece.shape == (4, *buf.shape[1:]) and buf.sharding == piece.sharding
+        mem = fn.lower(buf, piece, start).compile().memory_analysis()
+        copy = math.prod(buf.sharding.shard_shape(buf.shape)) * buf.dtype.itemsize
+        assert mem.alias_size_in_bytes == mem.output_size_in_bytes == copy > 0
+        assert mem.argument_size_in_bytes > copy and mem.temp_size_in_bytes <= copy
+    with count_compilations() as compiles:
+        out = sync(master)
+    assert "jit(cast)" in compiles and "jit(write_slice)" not in compiles
     for got, want, target, dt in zip(
         jax.tree.leaves(out), jax.tree.leaves(host), jax.tree.leaves(engine.param_shardings), dtypes
     ):

@@ -185,8 +185,9 @@ class _Lowered:
 
 def programs(cfg: RunConfig, devices, held: dict) -> Iterator[_Lowered]:
     """Every program of the run, lowered in the order the run runs them, on the meshes
-    `devices` split into. Roles: "trainer", "sampler" or "sync" (the trainer chips, with the
-    train state held). `held` gets the bytes per chip of what stays resident between programs:
+    `devices` split into. Roles: "trainer", "sampler", "sync" (the trainer chips, with the
+    train state held) or "write" (a weight's slice written into the sampler's copy, on the
+    sampler chips). `held` gets the bytes per chip of what stays resident between programs:
     "train" (TrainState), "params" (the sampler's weights), "decode" (its decode state)."""
     from scalerl_jax import mesh as mesh_lib
     from scalerl_jax.sampler.engine import Engine
@@ -229,6 +230,8 @@ def programs(cfg: RunConfig, devices, held: dict) -> Iterator[_Lowered]:
     sync = WeightSync.for_engine(tmesh, engine)
     for i, (fn, args) in enumerate(sync.programs(abstract.params)):
         yield _Lowered(f"weight sync {i + 1}", "sync", fn, *args)
+    for i, (fn, args) in enumerate(sync.write_programs(abstract.params)):
+        yield _Lowered(f"weight slice write {i + 1}", "write", fn, *args)
     # The engine's own jitted functions (those Engine.precompile runs), on the longest prompt
     # and the whole cache window.
     yield _Lowered("decode state init", "sampler", engine._init)
@@ -263,6 +266,8 @@ def _estimate(name: str, role: str, target: Target) -> Optional[int]:
     t, s = target.trainer, target.sampler
     if role == "sync":
         return None if t is None else t.weight_sync
+    if role == "write":
+        return None  # the planner does not size it: one stacked weight and one slice
     if role == "trainer":
         if t is None or name.startswith("sft"):
             return None  # the planner sizes the RL step, not the warm-up
@@ -276,13 +281,19 @@ def _estimate(name: str, role: str, target: Target) -> Optional[int]:
     return by_name.get(name, s.params + s.kv_cache + s.decode)
 
 
-def _resident(name: str, role: str, held: dict, target: Target, arguments: int) -> int:
+def _resident(
+    name: str, role: str, held: dict, target: Target, arguments: int, outputs: int
+) -> int:
     """Bytes a chip holds while the program runs that are not its own buffers: the train state
-    beside the weight sync (less the group it reads), the sampler's params beside a decode-state
-    program and its decode state beside prefill; a colocated chip also holds the other side's."""
+    beside the weight sync (less the group it reads), the sampler's params and decode state
+    beside a slice write (less the weight it writes, its output), the sampler's params beside a
+    decode-state program and its decode state beside prefill; a colocated chip also holds the
+    other side's."""
     train, params, decode = held.get("train", 0), held.get("params", 0), held.get("decode", 0)
     if role == "sync":
         return max(0, train - arguments) + (params + decode if target.colocated else 0)
+    if role == "write":
+        return max(0, params - outputs) + decode + (train if target.colocated else 0)
     if role == "trainer":
         return params + decode if target.colocated and name == "train step" else 0
     own = {"decode state init": params, "insert": params}.get(name, 0)
@@ -329,15 +340,15 @@ def _compile(p: _Lowered, held: dict, target: Target) -> Program:
     mem = compiled.memory_analysis()
     cost = compiled.cost_analysis()
     cost = (cost[0] if cost else {}) if isinstance(cost, list) else (cost or {})
-    args = int(mem.argument_size_in_bytes)
+    args, outs = int(mem.argument_size_in_bytes), int(mem.output_size_in_bytes)
     return Program(
         p.name,
         seconds,
         args,
-        int(mem.output_size_in_bytes),
+        outs,
         int(mem.temp_size_in_bytes),
         int(mem.alias_size_in_bytes),
-        _resident(p.name, p.role, held, target, args),
+        _resident(p.name, p.role, held, target, args, outs),
         float(cost.get("flops", 0.0)),
         float(cost.get("bytes accessed", 0.0)),
         _estimate(p.name, p.role, target),

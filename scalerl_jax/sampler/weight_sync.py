@@ -186,6 +186,11 @@ def make_groups(sizes: list, budget: Optional[int]) -> list[list[int]]:
     return groups
 
 
+def write_slice(buf, x, start):
+    """`buf` with rows [start, start + len(x)) replaced by `x`."""
+    return jax.lax.dynamic_update_slice_in_dim(buf, x, start, 0)
+
+
 class WeightSync:
     """Callable: trainer-mesh params -> params on this host's sampler mesh.
 
@@ -281,27 +286,44 @@ class WeightSync:
         slice written in place (the copy is donated)."""
         return self._jit(
             ("write", sharding),
-            lambda: jax.jit(
-                lambda buf, x, s: jax.lax.dynamic_update_slice_in_dim(buf, x, s, 0),
-                donate_argnums=0,
-                out_shardings=sharding,
-            ),
+            lambda: jax.jit(write_slice, donate_argnums=0, out_shardings=sharding),
         )
 
     def _args(self, leaves, group: list[Piece]) -> tuple[list, list]:
         return [leaves[p.leaf] for p in group], [np.int32(p.start) for p in group]
 
-    def programs(self, params) -> list[tuple[Any, tuple]]:
-        """(jitted cast-and-gather, its arguments) of each distinct program a sync of `params`
-        (concrete, or ShapeDtypeStructs with their trainer shardings) runs: what `__call__`
-        compiles, for compiling ahead of time."""
+    def _built(self, params) -> list:
         leaves = jax.tree.leaves(params)
         if self._specs is None:
             self._build(leaves)
+        return leaves
+
+    def programs(self, params) -> list[tuple[Any, tuple]]:
+        """(jitted cast-and-gather, its arguments) of each distinct program a sync of `params`
+        (concrete, or ShapeDtypeStructs with their trainer shardings) runs on the trainer
+        devices: what `__call__` compiles, for compiling ahead of time."""
+        leaves = self._built(params)
         out: dict = {}
         for group in self.groups:
             fn, args = self._gather(group), self._args(leaves, group)
             out.setdefault((id(fn), tuple(x.shape for x in args[0])), (fn, args))
+        return list(out.values())
+
+    def write_programs(self, params) -> list[tuple[Any, tuple]]:
+        """(jitted slice write, abstract arguments with the sampler's sharding) of each distinct
+        program a sync of `params` runs on the sampler devices to write a slice of a stacked
+        weight into its copy; none when no weight is cut."""
+        self._built(params)
+        out: dict = {}
+        for p in (p for group in self.groups for p in group if p.rows is not None):
+            shape, dt = self._shapes[p.leaf][0], self._targets[p.leaf]
+            target = self._sampler_leaves[p.leaf]
+            key = (target, shape, dt, p.rows)
+            if key not in out:
+                buf = jax.ShapeDtypeStruct(shape, dt, sharding=target)
+                piece = jax.ShapeDtypeStruct(self._piece_shape(p), dt, sharding=target)
+                start = jax.ShapeDtypeStruct((), np.int32)
+                out[key] = (self._write(target), (buf, piece, start))
         return list(out.values())
 
     def __call__(self, params):
