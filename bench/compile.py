@@ -31,6 +31,7 @@ from scalerl_jax import plan
 from scalerl_jax.cli import run
 from scalerl_jax.plan import aot
 
+
 def planned_config(argv: list[str]):
     """(config, plan) exactly as `run.py --dry-run --tpu` resolves them (`_prepare`)."""
     args = run.parse_args(argv)
