@@ -361,7 +361,7 @@ def test_long_prompt_is_an_error_or_truncated_and_counted(engine, params, caplog
     assert d.stats["truncated_prompts"] == 1
 
 
-def test_errors_in_the_driver_thread_reach_the_caller(engine, params):
+def test_errors_in_the_driver_thread_reach_the_caller(engine, params, caplog):
     def bad_prompts():
         yield prompts(1)[0]
         raise RuntimeError("prompt source broke")
@@ -373,6 +373,7 @@ def test_errors_in_the_driver_thread_reach_the_caller(engine, params):
             d.get(timeout=60)
     with pytest.raises(DriverError):  # and it stays raised for every later call
         d.update_params(params, 1)
+    assert "sampler driver failed" in caplog.text  # a bug's traceback is logged where it was
 
     def bad_callback(group):
         raise ValueError("consumer broke")
