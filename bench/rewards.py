@@ -10,9 +10,10 @@ and half wrong, over every answer category of tests/test_math_verify_cases.py (n
 fractions, percent, scientific notation, units, text, multiple choice, sets, tuples, intervals,
 unions, inequalities, matrices, named values, expressions).
 
-"before" is `git show REF:scalerl_jax/rewards/{math,sympy_safe}.py` imported as a separate
-package, in two variants: as shipped (math-verify is installed now, so its optional fallback runs)
-and with that fallback off (the default install at REF). Rows:
+"before" is REF's scalerl_jax/rewards/{math*,sympy_safe}.py (`git show`) imported as a separate
+package. A REF whose math-verify fallback was optional (2137265 up to 2da03a2, e.g. --ref
+2da03a2~1) gives two rows: as shipped (math-verify is installed now, so the fallback runs) and
+with it off (the default install at REF). Rows:
 
 * verifications/s inline (one thread, per CPU-second), and through RewardPool with --workers
   threads and --workers processes (wall clock, best of --repeats passes), after a first pass
@@ -31,6 +32,7 @@ import argparse
 import importlib.util
 import os
 import random
+import re
 import subprocess
 import sys
 import shutil
@@ -114,31 +116,56 @@ def make_completions(n: int, seed: int = 0) -> list[tuple[str, str, bool]]:
 # REF's copies: bench/out/rewards_ref/PACKAGE, imported as `out.rewards_ref.PACKAGE` from this
 # script's folder (sys.path[0]), as the process pool's spawned children do with this sys.path.
 REF_DIR, REF_MODULE = os.path.join(ROOT, "bench", "out", "rewards_ref"), "out.rewards_ref"
+# The optional fallback's import in math.py, from 2137265 until 2da03a2 made math-verify a
+# dependency (f4a83ec then dropped the fallback).
+OPTIONAL_MV = "import math_verify  # optional: pip install math-verify"
 
 
-def load_before(ref: str, package: str, math_verify: bool):
-    """REF's math verifier as package `package` under REF_DIR, with its optional math-verify
-    fallback on or off (off: the default install at REF)."""
+def ref_sources(ref: str) -> dict[str, str]:
+    """{module name: source} of REF's math verifier: scalerl_jax/rewards/{math*,sympy_safe}.py
+    (one math.py before it was split along its seams, several after)."""
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+        if done.returncode:
+            sys.exit(f"rewards.py: error: --ref {ref}: {done.stderr.strip()}")
+        return done.stdout
+
+    files = git("ls-tree", "--name-only", f"{ref}:scalerl_jax/rewards").split()
+    names = [f[:-3] for f in files if re.fullmatch(r"(math\w*|sympy_safe)\.py", f)]
+    if "math" not in names:
+        sys.exit(f"rewards.py: error: --ref {ref} has no scalerl_jax/rewards/math.py")
+    return {n: git("show", f"{ref}:scalerl_jax/rewards/{n}.py") for n in names}
+
+
+def load_before(sources: dict[str, str], package: str, fallback: bool = True):
+    """REF's math verifier (`ref_sources`) as package `package` under REF_DIR, importing its
+    own modules; fallback=False turns the optional math-verify fallback off."""
     pkg = os.path.join(REF_DIR, package)
     shutil.rmtree(pkg, ignore_errors=True)
     os.makedirs(pkg)
     open(os.path.join(pkg, "__init__.py"), "w").close()
-    for name in ("math", "sympy_safe"):
-        text = subprocess.run(
-            ["git", "show", f"{ref}:scalerl_jax/rewards/{name}.py"],
-            cwd=ROOT,
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout
-        text = text.replace("scalerl_jax.rewards.sympy_safe", f"{REF_MODULE}.{package}.sympy_safe")
-        if not math_verify:
-            off = "import math_verify  # optional: pip install math-verify"
-            assert name != "math" or off in text, "REF's optional import changed"
-            text = text.replace(off, "raise ImportError")
+    own = re.compile(rf"\bscalerl_jax\.rewards\.({'|'.join(sources)})\b")
+    for name, text in sources.items():
+        text = own.sub(rf"{REF_MODULE}.{package}.\1", text)
+        if not fallback:
+            text = text.replace(OPTIONAL_MV, "raise ImportError")
         with open(os.path.join(pkg, f"{name}.py"), "w") as f:
             f.write(text)
+    importlib.invalidate_caches()  # files written after the import system listed the folder
     return importlib.import_module(f"{REF_MODULE}.{package}.math")
+
+
+def before_verifiers(ref: str) -> dict:
+    """{row name: REF's verify_math}: one row, or two where REF's math-verify fallback was
+    optional (off: the default install at REF; on: as shipped, math-verify being installed)."""
+    sources = ref_sources(ref)
+    if OPTIONAL_MV not in sources["math"]:
+        return {ref: load_before(sources, "before").verify_math}
+    return {
+        f"{ref} (no math-verify)": load_before(sources, "before_plain", False).verify_math,
+        f"{ref} (+ math-verify)": load_before(sources, "before_mv").verify_math,
+    }
 
 
 def throughput(verifier, items, workers: int, timeout: float, repeats: int) -> dict:
@@ -228,15 +255,7 @@ def main() -> None:
     items = make_completions(args.completions)
     pairs = [(c, r) for c, r, _ in items]
 
-    verifiers = {
-        f"{args.ref} (no math-verify)": load_before(
-            args.ref, "before_plain", math_verify=False
-        ).verify_math,
-        f"{args.ref} (+ math-verify)": load_before(
-            args.ref, "before_mv", math_verify=True
-        ).verify_math,
-        "after": verify_math,
-    }
+    verifiers = {**before_verifiers(args.ref), "after": verify_math}
     mean_chars = sum(len(c) for c, _ in pairs) / len(pairs)
     print(
         f"{len(items)} completions, mean {mean_chars:.0f} chars; case table {len(cases)} "
@@ -244,7 +263,7 @@ def main() -> None:
     )
     print(f"child start-up (after, {args.workers} workers): {startup(args.workers)}")
     for name, fn in verifiers.items():
-        intended = sum(fn(c, r) == ok for c, r, ok in items[:200]) / 200
+        intended = sum(fn(c, r) == ok for c, r, ok in items[:200]) / min(len(items), 200)
         tp = throughput(fn, pairs, args.workers, args.timeout, args.repeats)
         ag = agreement(fn, cases, args.workers, args.timeout)
         print(

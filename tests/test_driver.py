@@ -1,6 +1,7 @@
 """Driver: continuous batching, groups, interruptions, in-flight weight updates, errors."""
 
 import dataclasses
+import traceback
 
 import jax
 import jax.numpy as jnp
@@ -336,16 +337,23 @@ def test_thread_mode_streams_groups_and_takes_updates(engine, params):
     assert set(versions.tolist()) == {0, 7}
 
 
-def test_long_prompt_is_an_error_or_truncated_and_counted(engine, params):
+def test_long_prompt_is_an_error_or_truncated_and_counted(engine, params, caplog):
     long = Prompt("long", list(range(150, 190)))  # 40 tokens > 32
     d = Driver(
         engine, params, [prompts(1)[0], long], group_size=2, eos_ids=EOS, phrase_ids=PHRASE
     ).start()
-    with pytest.raises(DriverError) as err:
+    # A user's error reaches the caller as itself (the programs print it in one line), with
+    # the caller's frames and then the driver thread's; the driver logs no traceback of it.
+    with pytest.raises(PromptTooLongError, match="'long' has 40 tokens > max_prefill_length=32"):
         while d.get(timeout=60) is not None:
             pass
-    assert isinstance(err.value.__cause__, PromptTooLongError)
-    assert "'long' has 40 tokens > max_prefill_length=32" in str(err.value.__cause__)
+    for _ in range(2):  # raised again by every later call, its traceback not growing
+        with pytest.raises(PromptTooLongError) as err:
+            d.join(timeout=60)
+        frames = [f.f_code.co_name for f, _ in traceback.walk_tb(err.value.__traceback__)]
+        assert frames[1:4] == ["join", "_raise_if_failed", "_thread_main"], frames
+        assert frames[-1] == "_next_group" and frames.count("_thread_main") == 1, frames
+    assert "sampler driver failed" not in caplog.text
 
     cfg = dataclasses.replace(SCFG, truncate_long_prompts=True, interruptions=False)
     (group,), d = collect(engine, params, [long], group_size=2, eos_ids=EOS, cfg=cfg)
@@ -353,7 +361,7 @@ def test_long_prompt_is_an_error_or_truncated_and_counted(engine, params):
     assert d.stats["truncated_prompts"] == 1
 
 
-def test_errors_in_the_driver_thread_reach_the_caller(engine, params):
+def test_errors_in_the_driver_thread_reach_the_caller(engine, params, caplog):
     def bad_prompts():
         yield prompts(1)[0]
         raise RuntimeError("prompt source broke")
@@ -365,6 +373,7 @@ def test_errors_in_the_driver_thread_reach_the_caller(engine, params):
             d.get(timeout=60)
     with pytest.raises(DriverError):  # and it stays raised for every later call
         d.update_params(params, 1)
+    assert "sampler driver failed" in caplog.text  # a bug's traceback is logged where it was
 
     def bad_callback(group):
         raise ValueError("consumer broke")

@@ -10,7 +10,7 @@ import sys
 
 import scalerl_jax
 from scalerl_jax import UserError
-from test_run import ROOT, TINY
+from test_run import ROOT, TINY, run_cli
 
 # Exceptions of the package that no user input can cause: they are not UserErrors.
 NOT_USER = {
@@ -110,6 +110,21 @@ def test_run_keeps_its_exit_status_for_checkpoints_and_the_traceback_of_a_bug(tm
     done = _deep(tmp_path, "bug")
     assert done.returncode == 1 and "Traceback" in done.stderr
     assert "RuntimeError: raised deep inside" in done.stderr
+
+
+def test_run_reports_a_prompt_too_long_for_the_sampler_in_one_line(tmp_path):
+    # The synthetic prompts ("226+8=", ...) are longer than 4 tokens: the rollout driver's
+    # thread raises it (and the step-0 evaluation's driver, in the run's thread; the run's
+    # clean-up re-raises the rollout driver's, which used to be a DriverError: exit 1).
+    tiny = [a for a in TINY if not a.startswith(("sft.", "eval."))]
+    args = ["--workdir", str(tmp_path / "run"), "--steps", "1", "--no-fit", "sft=none", *tiny]
+    done = run_cli(*args, "sampler.max_prefill_length=4", timeout=300)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("run.py: error: prompt 'countup/") and last.endswith(
+        "tokens > max_prefill_length=4 (set SamplerConfig.truncate_long_prompts=True to keep "
+        "its last 4)"
+    ), last
 
 
 def test_eval_reports_a_user_error_raised_deep_inside_in_one_line(tmp_path):

@@ -48,6 +48,8 @@ QUEUED_STATES = {  # `gcloud compute tpus queued-resources describe --format=val
 MISSING = "MISSING"  # describe said NOT_FOUND
 
 
+# Not scalerl_jax's UserError: pod.sh runs on the user's machine with any python3 >= 3.8, where
+# the package is not installed (only the workers get it); pod.py's main catches this one.
 class UsageError(ValueError):
     """A bad argument; the message says which and what would be accepted."""
 

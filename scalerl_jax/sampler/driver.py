@@ -54,7 +54,8 @@ class PromptTooLongError(UserError, ValueError):
 
 
 class DriverError(RuntimeError):
-    """The driver thread failed; `__cause__` is the original exception."""
+    """The driver thread failed on a bug; `__cause__` is the original exception. A UserError
+    there (a prompt too long, ...) reaches the caller as itself."""
 
 
 class Driver:
@@ -130,6 +131,7 @@ class Driver:
         self._stop = threading.Event()
         self._finished = threading.Event()
         self._error: Optional[BaseException] = None
+        self._error_tb = None  # the driver thread's frames, kept for each re-raise
         self.stats: dict[str, float] = dict.fromkeys(DRIVER_COUNTS, 0)
         self.stats.update(time_generate=0.0, time_prefill=0.0, time_host=0.0, time_idle=0.0)
 
@@ -182,8 +184,9 @@ class Driver:
         return self
 
     def get(self, timeout: Optional[float] = None) -> Optional[Group]:
-        """Next completed group; None once every prompt is done. Raises DriverError if the
-        driver failed, TimeoutError after `timeout` seconds without a group."""
+        """Next completed group; None once every prompt is done. If the driver failed, raises
+        its UserError as is, any other exception as a DriverError; TimeoutError after
+        `timeout` seconds without a group."""
         if self._thread is None and not self._finished.is_set():
             raise RuntimeError("Driver.get() before start(): nothing would ever produce a group")
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -234,6 +237,10 @@ class Driver:
         return self.stats["tokens"] / max(self.stats["slot_steps"], 1)
 
     def _raise_if_failed(self):
+        if isinstance(self._error, UserError):
+            # The user's error, for the caller to report in one line. Its traceback: the
+            # caller's frames, then the driver thread's (reset, so repeated raises don't stack).
+            raise self._error.with_traceback(self._error_tb)
         if self._error is not None:
             raise DriverError(f"sampler driver failed: {self._error!r}") from self._error
 
@@ -242,7 +249,9 @@ class Driver:
         try:
             self.run()
         except BaseException as e:  # noqa: BLE001 - handed to the caller, not swallowed
-            log.exception("sampler driver failed")
+            if not isinstance(e, UserError):  # a bug: its traceback, even if no caller asks
+                log.exception("sampler driver failed")
+            self._error_tb = e.__traceback__  # before _error: the caller polls _error
             self._error = e
         finally:
             self._finished.set()
