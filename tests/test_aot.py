@@ -156,9 +156,10 @@ def test_local_devices_compile_the_same_programs(monkeypatch, capsys):
 def test_stacked_weights_cut_for_the_sync_add_their_slice_writes(monkeypatch, capsys):
     """MLP weights of 1.5 MiB (3 layers x 64 x 4096, bf16) with 1 MiB sync groups are cut into
     2-layer slices that the sampler writes into its copy in place: one donated slice write per
-    weight shape (gate/up, down), compiled for the local devices. Its chip holds the sampler's
-    weights, less the one it writes (its output, aliased to the donated copy), and the decode
-    state: together, what generate reads (the params and the decode state)."""
+    weight shape (gate/up, down), compiled for the local devices. Its chip holds the weights
+    decoding meanwhile, the rest of the next weights (less the one it writes: its output,
+    aliased to the donated copy) and the decode state; generate reads the params and the
+    decode state, with the next weights (one more copy of the params) held beside it."""
     seen: list = []
     compile_all = aot.compile_all
 
@@ -180,7 +181,8 @@ def test_stacked_weights_cut_for_the_sync_add_their_slice_writes(monkeypatch, ca
         assert p.aliases == p.outputs == 3 * 64 * 4096 * 2 // 4  # the copy's shard (tensor 4)
         assert p.arguments == p.outputs + 2 * 64 * 4096 * 2 // 4 + 4  # + the slice, the start
         assert p.total == p.arguments and p.temporaries == 0
-        assert p.resident + p.outputs == generate.arguments
+        assert p.resident + p.outputs == generate.arguments + generate.resident
+    assert 0 < generate.resident < generate.arguments  # the incoming params
 
 
 def test_programs_for_a_tpu_are_traced_with_the_tpu_kernels():

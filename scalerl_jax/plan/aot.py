@@ -285,20 +285,22 @@ def _resident(
     name: str, role: str, held: dict, target: Target, arguments: int, outputs: int
 ) -> int:
     """Bytes a chip holds while the program runs that are not its own buffers: the train state
-    beside the weight sync (less the group it reads), the sampler's params and decode state
-    beside a slice write (less the weight it writes, its output), the sampler's params beside a
-    decode-state program and its decode state beside prefill; a colocated chip also holds the
-    other side's."""
+    beside the weight sync (less the group it reads); beside a slice write the sampler's params
+    decoding, the rest of the next params and the decode state; the sampler's params beside a
+    decode-state program and its decode state beside prefill; the next params (arriving by the
+    weight sync while decoding goes on) beside prefill, insert and generate; a colocated chip
+    also holds the other side's."""
     train, params, decode = held.get("train", 0), held.get("params", 0), held.get("decode", 0)
     if role == "sync":
-        return max(0, train - arguments) + (params + decode if target.colocated else 0)
+        return max(0, train - arguments) + (2 * params + decode if target.colocated else 0)
     if role == "write":
-        return max(0, params - outputs) + decode + (train if target.colocated else 0)
+        return params + max(0, params - outputs) + decode + (train if target.colocated else 0)
     if role == "trainer":
-        return params + decode if target.colocated and name == "train step" else 0
-    own = {"decode state init": params, "insert": params}.get(name, 0)
-    own = decode if name.startswith("prefill") else own
-    return own + (train if target.colocated else 0)
+        return 2 * params + decode if target.colocated and name == "train step" else 0
+    if name == "decode state init":  # before the first sync
+        return params + (train if target.colocated else 0)
+    own = decode if name.startswith("prefill") else params if name == "insert" else 0
+    return own + params + (train if target.colocated else 0)
 
 
 def compile_all(

@@ -173,12 +173,18 @@ class TrainerMemory:
 
 @dataclasses.dataclass(frozen=True)
 class SamplerMemory:
-    """Bytes per sampler chip."""
+    """Bytes per sampler chip. The weight sync builds the next weights whole beside the ones
+    decoding (the driver swaps them in after the sync), so the peak holds both."""
 
     params: int
     kv_cache: int
     working: int  # fp32 scores of the largest prefill pass
     decode: int  # a decode step's: fp32 scores and logits of the slots, the cache's relayout
+
+    @property
+    def incoming(self) -> int:
+        """The next weights, arriving by the weight sync while these decode."""
+        return self.params
 
     @property
     def work(self) -> int:
@@ -187,7 +193,7 @@ class SamplerMemory:
 
     @property
     def peak(self) -> int:
-        return self.params + self.kv_cache + self.work
+        return self.params + self.incoming + self.kv_cache + self.work
 
 
 def seq_len(cfg: RunConfig) -> int:

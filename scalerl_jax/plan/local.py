@@ -230,6 +230,7 @@ def items(plan: LocalPlan) -> list[tuple[str, int]]:
         ),
         ("weight-sync copy", kt * tm.weight_sync),
         ("sampler params", ks * sm.params),
+        ("sampler weight-sync copy", ks * sm.incoming),
         (
             f"KV cache ({per_shard(s.max_concurrent_decodes, plan.sampler_mesh[0])} slots x "
             f"{s.max_target_length:,} tokens per device)",
@@ -393,7 +394,7 @@ def format_local(plan: LocalPlan) -> str:
         label(f"activations (remat {'on' if cfg.model.remat else 'off'})")
         + g(tm.activations)
         + dash,
-        label("weight-sync copy") + g(tm.weight_sync) + dash,
+        label("weight-sync copy") + g(tm.weight_sync) + g(sm.incoming),
         label("KV cache") + dash + g(sm.kv_cache),
         label("working set") + dash + g(sm.work),
         label("peak") + g(tm.peak) + g(sm.peak),

@@ -174,7 +174,10 @@ def _memory_problem(
         f"{g(tmem.gradients)}, activations {g(tmem.activations)}, weight-sync copy "
         f"{g(tmem.weight_sync)}"
     )
-    sampler = f"params {g(smem.params)}, KV cache {g(smem.kv_cache)}"
+    sampler = (
+        f"params {g(smem.params)}, weight-sync copy {g(smem.incoming)}, "
+        f"KV cache {g(smem.kv_cache)}"
+    )
     head = (
         f"{cfg.model.name} does not fit on {topo.name} ({g(budget)} GiB usable of "
         f"{topo.chip.hbm_gib:g} GiB per chip): "
@@ -498,7 +501,7 @@ def _memory_lines(plan: Plan) -> list[str]:
         + dash
         + f"   remat off {tm.activations_no_remat / GIB:.2f}, on "
         f"{tm.activations_remat / GIB:.2f}",
-        label("weight-sync copy") + _gib(tm.weight_sync) + dash,
+        label("weight-sync copy") + _gib(tm.weight_sync) + _gib(sm.incoming),
         label("KV cache") + dash + _gib(sm.kv_cache),
         label("working set") + dash + _gib(sm.work),
         label("peak" + (" (colocated: the sum)" if lay.colocated else ""))
