@@ -277,7 +277,9 @@ def activation_bytes(
     own gradients (2 F, H hd and D per token; 1.3x the planner's figure at 8 rows of 16,384
     tokens under remat before they were counted). Without remat
     every layer's set is kept through both. With remat (`remat_policy`) "full" keeps each block's
-    input stacked over the layers (D per token) and rebuilds one block's set at a time;
+    input stacked over the layers (D per token), counted twice (XLA's count of the 8B step at 8
+    rows of 16,384 tokens grows by 2.1 GiB per layer from 3 to 16 layers, twice the inputs),
+    and rebuilds one block's set at a time;
     "attn_out" also keeps each layer's attention output (H hd per token); "dots" and
     "dots_no_batch" keep most matmul outputs, planned as no remat (an upper bound). Both add the
     [rows, T, T] bool mask (unless every layer runs the fused kernel) and the fp32 final hidden
@@ -328,7 +330,7 @@ def activation_bytes(
     if remat and m.remat_policy in ("full", "attn_out"):
         saved = d + (h * hd if m.remat_policy == "attn_out" else 0)
         layer = max(x + g for x, g in zip(sets, grads))
-        kept = m.num_layers * rows * t * saved * b + max(head, layer)
+        kept = 2 * m.num_layers * rows * t * saved * b + max(head, layer)
     else:
         kept = sum(sets) + max(head, max(grads))
     return kept + rows * t * t * any(unfused) + rows * t * d * 4

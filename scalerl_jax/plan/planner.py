@@ -175,8 +175,7 @@ def _memory_problem(
         f"{g(tmem.weight_sync)}"
     )
     sampler = (
-        f"params {g(smem.params)}, weight-sync copy {g(smem.incoming)}, "
-        f"KV cache {g(smem.kv_cache)}"
+        f"params {g(smem.params)}, weight-sync copy {g(smem.incoming)}, KV cache {g(smem.kv_cache)}"
     )
     head = (
         f"{cfg.model.name} does not fit on {topo.name} ({g(budget)} GiB usable of "
