@@ -88,13 +88,13 @@ def test_every_program_compiles_for_v5p_and_fits(v5p_small):
 def test_planner_and_xla_agree_on_the_big_programs(v5p_small):
     """The planner refuses runs by its own estimate, so it counts what the scanned programs
     hold (plan/estimate.py): the train step's stacked residuals, then either one fp32 logits
-    chunk or one layer's set and its scores' gradient (the head's and the layers' backward run
-    one after the other), minor axes in whole 128-lane tiles; the decode step's scores and
-    logits and, with head_dim < 128, the copy of the KV cache its layer scan carries with
-    head_dim minor. XLA's bytes per chip then stay within 1.5x of the estimate either way: here
-    (d=64, head_dim 16) 1.27x over it for the train step, 1.28x for generate; qwen2.5-0.5b's
-    width with 4 layers (16 x 512 tokens) 0.91x (remat), 0.90x (remat, 128-position log-prob
-    chunks), 1.29x (no remat), generate 1.10x."""
+    chunk or one layer's set and its gradients (the head's and the layers' backward run one
+    after the other), minor axes in whole 128-lane tiles; the decode step's scores and logits
+    and, with head_dim < 128, the copy of the KV cache its layer scan carries with head_dim
+    minor. XLA's bytes per chip then stay within 1.5x of the estimate either way: here (d=64,
+    head_dim 16, splash attention) 1.35x over it for the train step, 1.27x for generate;
+    qwen2.5-0.5b as planned for v5p:2x2x1 1.06x, llama-3.1-8b on v5p-256 0.85x
+    (bench/README.md)."""
     _, _, programs, _ = v5p_small
     by_name = {p.name: p for p in programs}
     for name in ("train step", PROGRAMS[-1]):
