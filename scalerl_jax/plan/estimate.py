@@ -229,17 +229,19 @@ def _largest_query_chunk(t: int, chunk: int) -> int:
     return max((min(t, c0 + chunk) - c0) * min(t, c0 + chunk) for c0 in range(0, t, chunk))
 
 
-def fused_attention(m: ModelConfig, t: int) -> bool:
-    """Whether the training forward's attention runs the splash kernel on a TPU
-    (`ModelConfig.attention_impl` "splash", or "auto" with shapes the kernel takes: the rule of
-    `layers.resolve_attention_impl`). It keeps one fp32 log-sum-exp per query and head instead of
-    the [T, T] scores, and needs no dense mask."""
+def fused_attention(m: ModelConfig, t: int, platform: str = "tpu") -> bool:
+    """Whether the training forward's attention runs a fused kernel on `platform` ("tpu",
+    "cuda", "cpu"): splash on a TPU, cuDNN on CUDA, by name or under "auto" with shapes the
+    kernel takes (the rule of `layers.resolve_attention_impl`). Either keeps one fp32
+    log-sum-exp per query and head instead of the [T, T] scores, and needs no dense mask."""
     from scalerl_jax.models.layers import fused_attention_problem
 
+    kind = {"tpu": "splash", "cuda": "cudnn"}.get(platform)
     return (
-        m.attention_impl in ("splash", "auto")
+        kind is not None
+        and m.attention_impl in (kind, "auto")
         and fused_attention_problem(
-            "splash", "tpu", head_dim=m.dim_per_head, dtype=m.compute_dtype, seq_len=t
+            kind, platform, head_dim=m.dim_per_head, dtype=m.compute_dtype, seq_len=t
         )
         is None
     )
@@ -255,7 +257,13 @@ def lanes(n: int) -> int:
 
 
 def activation_bytes(
-    m: ModelConfig, rows: int, t: int, tensor: int, logprob_chunk, remat: bool
+    m: ModelConfig,
+    rows: int,
+    t: int,
+    tensor: int,
+    logprob_chunk,
+    remat: bool,
+    platform: str = "tpu",
 ) -> int:
     """Activations one trainer chip keeps for the backward pass of one micro-batch.
 
@@ -302,7 +310,7 @@ def activation_bytes(
         )
         + 4 * 2 * m.num_experts
     )
-    fused = fused_attention(m, t)
+    fused = fused_attention(m, t, platform)
     scores = h * _attention_score_elements(t, m.attention_chunk) * (4 + b)
     unfused = [not fused or m.is_local_attention_layer(i) for i in range(m.num_layers)]
     sets = [
@@ -337,7 +345,12 @@ def activation_bytes(
 
 
 def trainer_memory(
-    cfg: RunConfig, mesh_shape: dict, micro_batches: int, remat: bool, trainer_per_host: int
+    cfg: RunConfig,
+    mesh_shape: dict,
+    micro_batches: int,
+    remat: bool,
+    trainer_per_host: int,
+    platform: str = "tpu",
 ) -> TrainerMemory:
     """Per trainer chip: params in param_dtype; AdamW's two moments (optax keeps them in the
     params' dtype, so fp32 params are their own master copy and bf16 params have none);
@@ -351,7 +364,8 @@ def trainer_memory(
     rows = rows_per_chip(cfg, mesh_shape["data"] * mesh_shape["fsdp"], micro_batches)
     t, tensor = seq_len(cfg), mesh_shape["tensor"]
     act = {
-        r: activation_bytes(m, rows, t, tensor, cfg.optim.logprob_chunk, r) for r in (False, True)
+        r: activation_bytes(m, rows, t, tensor, cfg.optim.logprob_chunk, r, platform)
+        for r in (False, True)
     }
     sync = -(-sync_group_bytes(cfg) // trainer_per_host)
     return TrainerMemory(params, 2 * params, grads, act[remat], act[False], act[True], sync)

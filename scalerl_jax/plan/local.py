@@ -205,7 +205,14 @@ def local_plan(cfg: RunConfig, machine: Machine) -> LocalPlan:
         s,
         mesh,
         (data, st),
-        trainer_memory(cfg, mesh, cfg.optim.micro_batches, cfg.model.remat, k),
+        trainer_memory(
+            cfg,
+            mesh,
+            cfg.optim.micro_batches,
+            cfg.model.remat,
+            k,
+            platform={"gpu": "cuda"}.get(machine.platform, machine.platform),
+        ),
         sampler_memory(cfg, data, st, slots, tpu=machine.platform == "tpu"),
     )
 
