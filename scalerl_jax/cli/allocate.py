@@ -23,16 +23,13 @@ import math
 import os
 import sys
 
+from scalerl_jax import cli
 from scalerl_jax.errors import UserError
 from scalerl_jax.scaling import allocate, fit, plot, report
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=__doc__.split("\n", 2)[2],
-    )
+    p = cli.parser(__doc__)
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     p.add_argument(
         "--budget", type=float, required=True, help="compute to plan for, in the units of --x"

@@ -28,7 +28,6 @@ exit status: 0 done, 2 bad input (one line; --debug adds the traceback), 130 / 1
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import logging
 import os
@@ -36,7 +35,7 @@ import signal
 import sys
 from typing import cast
 
-from scalerl_jax import evaluation, preflight, recipes
+from scalerl_jax import cli, evaluation, preflight, recipes
 from scalerl_jax.config import DataConfig, RewardConfig, apply_overrides
 from scalerl_jax.errors import UserError
 from scalerl_jax.heartbeat import HEARTBEAT, heartbeat, phase
@@ -47,11 +46,7 @@ log = logging.getLogger("scalerl_jax.eval")
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=__doc__.split("\n", 2)[2],
-    )
+    p = cli.parser(__doc__)
     p.add_argument(
         "overrides",
         nargs="*",

