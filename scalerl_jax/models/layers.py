@@ -425,6 +425,10 @@ def fused_attention_problem(
     return None
 
 
+# The fused attention kernel of each platform that has one ("auto" takes it).
+FUSED_KERNEL = {"cuda": "cudnn", "tpu": "splash"}
+
+
 def resolve_attention_impl(impl: str, platform: str, *, head_dim: int, dtype, seq_len: int) -> str:
     """The kernel `attend` runs for ModelConfig.attention_impl=`impl` on `platform`: "xla",
     "cudnn" or "splash". "auto" takes the platform's fused kernel when it supports the shapes,
@@ -432,7 +436,7 @@ def resolve_attention_impl(impl: str, platform: str, *, head_dim: int, dtype, se
     if impl == "xla":
         return "xla"
     if impl == "auto":
-        kind = {"cuda": "cudnn", "tpu": "splash"}.get(platform)
+        kind = FUSED_KERNEL.get(platform)
         if kind is None or fused_attention_problem(
             kind, platform, head_dim=head_dim, dtype=dtype, seq_len=seq_len
         ):

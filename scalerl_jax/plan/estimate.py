@@ -234,9 +234,9 @@ def fused_attention(m: ModelConfig, t: int, platform: str = "tpu") -> bool:
     "cuda", "cpu"): splash on a TPU, cuDNN on CUDA, by name or under "auto" with shapes the
     kernel takes (the rule of `layers.resolve_attention_impl`). Either keeps one fp32
     log-sum-exp per query and head instead of the [T, T] scores, and needs no dense mask."""
-    from scalerl_jax.models.layers import fused_attention_problem
+    from scalerl_jax.models.layers import FUSED_KERNEL, fused_attention_problem
 
-    kind = {"tpu": "splash", "cuda": "cudnn"}.get(platform)
+    kind = FUSED_KERNEL.get(platform)
     return (
         kind is not None
         and m.attention_impl in (kind, "auto")
@@ -300,16 +300,11 @@ def activation_bytes(
     # FFN: a dense layer keeps 6 F; an MoE layer the same for each of its k routed rows and the
     # shared expert, plus the gathered rows and the expert outputs (2 k D) and the fp32 router
     # logits and probabilities (2 E).
-    dense_ffn = b * 6 * lanes(per_shard(f, tensor))
     k = m.experts_per_token
-    moe_ffn = (
-        b
-        * (
-            6 * (k * per_shard(m.expert_size, tensor) + per_shard(m.shared_expert_size, tensor))
-            + 2 * k * d
-        )
-        + 4 * 2 * m.num_experts
-    )
+    dense_f = lanes(per_shard(f, tensor))
+    moe_f = k * per_shard(m.expert_size, tensor) + per_shard(m.shared_expert_size, tensor)
+    dense_ffn = b * 6 * dense_f
+    moe_ffn = b * (6 * moe_f + 2 * k * d) + 4 * 2 * m.num_experts
     fused = fused_attention(m, t, platform)
     scores = h * _attention_score_elements(t, m.attention_chunk) * (4 + b)
     unfused = [not fused or m.is_local_attention_layer(i) for i in range(m.num_layers)]
@@ -326,9 +321,8 @@ def activation_bytes(
     # its scores' gradient (fp32 and compute dtype), one query chunk at a time (the chunks are
     # separate ops).
     score_grad = rows * h * _largest_query_chunk(t, m.attention_chunk) * (4 + b)
-    moe_f = k * per_shard(m.expert_size, tensor) + per_shard(m.shared_expert_size, tensor)
     grads = [
-        rows * t * (b * 2 * (moe_f if m.is_moe_layer(i) else lanes(per_shard(f, tensor))))
+        rows * t * (b * 2 * (moe_f if m.is_moe_layer(i) else dense_f))
         + rows * t * 4 * (h * hd + d)
         + (score_grad if u else 0)
         for i, u in enumerate(unfused)
